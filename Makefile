@@ -1,0 +1,48 @@
+# unified-gpu-exporter: the two commands a newcomer needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+EXPORTER := $(VENV)/bin/unified-gpu-exporter
+ARGS   ?=
+
+.PHONY: run test install system-deps docs check-docs bench soak lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,nvidia]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## make run: install into .venv and start the exporter on :9632; with no GPU found it serves
+## the built-in simulated node.
+run: install
+	@if $(EXPORTER) --list-devices >/dev/null 2>&1; then \
+		echo "GPUs found: serving real devices on :9632"; exec $(EXPORTER) $(ARGS); \
+	else \
+		echo "no GPU found: serving the built-in SIMULATED node on :9632 (--simulate)"; \
+		exec $(EXPORTER) --simulate $(ARGS); \
+	fi
+
+## make test: install (system packages too where possible) and run the whole suite.
+test: install system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+system-deps:
+	@scripts/install-system-deps.sh
+
+docs: install
+	$(PY) -m exporter.docs > docs/metrics.md
+
+bench: install system-deps
+	$(PY) bench/run.py
+
+soak: install system-deps
+	SOAK=1 $(PY) -m pytest -m soak -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,0 +1,201 @@
+"""Command line, following Prometheus exporter conventions (node_exporter-style flags)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import parse_duration
+from .daemon import Daemon, Settings
+from .logs import setup_logging
+from .sources.registry import COLLECTORS
+from .yamlfile import ConfigError
+
+log = logging.getLogger("unified_gpu_exporter")
+DEFAULT_PORT = 9632
+
+
+def _duration(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be above zero")
+    return value
+
+
+def parse_listen_address(addr: str) -> tuple[str | None, int]:
+    """':9632' -> (None, 9632) (all interfaces); '127.0.0.1:9632'; '[::1]:9632'."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid listen address {addr!r}: use [host]:port")
+    host = host.strip("[]")
+    return (host or None), int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="unified-gpu-exporter",
+        description="Prometheus exporter for NVIDIA, AMD and Intel GPUs with one canonical schema.")
+    p.add_argument("--web.listen-address", dest="listen", action="append", type=parse_listen_address,
+                   help=f"address to listen on, repeatable (default :{DEFAULT_PORT})")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics")
+    p.add_argument("--web.config.file", dest="web_config", type=Path,
+                   help="exporter-toolkit web configuration (TLS, basic auth)")
+    p.add_argument("--web.systemd-socket", dest="systemd_socket", action="store_true",
+                   help="use the listening sockets passed by systemd socket activation")
+    p.add_argument("--config.file", dest="config", type=Path, help="YAML configuration file")
+    p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"))
+    p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"))
+    p.add_argument("--path.mappings", dest="mappings", type=Path,
+                   help="directory with canonical.yaml and the vendor mappings (default: shipped)")
+    p.add_argument("--poll.interval", dest="poll_interval", type=_duration,
+                   help="default poll interval of every source (default 1s)")
+    p.add_argument("--state.dir", dest="state_dir", type=Path,
+                   help="directory for learned baselines (kept across restarts)")
+    p.add_argument("--log.level", dest="log_level", default="info",
+                   choices=["debug", "info", "warn", "error"])
+    p.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"])
+    p.add_argument("--version", action="version", version=f"unified-gpu-exporter {__version__}")
+    p.add_argument("--check-config", action="store_true",
+                   help="validate the configuration and mappings, then exit 0 (valid) or 1")
+    p.add_argument("--once", action="store_true",
+                   help="poll as often as rate metrics need, print the exposition, exit "
+                        "(non-zero if an explicitly enabled source failed)")
+    p.add_argument("--list-devices", action="store_true",
+                   help="print the GPUs the enabled sources find; exit 1 when there are none")
+    p.add_argument("--simulate", nargs="?", const="demo", metavar="SCENARIO",
+                   help="serve the built-in simulated node (scenario name or YAML file; default demo)")
+    p.add_argument("--simulate.phase", dest="simulate_phase", metavar="PHASE",
+                   help="start the simulated scenario at this phase")
+    for name, col in COLLECTORS.items():
+        if name == "simulator":
+            continue
+        state = "on" if col.default else "off"
+        p.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
+                       default=None, help=f"enable {col.description} (default {state})")
+        p.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
+                       default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    collectors = {n: getattr(args, f"collector_{n}") for n in COLLECTORS if n != "simulator"
+                  and getattr(args, f"collector_{n}") is not None}
+    return Settings(config_path=args.config, sysfs=args.sysfs, procfs=args.procfs,
+                    poll_interval=args.poll_interval, collectors=collectors,
+                    simulate=args.simulate, simulate_phase=args.simulate_phase,
+                    state_dir=args.state_dir, mappings_dir=args.mappings)
+
+
+async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
+    from aiohttp import web
+
+    from .server import make_app
+
+    await daemon.start()
+    app = make_app(daemon, args.telemetry_path)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    for host, port in args.listen or [(None, DEFAULT_PORT)]:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        log.info("listening", extra={"address": f"{host or ''}:{port}", "path": args.telemetry_path})
+    if daemon.settings.simulate:
+        log.warning("serving the SIMULATED node: values are synthetic",
+                    extra={"scenario": daemon.settings.simulate})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    reloading: set[asyncio.Task] = set()
+
+    def on_hup() -> None:
+        t = loop.create_task(daemon.reload())
+        reloading.add(t)
+        t.add_done_callback(reloading.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await _bounded(daemon.stop(), 1.0)
+    await _bounded(runner.cleanup(), 0.8)
+    return 0
+
+
+async def _bounded(coro, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(coro, timeout)
+    except (TimeoutError, asyncio.CancelledError):
+        pass
+
+
+async def _list_devices(daemon: Daemon) -> int:
+    daemon.load()
+    daemon.build_runtimes()
+    found = 0
+    for rt in daemon.runtimes:
+        await daemon.poll_once(rt)
+        for dev in rt.state.devices.values():
+            found += 1
+            print(f"{rt.state.name}\t{dev.vendor}\t{dev.index}\t{dev.model}\t{dev.uuid}\t{dev.pci_bus_id}")
+    await daemon._close_sources(daemon.runtimes)
+    return 0 if found else 1
+
+
+def _run(coro) -> int:
+    try:
+        import uvloop  # noqa: F401
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    daemon = Daemon(settings_from(args))
+    try:
+        if args.check_config:
+            daemon.load()
+            if args.web_config is not None:
+                _check_web_config(args.web_config)
+            print("configuration and mappings are valid")
+            return 0
+        if args.once:
+            daemon.load()  # report config errors before any source starts
+            text, rc = _run(daemon.run_once())
+            sys.stdout.buffer.write(text)
+            sys.stdout.flush()
+            return rc
+        if args.list_devices:
+            return _run(_list_devices(daemon))
+        daemon.load()
+        if args.web_config is not None:
+            _check_web_config(args.web_config)
+        return _run(_serve(args, daemon))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. address in use
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check_web_config(path: Path) -> None:
+    try:
+        from .webconfig import WebConfig, WebConfigError
+    except ImportError:
+        return
+    try:
+        WebConfig.load(path)
+    except WebConfigError as exc:
+        raise ConfigError(str(exc)) from None

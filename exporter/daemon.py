@@ -1,0 +1,420 @@
+"""The poll loop: every source in its own worker thread, on its own interval, with a timeout.
+
+A source that hangs keeps only its own thread busy: its series are dropped, it is reported
+``source_up 0`` with a ``timeout`` error, and no second poll is started until the stuck one
+returns.  After sources change, the exposition is rendered once (off the event loop) and cached
+for the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any
+
+from .config import Config, load_config
+from .exposition import Rendered, Renderer
+from .mapping import Labels, Mapper, MappingSet
+from .schema import Schema, default_mappings_dir, load_schema
+from .sources.base import Sample, Source, SourceUnavailable
+from .sources.registry import COLLECTORS, Collector, create_source, source_kwargs
+from .store import SourceState, Store
+from .yamlfile import ConfigError
+
+log = logging.getLogger("unified_gpu_exporter")
+
+REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
+
+
+class Worker:
+    """One daemon thread running blocking calls in order; a hung call blocks only this worker."""
+
+    def __init__(self, name: str):
+        self._queue: SimpleQueue[tuple[Callable[[], Any], asyncio.Future, asyncio.AbstractEventLoop] | None] = SimpleQueue()
+        self.busy = False
+        self._thread = threading.Thread(target=self._run, name=f"source-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, fut, loop = item
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                self._deliver(loop, _set_exc, fut, exc)
+            else:
+                self._deliver(loop, _set_result, fut, result)
+            finally:
+                self.busy = False
+
+    @staticmethod
+    def _deliver(loop: asyncio.AbstractEventLoop, setter: Callable, fut: asyncio.Future, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(setter, fut, value)
+        except RuntimeError:
+            pass  # the loop closed while a hung call was running: nobody waits for it any more
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.busy = True
+        self._queue.put((fn, fut, loop))
+        return fut
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exc(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+@dataclass
+class Settings:
+    """Everything the daemon needs, resolved from flags and the config file."""
+
+    config_path: Path | None = None
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    poll_interval: float | None = None        # flag wins over config
+    collectors: dict[str, bool] = field(default_factory=dict)  # --[no-]collector.<name>
+    simulate: str | None = None               # scenario name or file
+    simulate_phase: str | None = None
+    state_dir: Path | None = None
+    mappings_dir: Path | None = None
+
+
+@dataclass
+class Runtime:
+    """One enabled source with its worker and mapping state."""
+
+    collector: Collector
+    source: Source | None
+    state: SourceState
+    mapper: Mapper
+    interval: float
+    timeout: float
+    worker: Worker
+    opened: bool = False
+    pending: asyncio.Future | None = None
+
+
+class Daemon:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.config: Config = Config()
+        self.schema: Schema | None = None
+        self.mappings: MappingSet | None = None
+        self.renderer: Renderer | None = None
+        self.store = Store()
+        self.runtimes: list[Runtime] = []
+        self.rendered: Rendered | None = None
+        self._polled: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self._dirty: asyncio.Event | None = None
+        self._render_worker = Worker("render")
+        self._static_labels: Labels = ()
+        self.extra_series: Callable[[], list[tuple[str, Labels, float]]] = lambda: []
+
+    # ---------------------------------------------------------------- loading
+    def load(self) -> None:
+        """Load config, schema and mappings; raise ConfigError without touching running state."""
+        config = load_config(self.settings.config_path)
+        mdir = self.settings.mappings_dir or config.mappings_dir or default_mappings_dir()
+        schema = load_schema(mdir / "canonical.yaml")
+        mappings = MappingSet.load_dir(mdir, schema)
+        self.config, self.schema, self.mappings = config, schema, mappings
+        self.renderer = self.renderer or Renderer(schema)
+        self.renderer.schema = schema
+        self._static_labels = tuple(sorted(config.labels.items()))
+
+    @property
+    def poll_interval(self) -> float:
+        return self.settings.poll_interval or self.config.poll_interval
+
+    def enabled_collectors(self) -> list[tuple[Collector, bool]]:
+        """(collector, explicit) for every collector that should run."""
+        out = []
+        simulate = self.settings.simulate is not None
+        for name, col in COLLECTORS.items():
+            flag = self.settings.collectors.get(name)
+            conf = self.config.collector(name).enabled
+            if name == "simulator":
+                if simulate:
+                    out.append((col, True))
+                continue
+            if name == "upstream" and flag is None and conf is None:
+                conf = bool(self.config.collector(name).options.get("targets"))
+            explicit = flag is True or (flag is None and conf is True)
+            on = flag if flag is not None else (conf if conf is not None else col.default)
+            # with --simulate, hardware collectors run only when asked for explicitly
+            if simulate and not explicit:
+                on = False
+            if on:
+                out.append((col, explicit))
+        return out
+
+    def build_runtimes(self) -> None:
+        assert self.mappings is not None
+        self.store = Store()
+        self.runtimes = []
+        for col, explicit in self.enabled_collectors():
+            cconf = self.config.collector(col.name)
+            options = dict(cconf.options)
+            extra: dict[str, Any] = {"mappings": self.mappings}
+            if col.name == "simulator":
+                options.setdefault("scenario", self.settings.simulate or "demo")
+                if self.settings.simulate_phase:
+                    options["phase"] = self.settings.simulate_phase
+                options.update({k: v for k, v in self.config.simulate.items() if k not in options})
+            state = SourceState(col.name, explicit=explicit)
+            try:
+                source = create_source(col, **source_kwargs(self.settings.sysfs, self.settings.procfs,
+                                                            options, **extra))
+            except SourceUnavailable as exc:
+                source, state.state, state.reason = None, "unavailable", str(exc)
+            except Exception as exc:  # bad options reach here: source off, reason visible
+                source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
+                state.errors["exception"] += 1
+            if source is not None:
+                state.secondary = bool(getattr(source, "secondary", False))
+                state.provides_identity = bool(getattr(source, "provides_identity", True))
+            interval = cconf.interval or self.poll_interval
+            timeout = cconf.timeout or max(2.0, interval)
+            self.store.add(state)
+            self.runtimes.append(Runtime(col, source, state, Mapper(self.mappings), interval,
+                                         timeout, Worker(col.name)))
+
+    # ---------------------------------------------------------------- one poll
+    def _poll_and_map(self, rt: Runtime) -> tuple[Sample, dict, Any, float]:
+        """Runs in the source's worker thread: poll, then map (mapper state is per source)."""
+        assert rt.source is not None
+        t0 = time.perf_counter()
+        sample = rt.source.poll()
+        duration = time.perf_counter() - t0
+        if not sample.monotonic:
+            sample.monotonic = time.monotonic()
+        devices = self.store.resolve_devices(rt.state, sample.devices)
+        result = rt.mapper.map(sample, devices)
+        return sample, devices, result, duration
+
+    def _open(self, rt: Runtime) -> None:
+        assert rt.source is not None
+        rt.source.open()
+
+    async def poll_once(self, rt: Runtime) -> bool:
+        """Open if needed, poll one time; update the store.  True when the poll succeeded."""
+        st = rt.state
+        if rt.source is None:
+            return False
+        if rt.pending is not None and not rt.pending.done():
+            st.errors["timeout"] += 1  # still stuck in the previous call
+            st.clear()
+            st.state, st.reason = "down", f"previous call still running after {rt.timeout:g}s"
+            return False
+        if not rt.opened:
+            try:
+                await self._call(rt, lambda: self._open(rt))
+            except SourceUnavailable as exc:
+                if st.state != "unavailable" or st.reason != str(exc):
+                    level = logging.ERROR if st.explicit else logging.INFO
+                    log.log(level, "source off", extra={"source": st.name, "reason": str(exc)})
+                st.state, st.reason = "unavailable", str(exc)
+                st.clear()
+                return False
+            except Exception as exc:  # noqa: BLE001
+                self._failed(rt, exc, "open")
+                return False
+            rt.opened = True
+            log.info("source opened", extra={"source": st.name})
+        try:
+            sample, devices, result, duration = await self._call(rt, lambda: self._poll_and_map(rt))
+        except Exception as exc:  # noqa: BLE001
+            self._failed(rt, exc, "poll")
+            return False
+        st.devices = devices
+        st.device_up = {k: sample.device_up.get(k, True) for k in devices}
+        st.series = result.series
+        st.errors.update(sample.errors)
+        if result.malformed:
+            st.errors["malformed_value"] += result.malformed
+        st.last_duration = duration
+        st.last_success = time.time()
+        st.polls += 1
+        st.up, st.state, st.reason = True, "up", ""
+        self.store.touch()
+        return True
+
+    async def _call(self, rt: Runtime, fn: Callable[[], Any]) -> Any:
+        rt.pending = rt.worker.submit(fn)
+        try:
+            # asyncio.timeout, not wait_for: wait_for on 3.11 can swallow a cancellation that
+            # races with the result, which would keep a stopped source loop running
+            async with asyncio.timeout(rt.timeout):
+                return await asyncio.shield(rt.pending)
+        except TimeoutError:
+            raise TimeoutError(f"timed out after {rt.timeout:g}s") from None
+
+    def _failed(self, rt: Runtime, exc: BaseException, what: str) -> None:
+        st = rt.state
+        kinds = getattr(exc, "errors", None)  # a source may say which errors made the poll fail
+        kind = "timeout" if isinstance(exc, TimeoutError) else "exception"
+        if isinstance(kinds, dict) and kinds:
+            st.errors.update(kinds)
+        else:
+            st.errors[kind] += 1
+        reason = f"{what} {exc}" if kind == "timeout" else f"{what} failed: {type(exc).__name__}: {exc}"
+        if st.state != "down" or st.reason != reason:
+            log.warning("source down", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = "down", reason
+        st.clear()
+        self.store.touch()
+
+    # ---------------------------------------------------------------- loops
+    async def _source_loop(self, rt: Runtime) -> None:
+        next_at = time.monotonic()
+        while not self._stopping:
+            await self.poll_once(rt)
+            self._polled.add(rt.state.name)
+            if self._dirty is not None:
+                self._dirty.set()
+            if rt.state.state == "unavailable":
+                if not rt.state.explicit:
+                    return  # auto-detected backend absent: the source stays off
+                await asyncio.sleep(REOPEN_INTERVAL)
+                next_at = time.monotonic()
+                continue
+            next_at += rt.interval
+            now = time.monotonic()
+            if next_at < now:  # missed ticks (slow poll, suspended process): skip, don't burst
+                next_at = now + rt.interval - ((now - next_at) % rt.interval)
+            await asyncio.sleep(next_at - now)
+
+    async def _render_loop(self) -> None:
+        assert self._dirty is not None
+        last_version = -1
+        while not self._stopping:
+            await self._dirty.wait()
+            self._dirty.clear()
+            if self.store.version != last_version or self.rendered is None:
+                last_version = self.store.version
+                await self.render()
+            await asyncio.sleep(min(self.poll_interval, 1.0) / 4)
+
+    async def render(self) -> Rendered:
+        assert self.renderer is not None
+        snapshot = self._snapshot()
+        extra = self.extra_series()
+        static = self._static_labels
+        self.rendered = await self._render_worker.submit(
+            lambda: self.renderer.render(snapshot, extra, static))  # type: ignore[union-attr]
+        return self.rendered
+
+    def _snapshot(self) -> Store:
+        """A copy of the store the render thread can read while sources keep updating."""
+        snap = Store()
+        snap.version = self.store.version
+        for st in self.store.sources.values():
+            c = copy.copy(st)
+            c.errors = Counter(st.errors)
+            c.series = st.series  # replaced, never mutated, on each poll
+            snap.add(c)
+        return snap
+
+    @property
+    def ready(self) -> bool:
+        return self.rendered is not None and any(st.up for st in self.store.sources.values())
+
+    async def start(self) -> None:
+        self.load()
+        self.build_runtimes()
+        self._dirty = asyncio.Event()
+        await self.render()  # serve self-metrics from the first moment
+        self._start_tasks()
+
+    def _start_tasks(self) -> None:
+        self._stopping = False
+        self._tasks = [asyncio.create_task(self._source_loop(rt), name=f"source-{rt.state.name}")
+                       for rt in self.runtimes]
+        self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))
+
+    async def _stop_tasks(self) -> None:
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._close_sources(self.runtimes)
+
+    async def _close_sources(self, runtimes: list[Runtime], timeout: float = 1.0) -> None:
+        async def close(rt: Runtime) -> None:
+            if rt.source is not None and rt.opened and not rt.worker.busy:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await rt.worker.submit(rt.source.close)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("source close failed", extra={"source": rt.state.name,
+                                                              "reason": str(exc)})
+            rt.worker.stop()
+        await asyncio.gather(*(close(rt) for rt in runtimes))
+
+    async def reload(self) -> bool:
+        """SIGHUP: apply a new config + mappings, or keep the running ones if they are invalid."""
+        assert self.renderer is not None
+        old = (self.config, self.schema, self.mappings, self._static_labels)
+        try:
+            self.load()
+        except ConfigError as exc:
+            self.config, self.schema, self.mappings, self._static_labels = old
+            self.renderer.schema = self.schema  # type: ignore[assignment]
+            self.renderer.reload_ok = False
+            log.error("reload failed, keeping the running configuration", extra={"reason": str(exc)})
+            if self._dirty:
+                self._dirty.set()
+            return False
+        await self._stop_tasks()
+        self.build_runtimes()
+        self.renderer.reload_ok = True
+        self.renderer.reload_ts = time.time()
+        log.info("configuration reloaded")
+        self._start_tasks()
+        return True
+
+    async def stop(self) -> None:
+        await self._stop_tasks()
+        self._render_worker.stop()
+
+    # ---------------------------------------------------------------- --once
+    async def run_once(self, cycles: int = 2) -> tuple[bytes, int]:
+        """Poll every source ``cycles`` times (rates need two), render, report failures."""
+        self.load()
+        self.build_runtimes()
+        for i in range(cycles):
+            if i:
+                await asyncio.sleep(self.poll_interval)
+            await asyncio.gather(*(self.poll_once(rt) for rt in self.runtimes))
+        rendered = await self.render()
+        failed = [rt.state for rt in self.runtimes if rt.state.explicit and not rt.state.up]
+        for st in failed:
+            log.error("explicitly enabled source failed", extra={"source": st.name, "reason": st.reason})
+        await self._close_sources(self.runtimes)
+        self._render_worker.stop()
+        return rendered.text, (1 if failed else 0)

@@ -1,0 +1,178 @@
+"""Cloud identity labels from the instance metadata services of AWS, Azure and GCP.
+
+Detected once at start and then rarely (default hourly), with short timeouts, off the scrape path.
+All three providers answer on the link-local address 169.254.169.254; each is asked with its own
+protocol and the answer is only accepted when it carries the provider's own marker:
+
+* AWS (IMDSv2): ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds``, then
+  ``GET /latest/dynamic/instance-identity/document`` with ``X-aws-ec2-metadata-token``.  In a
+  container the instance's metadata hop limit must be >= 2 for the PUT answer to arrive.
+* Azure: ``GET /metadata/instance/compute?api-version=...`` with ``Metadata: true``.
+* GCP: ``GET /computeMetadata/v1/instance/{id,zone,machine-type}`` with
+  ``Metadata-Flavor: Google``; the response must echo ``Metadata-Flavor: Google``.  Only these
+  three items are read (never attributes, which may hold startup scripts or keys).
+
+Labels: ``cloud`` (aws|azure|gcp), ``region``, ``zone``, ``instance_type``, ``instance_id``.
+Options (the ``cloud`` section of the config): ``enabled`` (off switch), ``providers``,
+``timeout_seconds``, ``refresh_seconds``, ``labels`` (which of the five to emit) and ``endpoints``
+(base URL per provider; tests point these at local fake servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+LABELS = ("cloud", "region", "zone", "instance_type", "instance_id")
+PROVIDERS = ("aws", "azure", "gcp")
+IMDS = "http://169.254.169.254"
+DEFAULT_ENDPOINTS = {"aws": IMDS, "azure": IMDS, "gcp": IMDS}
+AZURE_API_VERSION = "2021-02-01"
+AWS_TOKEN_TTL_SECONDS = "300"
+
+
+@dataclass(frozen=True)
+class CloudIdentity:
+    cloud: str
+    region: str = ""
+    zone: str = ""
+    instance_type: str = ""
+    instance_id: str = ""
+
+    def labels(self, names: tuple[str, ...] = LABELS) -> dict[str, str]:
+        return {n: getattr(self, n) for n in names if getattr(self, n)}
+
+
+class _NotThisCloud(Exception):
+    pass
+
+
+async def _aws(session: aiohttp.ClientSession, base: str) -> CloudIdentity:
+    async with session.put(f"{base}/latest/api/token",
+                           headers={"X-aws-ec2-metadata-token-ttl-seconds": AWS_TOKEN_TTL_SECONDS}) as r:
+        if r.status != 200:
+            raise _NotThisCloud(f"token PUT answered {r.status}")
+        token = (await r.text()).strip()
+    if not token:
+        raise _NotThisCloud("empty token")
+    async with session.get(f"{base}/latest/dynamic/instance-identity/document",
+                           headers={"X-aws-ec2-metadata-token": token}) as r:
+        if r.status != 200:
+            raise _NotThisCloud(f"identity document answered {r.status}")
+        doc = await r.json(content_type=None)
+    if not isinstance(doc, dict) or not doc.get("instanceId"):
+        raise _NotThisCloud("identity document without instanceId")
+    return CloudIdentity("aws", region=str(doc.get("region", "")), zone=str(doc.get("availabilityZone", "")),
+                         instance_type=str(doc.get("instanceType", "")), instance_id=str(doc["instanceId"]))
+
+
+async def _azure(session: aiohttp.ClientSession, base: str) -> CloudIdentity:
+    async with session.get(f"{base}/metadata/instance/compute",
+                           params={"api-version": AZURE_API_VERSION, "format": "json"},
+                           headers={"Metadata": "true"}) as r:
+        if r.status != 200:
+            raise _NotThisCloud(f"compute answered {r.status}")
+        doc = await r.json(content_type=None)
+    if not isinstance(doc, dict) or not doc.get("vmId"):
+        raise _NotThisCloud("compute document without vmId")
+    return CloudIdentity("azure", region=str(doc.get("location", "")), zone=str(doc.get("zone", "")),
+                         instance_type=str(doc.get("vmSize", "")), instance_id=str(doc["vmId"]))
+
+
+async def _gcp(session: aiohttp.ClientSession, base: str) -> CloudIdentity:
+    async def item(name: str) -> str:
+        async with session.get(f"{base}/computeMetadata/v1/instance/{name}",
+                               headers={"Metadata-Flavor": "Google"}) as r:
+            if r.status != 200 or r.headers.get("Metadata-Flavor") != "Google":
+                raise _NotThisCloud(f"{name} answered {r.status} without Metadata-Flavor: Google")
+            return (await r.text()).strip()
+
+    instance_id, zone_path, type_path = await asyncio.gather(item("id"), item("zone"), item("machine-type"))
+    zone = zone_path.rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
+    region = zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else ""
+    return CloudIdentity("gcp", region=region, zone=zone, instance_type=type_path.rsplit("/", 1)[-1],
+                         instance_id=instance_id)
+
+
+_PROBES = {"aws": _aws, "azure": _azure, "gcp": _gcp}
+
+
+async def detect(providers: tuple[str, ...] = PROVIDERS, endpoints: Mapping[str, str] | None = None,
+                 timeout: float = 1.0) -> CloudIdentity | None:
+    """Ask every provider at once; the first that answers in its own protocol wins."""
+    urls = {**DEFAULT_ENDPOINTS, **(endpoints or {})}
+    client_timeout = aiohttp.ClientTimeout(total=timeout, connect=timeout)
+    # trust_env=False: never send the metadata request through an HTTP proxy
+    async with aiohttp.ClientSession(timeout=client_timeout, trust_env=False) as session:
+        tasks = {asyncio.create_task(_PROBES[p](session, urls[p].rstrip("/"))): p for p in providers}
+        try:
+            for fut in asyncio.as_completed(list(tasks)):
+                try:
+                    return await fut
+                except (TimeoutError, _NotThisCloud, aiohttp.ClientError, ValueError) as e:
+                    log.debug("cloud metadata: not %s", type(e).__name__)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return None
+
+
+class CloudEnricher:
+    """Holds the detected cloud labels; ``labels()`` is a dict lookup for the render path."""
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        o = dict(options or {})
+        unknown = set(o) - {"enabled", "providers", "timeout_seconds", "refresh_seconds", "labels", "endpoints"}
+        if unknown:
+            raise ValueError(f"cloud: unknown option(s) {', '.join(sorted(unknown))}")
+        self.enabled = bool(o.get("enabled", True))
+        self.providers = tuple(o.get("providers", PROVIDERS))
+        bad = [p for p in self.providers if p not in PROVIDERS]
+        if bad:
+            raise ValueError(f"cloud.providers: unknown provider(s) {', '.join(bad)} (known: {', '.join(PROVIDERS)})")
+        self.label_names = tuple(o.get("labels", LABELS))
+        bad = [n for n in self.label_names if n not in LABELS]
+        if bad:
+            raise ValueError(f"cloud.labels: unknown label(s) {', '.join(bad)} (known: {', '.join(LABELS)})")
+        self.timeout = float(o.get("timeout_seconds", 1.0))
+        self.refresh = float(o.get("refresh_seconds", 3600.0))
+        self.endpoints = dict(o.get("endpoints", {}))
+        self.identity: CloudIdentity | None = None
+        self._labels: dict[str, str] = {}
+
+    def labels(self) -> dict[str, str]:
+        return self._labels
+
+    async def refresh_once(self) -> CloudIdentity | None:
+        if not self.enabled:
+            return None
+        found = await detect(self.providers, self.endpoints, self.timeout)
+        if found is None:
+            if self.identity is None:
+                log.info("no cloud metadata service answered (%s); no cloud labels",
+                         ", ".join(self.providers))
+            # keep earlier labels on a transient failure: the instance did not move
+            return self.identity
+        if found != self.identity:
+            log.info("cloud identity: %s", found.labels())
+        self.identity = found
+        self._labels = found.labels(self.label_names)
+        return found
+
+    async def run(self) -> None:
+        """Background task: detect now, then every ``refresh_seconds``."""
+        if not self.enabled:
+            return
+        while True:
+            with contextlib.suppress(Exception):
+                await self.refresh_once()
+            await asyncio.sleep(self.refresh)

@@ -1,0 +1,153 @@
+"""Render the store into exposition bytes once per cycle (text 0.0.4, OpenMetrics, gzip of each).
+
+Families are built fresh from a snapshot (one family, one HELP, per name) and serialised with
+prometheus-client; the scrape path only sends the cached bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import platform
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import exposition as text_format
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as om_format
+from prometheus_client.samples import Sample
+
+from . import __version__
+from .mapping import Labels
+from .schema import Schema
+from .store import Store
+
+TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_LATEST
+OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
+SELF = "unified_gpu_exporter_"
+
+# Self-metrics: (name, type, help).  Not part of the canonical schema.
+SELF_METRICS: dict[str, tuple[str, str]] = {
+    "build_info": ("gauge", "Version of unified-gpu-exporter and the Python running it, value 1."),
+    "source_up": ("gauge", "1 when the source's last poll succeeded within its timeout, else 0."),
+    "source_enabled": ("gauge",
+                       "1 per source that is enabled, with its state (up, down, unavailable, "
+                       "starting) and the reason it is not up."),
+    "source_poll_duration_seconds": ("gauge", "Duration of the source's last completed poll in seconds."),
+    "source_last_success_timestamp_seconds": (
+        "gauge", "Unix time of the source's last successful poll. Values are polled at the source's "
+                 "interval, not collected at scrape time."),
+    "source_errors_total": ("counter",
+                            "Errors per source by kind (timeout, exception, malformed_value, "
+                            "not_supported, read_error, device_lost, parse_error, ...)."),
+    "source_series": ("gauge", "Canonical series produced by the source's last poll."),
+    "device_up": ("gauge", "1 while the device answers its source, 0 after it was lost."),
+    "render_duration_seconds": ("gauge", "Time spent rendering the last exposition, in seconds."),
+    "config_last_reload_successful": ("gauge", "1 if the last configuration (re)load succeeded."),
+    "config_last_reload_success_timestamp_seconds": (
+        "gauge", "Unix time of the last successful configuration (re)load."),
+}
+
+
+def _family(name: str, typ: str, doc: str, unit: str) -> Metric:
+    base = name[:-6] if typ == "counter" and name.endswith("_total") else name
+    if unit and not base.endswith("_" + unit):
+        unit = ""
+    return Metric(base, doc, "gauge" if typ == "info" else typ, unit)
+
+
+@dataclass
+class Rendered:
+    text: bytes
+    text_gz: bytes
+    openmetrics: bytes
+    openmetrics_gz: bytes
+    series: int
+    at: float
+
+
+class _Snapshot:
+    """A collector over families prepared by ``Renderer.build``."""
+
+    def __init__(self, families: list[Metric]):
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+class Renderer:
+    def __init__(self, schema: Schema):
+        self.schema = schema
+        self.render_duration = 0.0
+        self.reload_ok = True
+        self.reload_ts = time.time()
+
+    def build(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
+              static_labels: Labels = ()) -> list[Metric]:
+        fams: dict[str, Metric] = {}
+        metrics = self.schema.metrics
+
+        def add(name: str, labels: Labels, value: float) -> None:
+            fam = fams.get(name)
+            if fam is None:
+                mdef = metrics.get(name)
+                if mdef is None:
+                    return
+                fam = fams[name] = _family(name, mdef.type, mdef.help, mdef.unit)
+            fam.samples.append(Sample(name, dict(labels + static_labels), value, None, None))
+
+        for src, dev in store.info_devices():
+            add("gpu_info", (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid),
+                             ("model", dev.model), ("driver", dev.driver),
+                             ("pci_bus_id", dev.pci_bus_id), ("serial", dev.serial),
+                             ("simulated", "true" if dev.simulated else "false"),
+                             ("source", src)), 1.0)
+        for st in store.sources.values():
+            for (name, labels), value in st.series.items():
+                add(name, labels, value)
+        for name, labels, value in extra:
+            add(name, labels, value)
+        ordered = [fams[n] for n in metrics if n in fams]
+        ordered.extend(self._self_metrics(store))
+        return ordered
+
+    def _self_metrics(self, store: Store) -> list[Metric]:
+        fams = {n: _family(SELF + n, t, h, "") for n, (t, h) in SELF_METRICS.items()}
+
+        def add(n: str, labels: dict[str, str], value: float) -> None:
+            fams[n].samples.append(Sample(SELF + n, labels, value, None, None))
+
+        add("build_info", {"version": __version__, "python_version": platform.python_version()}, 1)
+        for st in store.sources.values():
+            s = {"source": st.name}
+            add("source_up", s, 1.0 if st.up else 0.0)
+            add("source_enabled", {**s, "state": st.state, "reason": st.reason[:200]}, 1)
+            if st.polls:
+                add("source_poll_duration_seconds", s, st.last_duration)
+            if st.last_success:
+                add("source_last_success_timestamp_seconds", s, st.last_success)
+            for kind, count in sorted(st.errors.items()):
+                add("source_errors_total", {**s, "kind": kind}, float(count))
+            add("source_series", s, float(len(st.series)))
+            for key, dev in st.devices.items():
+                add("device_up", {"source": st.name, "vendor": dev.vendor, "gpu": dev.index,
+                                  "uuid": dev.uuid}, 1.0 if st.device_up.get(key, True) else 0.0)
+        add("render_duration_seconds", {}, self.render_duration)
+        add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
+        add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
+        return [f for f in fams.values() if f.samples]
+
+    def render(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
+               static_labels: Labels = ()) -> Rendered:
+        t0 = time.perf_counter()
+        families = self.build(store, extra, static_labels)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Snapshot(families))  # type: ignore[arg-type]
+        text = text_format.generate_latest(registry)
+        om = om_format.generate_latest(registry)
+        rendered = Rendered(text, gzip.compress(text, 6), om, gzip.compress(om, 6),
+                            sum(len(f.samples) for f in families), time.time())
+        self.render_duration = time.perf_counter() - t0
+        return rendered

@@ -1,0 +1,86 @@
+"""Reading the canonical series keys the engine receives: ``name`` or ``name{label="v",...}``.
+
+Per device, the engine only needs a few labelled families: throttle reasons, interconnect byte
+counters and interconnect utilization.  ``SeriesIndex`` classifies each key once and remembers
+the answer (keys repeat every poll), so a poll costs one dictionary lookup per key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+THROTTLE = "gpu_throttle_active"
+IC_BYTES = "gpu_interconnect_bytes_total"
+IC_UTIL = "gpu_interconnect_utilization_percent"
+
+
+def parse_key(key: str) -> tuple[str, dict[str, str]]:
+    """Split ``name{a="x",b="y"}`` into ``("name", {"a": "x", "b": "y"})``."""
+    brace = key.find("{")
+    if brace < 0:
+        return key, {}
+    name = key[:brace]
+    body = key[brace + 1:key.rfind("}")] if key.endswith("}") else key[brace + 1:]
+    labels = {m.group(1): m.group(2).replace('\\"', '"').replace("\\\\", "\\")
+              for m in _LABEL.finditer(body)}
+    return name, labels
+
+
+@dataclass(slots=True)
+class LabelledSignals:
+    """What one device's labelled series say this poll."""
+
+    throttle: dict[str, bool] = field(default_factory=dict)  # reason -> active on any gt
+    interconnect_bytes: float | None = None  # sum over links and directions
+    interconnect_series: int = 0  # how many counters were summed
+    link_util: float | None = None  # highest link utilization
+
+
+class SeriesIndex:
+    """Classifies series keys (cached) and gathers the labelled signals of one device."""
+
+    def __init__(self, max_keys: int = 16384) -> None:
+        self._kind: dict[str, tuple[str, str] | None] = {}
+        self._max = max_keys
+
+    def _classify(self, key: str) -> tuple[str, str] | None:
+        if "{" not in key:
+            kind = None
+        else:
+            name, labels = parse_key(key)
+            if name == THROTTLE and "reason" in labels:
+                kind = (THROTTLE, labels["reason"])
+            elif name in (IC_BYTES, IC_UTIL):
+                kind = (name, "")
+            else:
+                kind = None
+        if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
+            self._kind.clear()
+        self._kind[key] = kind
+        return kind
+
+    def gather(self, series: Mapping[str, float]) -> LabelledSignals:
+        out = LabelledSignals()
+        kinds = self._kind
+        ic_sum = 0.0
+        for key, value in series.items():
+            kind = kinds.get(key, False)
+            if kind is False:
+                kind = self._classify(key)
+            if kind is None:
+                continue
+            family, reason = kind
+            if family == THROTTLE:
+                out.throttle[reason] = out.throttle.get(reason, False) or value >= 0.5
+            elif family == IC_BYTES:
+                ic_sum += value
+                out.interconnect_series += 1
+            elif out.link_util is None or value > out.link_util:
+                out.link_util = value
+        if out.interconnect_series:
+            out.interconnect_bytes = ic_sum
+        return out

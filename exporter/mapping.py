@@ -1,0 +1,290 @@
+"""Vendor mapping files: validated against the canonical schema, compiled into lookup tables.
+
+Mapping a reading is one dict lookup on the raw field name followed by arithmetic; the YAML is
+walked only at load time.  State that outlives one poll (counter offsets across resets, the
+previous value for rates) lives in ``Mapper``, one per source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .schema import LABEL_RE, MetricDef, Schema
+from .sources.base import Device, Sample
+from .yamlfile import ConfigError, load_yaml, validation_message
+
+Labels = tuple[tuple[str, str], ...]
+SeriesKey = tuple[str, Labels]  # (sample name, ((label, value), ...)) device labels first
+
+
+class FieldRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    raw: str = Field(min_length=1)
+    metric: str
+    scale: float = 1.0
+    offset: float = 0.0
+    labels: dict[str, str] = {}
+    label_map: dict[str, str] = {}
+    transform: Literal["none", "rate"] = "none"
+    wrap: float | None = Field(default=None, gt=0)
+    invalid: list[float] = []
+    clamp: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _names(self) -> FieldRule:
+        for name in list(self.labels) + list(self.label_map.values()):
+            if not LABEL_RE.match(name):
+                raise ValueError(f"invalid label name {name!r}")
+        if self.clamp and self.clamp[0] > self.clamp[1]:
+            raise ValueError("clamp: low bound is above high bound")
+        return self
+
+
+class MappingFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vendor: Literal["nvidia", "amd", "intel"]
+    description: str = ""
+    fields: list[FieldRule]
+
+
+@dataclass(slots=True, frozen=True)
+class Rule:
+    """One compiled mapping entry."""
+
+    order: int
+    raw: str
+    metric: str
+    is_counter: bool
+    fixed: Labels
+    label_map: tuple[tuple[str, str], ...]
+    scale: float
+    offset: float
+    rate: bool
+    wrap: float | None
+    invalid: frozenset[float]
+    clamp: tuple[float, float] | None
+
+
+@dataclass(slots=True)
+class CompiledMapping:
+    name: str
+    path: Path
+    vendor: str
+    rules: dict[str, tuple[Rule, ...]]
+
+
+def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
+    mdef: MetricDef | None = schema.metrics.get(rule.metric)
+    if mdef is None:
+        return f"unknown canonical metric {rule.metric!r}"
+    if mdef.type == "info":
+        return f"{rule.metric} is an info metric built from device identity, not mapped"
+    produced = set(rule.labels) | set(rule.label_map.values())
+    extra = produced - mdef.allowed_labels
+    if extra:
+        return (f"labels {sorted(extra)} are not allowed on {rule.metric} "
+                f"(allowed: {sorted(mdef.allowed_labels) or 'none'})")
+    missing = set(mdef.labels) - produced
+    if missing:
+        return f"{rule.metric} requires labels {sorted(missing)}"
+    if mdef.type == "counter" and rule.transform == "rate":
+        return f"transform: rate makes a gauge, but {rule.metric} is a counter"
+    if rule.wrap is not None and mdef.type != "counter" and rule.transform != "rate":
+        return "wrap applies only to raw counters (a counter metric or transform: rate)"
+    return None
+
+
+def load_mapping(path: Path, schema: Schema, name: str | None = None) -> CompiledMapping:
+    data, lines = load_yaml(path)
+    try:
+        parsed = MappingFile.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        raise ConfigError(validation_message(path, lines, exc)) from None
+    rules: dict[str, list[Rule]] = {}
+    for i, fr in enumerate(parsed.fields):
+        problem = _check_rule(schema, fr)
+        if problem:
+            line = lines.get(("fields", i, "metric")) or lines.get(("fields", i))
+            raise ConfigError(f"{path}:{line}: fields[{i}].metric: {problem}")
+        mdef = schema.metrics[fr.metric]
+        rules.setdefault(fr.raw, []).append(Rule(
+            order=i, raw=fr.raw, metric=fr.metric, is_counter=mdef.type == "counter",
+            fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
+            scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
+            invalid=frozenset(fr.invalid), clamp=fr.clamp))
+    return CompiledMapping(name or path.stem, path, parsed.vendor,
+                           {k: tuple(v) for k, v in rules.items()})
+
+
+class MappingSet:
+    """Every mapping file under a directory, by name (``nvml``, ``upstream/dcgm-exporter``)."""
+
+    def __init__(self, schema: Schema, mappings: dict[str, CompiledMapping]):
+        self.schema = schema
+        self.mappings = mappings
+
+    @classmethod
+    def load_dir(cls, directory: Path, schema: Schema) -> MappingSet:
+        found: dict[str, CompiledMapping] = {}
+        for path in sorted(directory.rglob("*.yaml")):
+            if path.name == "canonical.yaml" or "scenarios" in path.relative_to(directory).parts:
+                continue
+            name = path.relative_to(directory).with_suffix("").as_posix()
+            found[name] = load_mapping(path, schema, name)
+        return cls(schema, found)
+
+    def get(self, name: str) -> CompiledMapping | None:
+        return self.mappings.get(name)
+
+
+@dataclass(slots=True)
+class _CounterState:
+    last_raw: float
+    last_t: float
+    offset: float = 0.0
+
+
+@dataclass
+class MapResult:
+    series: dict[SeriesKey, float] = field(default_factory=dict)
+    malformed: int = 0
+    unmapped_fields: set[str] = field(default_factory=set)
+
+
+def device_labels(dev: Device) -> Labels:
+    return (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid))
+
+
+class Mapper:
+    """Turns one source's samples into canonical series; keeps counter and rate state."""
+
+    def __init__(self, mappings: MappingSet):
+        self.mappings = mappings
+        self._state: dict[tuple, _CounterState] = {}
+
+    def map(self, sample: Sample, devices: dict[str, Device]) -> MapResult:
+        out = MapResult()
+        chosen: dict[SeriesKey, int] = {}
+        now = sample.monotonic
+        seen_state: set[tuple] = set()
+        for r in sample.readings:
+            dev = devices.get(r.device)
+            if dev is None:
+                out.malformed += 1
+                continue
+            cm = self.mappings.get(dev.mapping)
+            rules = cm.rules.get(r.field) if cm is not None else None
+            if not rules:
+                out.unmapped_fields.add(f"{dev.mapping}:{r.field}")
+                continue
+            raw_labels = dict(r.labels) if r.labels else {}
+            for rule in rules:
+                value = r.value
+                if value in rule.invalid:
+                    out.malformed += 1
+                    break
+                extra = dict(rule.fixed)
+                for raw_name, canon in rule.label_map:
+                    if raw_name in raw_labels:
+                        extra[canon] = raw_labels[raw_name]
+                key: SeriesKey = (rule.metric, device_labels(dev) + tuple(sorted(extra.items())))
+                if rule.is_counter or rule.rate:
+                    skey = (r.device, rule.order, r.labels)
+                    seen_state.add(skey)
+                    value = self._counter(skey, rule, value, now)
+                    if value is None:
+                        continue
+                else:
+                    value = value * rule.scale + rule.offset
+                if rule.clamp:
+                    value = min(max(value, rule.clamp[0]), rule.clamp[1])
+                prev = chosen.get(key)
+                if prev is not None and prev <= rule.order:
+                    continue
+                chosen[key] = rule.order
+                out.series[key] = value
+        # forget state of series that disappeared (lost device, removed link): bounded memory
+        if len(self._state) > len(seen_state):
+            for skey in [k for k in self._state if k not in seen_state]:
+                del self._state[skey]
+        self._derive(out.series)
+        return out
+
+    def _counter(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        st = self._state.get(skey)
+        if st is None:
+            # the running total starts at the device's own counter value
+            self._state[skey] = _CounterState(raw, now, offset=raw)
+            if rule.rate:
+                return None
+            return raw * rule.scale
+        delta = raw - st.last_raw
+        if delta < 0:
+            if rule.wrap is not None and st.last_raw < rule.wrap and raw < rule.wrap:
+                delta += rule.wrap
+            elif rule.rate:
+                # a counter that went backwards (reset) yields no rate this poll
+                st.last_raw, st.last_t = raw, now
+                return None
+            else:
+                # reset (driver reload): fold the old total into the offset
+                delta = raw
+        dt = now - st.last_t
+        st.last_raw, st.last_t = raw, now
+        if rule.rate:
+            if dt <= 0:
+                return None
+            return (delta / dt) * rule.scale + rule.offset
+        st.offset += delta
+        return st.offset * rule.scale
+
+    def _derive(self, series: dict[SeriesKey, float]) -> None:
+        derived = self.mappings.schema.derived()
+        if not derived:
+            return
+        by_metric: dict[str, list[tuple[Labels, float]]] = {}
+        for (name, labels), v in series.items():
+            by_metric.setdefault(name, []).append((labels, v))
+        for name, mdef in derived:
+            assert mdef.derive is not None
+            (a_name, a_sel), (b_name, b_sel) = mdef.derive.operands
+            a_vals = _select(by_metric.get(a_name, ()), a_sel)
+            if not a_vals:
+                continue
+            b_vals = _select(by_metric.get(b_name, ()), b_sel)
+            new: list[tuple[Labels, float]] = []
+            for k, av in a_vals.items():
+                bv = b_vals.get(k)
+                if bv is None or (name, k) in series:
+                    continue
+                if mdef.derive.op == "ratio":
+                    if bv == 0:
+                        continue
+                    v = av / bv * mdef.derive.scale
+                else:
+                    v = av * bv * mdef.derive.scale
+                if not math.isfinite(v):
+                    continue
+                series[(name, k)] = v
+                new.append((k, v))
+            if new:
+                by_metric.setdefault(name, []).extend(new)
+
+
+def _select(items, selector: Labels) -> dict[Labels, float]:
+    """Series whose labels include the selector, keyed by their labels minus the selector."""
+    out: dict[Labels, float] = {}
+    sel = dict(selector)
+    for labels, v in items:
+        if sel:
+            d = dict(labels)
+            if any(d.get(k) != val for k, val in sel.items()):
+                continue
+            labels = tuple((k, val) for k, val in labels if k not in sel)
+        out[labels] = v
+    return out

@@ -1,0 +1,105 @@
+"""HTTP server: /metrics sends the bytes rendered after the last poll; nothing is computed per scrape."""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from . import __version__
+from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+DAEMON: web.AppKey = web.AppKey("daemon", object)
+TELEMETRY_PATH: web.AppKey = web.AppKey("telemetry_path", str)
+MAX_REQUEST_BYTES = 8192
+
+
+def _wants_openmetrics(accept: str) -> bool:
+    for part in accept.split(","):
+        media = part.split(";")[0].strip().lower()
+        if media == "application/openmetrics-text":
+            return True
+    return False
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    for part in accept_encoding.split(","):
+        bits = part.strip().split(";")
+        if bits[0].strip().lower() == "gzip":
+            q = next((b.split("=", 1)[1] for b in bits[1:] if b.strip().startswith("q=")), "1")
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
+    rendered = daemon.rendered
+    if rendered is None:
+        return web.Response(status=503, text="no poll completed yet\n")
+    om = _wants_openmetrics(request.headers.get("Accept", ""))
+    gz = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
+    if om:
+        body, ctype = (rendered.openmetrics_gz if gz else rendered.openmetrics), OPENMETRICS_CONTENT_TYPE
+    else:
+        body, ctype = (rendered.text_gz if gz else rendered.text), TEXT_CONTENT_TYPE
+    headers = {"Content-Type": ctype, "Vary": "Accept, Accept-Encoding"}
+    if gz:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+async def landing(request: web.Request) -> web.Response:
+    daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
+    path = html.escape(request.app[TELEMETRY_PATH])
+    rows = []
+    for st in daemon.store.sources.values():
+        for dev in st.devices.values():
+            rows.append(
+                "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
+                    dev.vendor, dev.index, dev.model, dev.uuid, dev.pci_bus_id, st.name,
+                    "simulated" if dev.simulated else "")) + "</tr>")
+    srcs = "".join(
+        f"<tr><td>{html.escape(st.name)}</td><td>{html.escape(st.state)}</td>"
+        f"<td>{html.escape(st.reason)}</td></tr>" for st in daemon.store.sources.values())
+    body = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>unified-gpu-exporter</title></head>
+<body><h1>unified-gpu-exporter {html.escape(__version__)}</h1>
+<p><a href="{path}">Metrics</a> · <a href="/healthz">healthz</a> · <a href="/readyz">readyz</a></p>
+<h2>Devices</h2><table border="1"><tr><th>vendor</th><th>gpu</th><th>model</th><th>uuid</th>
+<th>pci_bus_id</th><th>source</th><th></th></tr>{''.join(rows)}</table>
+<h2>Sources</h2><table border="1"><tr><th>source</th><th>state</th><th>reason</th></tr>{srcs}</table>
+</body></html>"""
+    return web.Response(text=body, content_type="text/html")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
+    if daemon.ready:
+        return web.Response(text="ready\n")
+    return web.Response(status=503, text="not ready: no poll completed with a source up\n")
+
+
+def make_app(daemon: Daemon, telemetry_path: str = "/metrics",
+             middlewares: list | None = None) -> web.Application:
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=middlewares or [],
+                          handler_args={"max_line_size": MAX_REQUEST_BYTES,
+                                        "max_field_size": MAX_REQUEST_BYTES})
+    app[DAEMON] = daemon
+    app[TELEMETRY_PATH] = telemetry_path
+    app.router.add_get(telemetry_path, metrics)
+    if telemetry_path != "/":
+        app.router.add_get("/", landing)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

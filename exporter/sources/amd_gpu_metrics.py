@@ -1,0 +1,364 @@
+"""Parser for the amdgpu ``gpu_metrics`` binary table (sysfs ``/sys/class/drm/cardN/device/gpu_metrics``).
+
+Pure functions, no I/O: ``parse_gpu_metrics(bytes)`` decodes a table into its raw field values, and
+``table_readings(table)`` turns a decoded table into ``(raw field name, value, labels)`` triples for
+a source to emit.
+
+Layouts are the kernel structs of ``drivers/gpu/drm/amd/include/kgd_pp_interface.h`` (little-endian,
+natural C alignment), transcribed in ``../shared/fixtures/amd/gpu_metrics_struct_layouts.txt``; offsets
+are computed here from the field order and checked against that file by the tests.
+
+Rules the format imposes (see ``shared/reference/amd.md`` section 4):
+- dispatch on ``(format_revision, content_revision)`` AND ``structure_size``: two incompatible
+  ``gpu_metrics_v1_6`` structs exist (384 and 1664 bytes), told apart only by the size;
+- the table must be complete: fewer bytes than ``structure_size`` is an error, extra trailing bytes
+  (a capture that copied ``st_size`` = 4096 bytes) are ignored;
+- an all-ones value (0xFFFF, 0xFFFFFFFF, ...) means "not supported": ``table_readings`` drops it;
+- units differ between dGPU (format 1) and APU (format 2, 3) tables; fields whose unit differs get a
+  distinct raw name (``_centi``: centi-degrees C or centi-percent, ``_mw``: milliwatts, ``_apu``: unit
+  varies by ASIC, left unmapped) so the mapping YAML can scale each correctly.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+# ------------------------------------------------------------------------------------------------
+# Layout engine: a struct is an ordered list of (name, type, count); offsets follow C alignment.
+
+_PRIMS = {"u8": ("B", 1), "u16": ("H", 2), "u32": ("I", 4), "u64": ("Q", 8)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    fields: tuple[tuple[str, str | Layout, int], ...]
+    offsets: dict[str, int] = field(init=False, compare=False, repr=False)
+    size: int = field(init=False, compare=False)
+    align: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        offsets: dict[str, int] = {}
+        pos = 0
+        max_align = 1
+        for fname, ftype, count in self.fields:
+            if isinstance(ftype, Layout):
+                size, align = ftype.size, ftype.align
+            else:
+                size = align = _PRIMS[ftype][1]
+            pos = (pos + align - 1) // align * align
+            offsets[fname] = pos
+            pos += size * count
+            max_align = max(max_align, align)
+        object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "size", (pos + max_align - 1) // max_align * max_align)
+        object.__setattr__(self, "align", max_align)
+
+    def decode(self, data: bytes, base: int = 0) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for fname, ftype, count in self.fields:
+            off = base + self.offsets[fname]
+            if isinstance(ftype, Layout):
+                out[fname] = [ftype.decode(data, off + i * ftype.size) for i in range(count)]
+                continue
+            code, width = _PRIMS[ftype]
+            values = struct.unpack_from(f"<{count}{code}", data, off)
+            out[fname] = values[0] if count == 1 else list(values)
+        return out
+
+    def bits(self, fname: str) -> int:
+        """Width in bits of a primitive field (for the all-ones test)."""
+        for name, ftype, _ in self.fields:
+            if name == fname and isinstance(ftype, str):
+                return _PRIMS[ftype][1] * 8
+        raise KeyError(fname)
+
+
+def _f(spec: str) -> tuple[tuple[str, str | Layout, int], ...]:
+    """``"u16 a, u16[4] b"`` -> field tuples (a compact way to transcribe the kernel structs)."""
+    out = []
+    for item in spec.replace("\n", " ").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        ftype, name = item.split()
+        count = 1
+        if "[" in ftype:
+            ftype, n = ftype.rstrip("]").split("[")
+            count = int(n)
+        out.append((name, ftype, count))
+    return tuple(out)
+
+
+def _layout(name: str, *parts: object) -> Layout:
+    fields: list[tuple[str, str | Layout, int]] = []
+    for part in parts:
+        if isinstance(part, str):
+            fields.extend(_f(part))
+        else:
+            fields.append(part)  # type: ignore[arg-type]
+    return Layout(name, tuple(fields))
+
+
+HEADER = _layout("metrics_table_header", "u16 structure_size, u8 format_revision, u8 content_revision")
+_HDR = ("common_header", HEADER, 1)
+
+_TEMPS_V1 = ("u16 temperature_edge, u16 temperature_hotspot, u16 temperature_mem, u16 temperature_vrgfx,"
+             " u16 temperature_vrsoc, u16 temperature_vrmem,"
+             " u16 average_gfx_activity, u16 average_umc_activity, u16 average_mm_activity, u16 average_socket_power")
+_CLOCKS_V1 = ("u16 average_gfxclk_frequency, u16 average_socclk_frequency, u16 average_uclk_frequency,"
+              " u16 average_vclk0_frequency, u16 average_dclk0_frequency, u16 average_vclk1_frequency,"
+              " u16 average_dclk1_frequency, u16 current_gfxclk, u16 current_socclk, u16 current_uclk,"
+              " u16 current_vclk0, u16 current_dclk0, u16 current_vclk1, u16 current_dclk1")
+_V1_1_BODY = (_TEMPS_V1 + ", u64 energy_accumulator, u64 system_clock_counter, " + _CLOCKS_V1
+              + ", u32 throttle_status, u16 current_fan_speed, u16 pcie_link_width, u16 pcie_link_speed,"
+              " u16 padding, u32 gfx_activity_acc, u32 mem_activity_acc, u16[4] temperature_hbm")
+
+V1_0 = _layout("gpu_metrics_v1_0", _HDR, "u64 system_clock_counter, " + _TEMPS_V1 + ", u32 energy_accumulator, "
+               + _CLOCKS_V1 + ", u32 throttle_status, u16 current_fan_speed, u8 pcie_link_width, u8 pcie_link_speed")
+V1_1 = _layout("gpu_metrics_v1_1", _HDR, _V1_1_BODY)
+V1_2 = _layout("gpu_metrics_v1_2", _HDR, _V1_1_BODY + ", u64 firmware_timestamp")
+V1_3 = _layout("gpu_metrics_v1_3", _HDR, _V1_1_BODY + ", u64 firmware_timestamp, u16 voltage_soc, u16 voltage_gfx,"
+               " u16 voltage_mem, u16 padding1, u64 indep_throttle_status")
+
+_MI_HEAD = ("u16 temperature_hotspot, u16 temperature_mem, u16 temperature_vrsoc, u16 curr_socket_power,"
+            " u16 average_gfx_activity, u16 average_umc_activity")
+_RESIDENCY = ("u32 accumulation_counter, u32 prochot_residency_acc, u32 ppt_residency_acc,"
+              " u32 socket_thm_residency_acc, u32 vr_thm_residency_acc, u32 hbm_thm_residency_acc")
+_LINKS = ("u16 pcie_link_width, u16 pcie_link_speed, u16 xgmi_link_width, u16 xgmi_link_speed,"
+          " u32 gfx_activity_acc, u32 mem_activity_acc, u64 pcie_bandwidth_acc, u64 pcie_bandwidth_inst,"
+          " u64 pcie_l0_to_recov_count_acc, u64 pcie_replay_count_acc, u64 pcie_replay_rover_count_acc")
+_NAK = "u32 pcie_nak_sent_count_acc, u32 pcie_nak_rcvd_count_acc"
+_XGMI = "u64[8] xgmi_read_data_acc, u64[8] xgmi_write_data_acc"
+_MI_CLOCKS = ("u16[8] current_gfxclk, u16[4] current_socclk, u16[4] current_vclk0, u16[4] current_dclk0,"
+              " u16 current_uclk")
+
+V1_4 = _layout("gpu_metrics_v1_4", _HDR, _MI_HEAD + ", u16[4] vcn_activity, u64 energy_accumulator,"
+               " u64 system_clock_counter, u32 throttle_status, u32 gfxclk_lock_status, " + _LINKS + ", " + _XGMI
+               + ", u64 firmware_timestamp, " + _MI_CLOCKS + ", u16 padding")
+V1_5 = _layout("gpu_metrics_v1_5", _HDR, _MI_HEAD + ", u16[4] vcn_activity, u16[32] jpeg_activity,"
+               " u64 energy_accumulator, u64 system_clock_counter, u32 throttle_status, u32 gfxclk_lock_status, "
+               + _LINKS + ", " + _NAK + ", " + _XGMI + ", u64 firmware_timestamp, " + _MI_CLOCKS + ", u16 padding")
+V1_6_OLD = _layout("gpu_metrics_v1_6_old", _HDR, _MI_HEAD + ", u16[4] vcn_activity, u16[32] jpeg_activity,"
+                   " u64 energy_accumulator, u64 system_clock_counter, " + _RESIDENCY
+                   + ", u32 throttle_status, u32 gfxclk_lock_status, " + _LINKS + ", " + _NAK + ", " + _XGMI
+                   + ", u64 firmware_timestamp, " + _MI_CLOCKS + ", u16 padding")
+
+XCP_V1_0 = _layout("amdgpu_xcp_metrics", "u32[8] gfx_busy_inst, u16[32] jpeg_busy, u16[4] vcn_busy, u64[8] gfx_busy_acc")
+XCP_V1_1 = _layout("amdgpu_xcp_metrics_v1_1", "u32[8] gfx_busy_inst, u16[32] jpeg_busy, u16[4] vcn_busy,"
+                   " u64[8] gfx_busy_acc, u64[8] gfx_below_host_limit_acc")
+XCP_V1_2 = _layout("amdgpu_xcp_metrics_v1_2", "u32[8] gfx_busy_inst, u16[40] jpeg_busy, u16[4] vcn_busy,"
+                   " u64[8] gfx_busy_acc, u64[8] gfx_below_host_limit_ppt_acc, u64[8] gfx_below_host_limit_thm_acc,"
+                   " u64[8] gfx_low_utilization_acc, u64[8] gfx_below_host_limit_total_acc")
+
+V1_6_NEW = _layout("gpu_metrics_v1_6", _HDR, _MI_HEAD + ", u64 energy_accumulator, u64 system_clock_counter, "
+                   + _RESIDENCY + ", u32 gfxclk_lock_status, " + _LINKS + ", " + _NAK + ", " + _XGMI
+                   + ", u64 firmware_timestamp, " + _MI_CLOCKS + ", u16 num_partition",
+                   ("xcp_stats", XCP_V1_0, 8), "u32 pcie_lc_perf_other_end_recovery")
+
+
+def _v1_7_like(name: str, xcp: Layout) -> Layout:
+    return _layout(name, _HDR, _MI_HEAD + ", u64 mem_max_bandwidth, u64 energy_accumulator, u64 system_clock_counter, "
+                   + _RESIDENCY + ", u32 gfxclk_lock_status, " + _LINKS + ", " + _NAK + ", " + _XGMI
+                   + ", u16[8] xgmi_link_status, u16 padding, u64 firmware_timestamp, " + _MI_CLOCKS
+                   + ", u16 num_partition", ("xcp_stats", xcp, 8), "u32 pcie_lc_perf_other_end_recovery")
+
+
+V1_7 = _v1_7_like("gpu_metrics_v1_7", XCP_V1_1)
+V1_8 = _v1_7_like("gpu_metrics_v1_8", XCP_V1_2)
+
+_APU_TEMPS = ("u16 temperature_gfx, u16 temperature_soc, u16[8] temperature_core, u16[2] temperature_l3")
+_APU_POWER = ("u16 average_socket_power, u16 average_cpu_power, u16 average_soc_power, u16 average_gfx_power,"
+              " u16[8] average_core_power")
+_APU_CLOCKS = ("u16 average_gfxclk_frequency, u16 average_socclk_frequency, u16 average_uclk_frequency,"
+               " u16 average_fclk_frequency, u16 average_vclk_frequency, u16 average_dclk_frequency,"
+               " u16 current_gfxclk, u16 current_socclk, u16 current_uclk, u16 current_fclk, u16 current_vclk,"
+               " u16 current_dclk, u16[8] current_coreclk, u16[2] current_l3clk")
+_V2_1_BODY = (_APU_TEMPS + ", u16 average_gfx_activity, u16 average_mm_activity, u64 system_clock_counter, "
+              + _APU_POWER + ", " + _APU_CLOCKS + ", u32 throttle_status, u16 fan_pwm, u16[3] padding")
+_V2_3_EXTRA = (", u64 indep_throttle_status, u16 average_temperature_gfx, u16 average_temperature_soc,"
+               " u16[8] average_temperature_core, u16[2] average_temperature_l3")
+
+V2_0 = _layout("gpu_metrics_v2_0", _HDR, "u64 system_clock_counter, " + _APU_TEMPS
+               + ", u16 average_gfx_activity, u16 average_mm_activity, " + _APU_POWER + ", " + _APU_CLOCKS
+               + ", u32 throttle_status, u16 fan_pwm, u16 padding")
+V2_1 = _layout("gpu_metrics_v2_1", _HDR, _V2_1_BODY)
+V2_2 = _layout("gpu_metrics_v2_2", _HDR, _V2_1_BODY + ", u64 indep_throttle_status")
+V2_3 = _layout("gpu_metrics_v2_3", _HDR, _V2_1_BODY + _V2_3_EXTRA)
+V2_4 = _layout("gpu_metrics_v2_4", _HDR, _V2_1_BODY + _V2_3_EXTRA
+               + ", u16 average_cpu_voltage, u16 average_soc_voltage, u16 average_gfx_voltage,"
+               " u16 average_cpu_current, u16 average_soc_current, u16 average_gfx_current")
+V3_0 = _layout("gpu_metrics_v3_0", _HDR,
+               "u16 temperature_gfx, u16 temperature_soc, u16[16] temperature_core, u16 temperature_skin,"
+               " u16 average_gfx_activity, u16 average_vcn_activity, u16[8] average_ipu_activity,"
+               " u16[16] average_core_c0_activity, u16 average_dram_reads, u16 average_dram_writes,"
+               " u16 average_ipu_reads, u16 average_ipu_writes, u64 system_clock_counter,"
+               " u32 average_socket_power, u16 average_ipu_power, u32 average_apu_power, u32 average_gfx_power,"
+               " u32 average_dgpu_power, u32 average_all_core_power, u16[16] average_core_power,"
+               " u16 average_sys_power, u16 stapm_power_limit, u16 current_stapm_power_limit,"
+               " u16 average_gfxclk_frequency, u16 average_socclk_frequency, u16 average_vpeclk_frequency,"
+               " u16 average_ipuclk_frequency, u16 average_fclk_frequency, u16 average_vclk_frequency,"
+               " u16 average_uclk_frequency, u16 average_mpipu_frequency, u16[16] current_coreclk,"
+               " u16 current_core_maxfreq, u16 current_gfx_maxfreq, u32 throttle_residency_prochot,"
+               " u32 throttle_residency_spl, u32 throttle_residency_fppt, u32 throttle_residency_sppt,"
+               " u32 throttle_residency_thm_core, u32 throttle_residency_thm_gfx, u32 throttle_residency_thm_soc,"
+               " u32 time_filter_alphavalue")
+
+# (format_revision, content_revision) -> layouts; the one whose size equals structure_size is used.
+LAYOUTS: dict[tuple[int, int], tuple[Layout, ...]] = {
+    (1, 0): (V1_0,), (1, 1): (V1_1,), (1, 2): (V1_2,), (1, 3): (V1_3,), (1, 4): (V1_4,), (1, 5): (V1_5,),
+    (1, 6): (V1_6_OLD, V1_6_NEW), (1, 7): (V1_7,), (1, 8): (V1_8,),
+    (2, 0): (V2_0,), (2, 1): (V2_1,), (2, 2): (V2_2,), (2, 3): (V2_3,), (2, 4): (V2_4,),
+    (3, 0): (V3_0,),
+}
+
+# ------------------------------------------------------------------------------------------------
+# Decoding
+
+
+class GpuMetricsError(ValueError):
+    """The bytes are not a gpu_metrics table this parser knows (a counted parse_error, not a crash)."""
+
+
+@dataclass(frozen=True)
+class GpuMetricsTable:
+    structure_size: int
+    format_revision: int
+    content_revision: int
+    layout: Layout
+    fields: dict[str, object]  # raw decoded values, all-ones sentinels included; arrays are lists
+
+    @property
+    def version(self) -> str:
+        return f"{self.format_revision}.{self.content_revision}"
+
+
+def parse_gpu_metrics(data: bytes) -> GpuMetricsTable:
+    """Decode one table.  Raises ``GpuMetricsError`` for anything short, unknown or inconsistent."""
+    if len(data) < HEADER.size:
+        raise GpuMetricsError(f"gpu_metrics: {len(data)} bytes, shorter than the 4-byte header")
+    size, frev, crev = struct.unpack_from("<HBB", data, 0)
+    candidates = LAYOUTS.get((frev, crev))
+    if candidates is None:
+        raise GpuMetricsError(f"gpu_metrics: unknown format {frev}.{crev} (structure_size {size})")
+    layout = next((lay for lay in candidates if lay.size == size), None)
+    if layout is None:
+        known = ", ".join(str(lay.size) for lay in candidates)
+        raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: structure_size {size} is not a known layout ({known})")
+    if len(data) < size:
+        raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: truncated, {len(data)} of {size} bytes")
+    decoded = layout.decode(data)
+    decoded.pop("common_header")
+    return GpuMetricsTable(size, frev, crev, layout, decoded)
+
+
+# ------------------------------------------------------------------------------------------------
+# Readings: what a source emits from a decoded table.
+
+PREFIX = "gpu_metrics."
+
+# ASIC-independent throttler bits of indep_throttle_status (amdgpu_smu.h SMU_THROTTLER_*_BIT).
+INDEP_THROTTLE_BITS: dict[int, str] = {
+    0: "ppt0", 1: "ppt1", 2: "ppt2", 3: "ppt3", 4: "spl", 5: "fppt", 6: "sppt", 7: "sppt_apu",
+    16: "tdc_gfx", 17: "tdc_soc", 18: "tdc_mem", 19: "tdc_vdd", 20: "tdc_cvip", 21: "edc_cpu",
+    22: "edc_gfx", 23: "apcc",
+    32: "temp_gpu", 33: "temp_core", 34: "temp_mem", 35: "temp_edge", 36: "temp_hotspot",
+    37: "temp_soc", 38: "temp_vr_gfx", 39: "temp_vr_soc", 40: "temp_vr_mem0", 41: "temp_vr_mem1",
+    42: "temp_liquid0", 43: "temp_liquid1", 44: "vrhot0", 45: "vrhot1", 46: "prochot_cpu",
+    47: "prochot_gfx",
+    56: "ppm", 57: "fit",
+}
+# The header groups the bits in 16-bit classes: power 0-15, current 16-31, temperature 32-47, other 48-63.
+INDEP_THROTTLE_CLASSES = (("power", 0), ("current", 16), ("temperature", 32), ("other", 48))
+
+# Index label name of array fields (default "index").
+_ARRAY_LABEL = {
+    "temperature_hbm": "hbm", "xgmi_read_data_acc": "link", "xgmi_write_data_acc": "link",
+    "xgmi_link_status": "link", "current_gfxclk": "xcc", "temperature_core": "core",
+    "average_core_power": "core", "current_coreclk": "core", "average_core_c0_activity": "core",
+    "average_temperature_core": "core", "temperature_l3": "l3", "current_l3clk": "l3",
+    "average_temperature_l3": "l3", "gfx_busy_inst": "xcc", "gfx_busy_acc": "xcc",
+    "gfx_below_host_limit_acc": "xcc", "gfx_below_host_limit_ppt_acc": "xcc",
+    "gfx_below_host_limit_thm_acc": "xcc", "gfx_low_utilization_acc": "xcc",
+    "gfx_below_host_limit_total_acc": "xcc",
+}
+_SKIP = {"padding", "padding1"}
+
+
+def raw_name(table: GpuMetricsTable, fname: str) -> str:
+    """Raw field name for one table field; the suffix tells the unit where it differs from dGPU tables."""
+    frev, crev = table.format_revision, table.content_revision
+    if frev in (2, 3):  # APU tables
+        if "temperature" in fname:
+            return f"{PREFIX}{fname}_centi"  # centi-degrees C (8175 = 81.75 C)
+        if fname == "average_socket_power" and frev == 2:
+            return f"{PREFIX}{fname}_apu"  # W on some ASICs (Raphael v2.1), mW on others (v2.2 fixture)
+        if fname.endswith("_power") or fname.endswith("power_limit"):
+            return f"{PREFIX}{fname}_mw"
+        if fname in ("average_gfx_activity", "average_mm_activity") and frev == 2:
+            # v2.4 documents centi-percent; v2.0-2.3 differ by ASIC (plain percent in the v2.2 fixture)
+            return f"{PREFIX}{fname}_centi" if crev >= 4 else f"{PREFIX}{fname}_apu"
+    elif fname == "energy_accumulator" and crev <= 3:
+        return f"{PREFIX}{fname}_unspecified"  # v1.0-1.3 state no unit; v1.4+ use 2^-16 J (15.259 uJ)
+    return PREFIX + fname
+
+
+def _all_ones(value: int, bits: int) -> bool:
+    return value == (1 << bits) - 1
+
+
+def _indep_throttle(name: str, value: int) -> list[tuple[str, float, tuple[tuple[str, str], ...]]]:
+    out: list[tuple[str, float, tuple[tuple[str, str], ...]]] = []
+    for bit, bit_name in INDEP_THROTTLE_BITS.items():
+        out.append((f"{name}.{bit_name}", float((value >> bit) & 1), ()))
+    for class_name, shift in INDEP_THROTTLE_CLASSES:
+        out.append((f"{name}.class_{class_name}", float(((value >> shift) & 0xFFFF) != 0), ()))
+    return out
+
+
+def _emit_array(out: list, name: str, values: list[int], bits: int, label: str,
+                extra: tuple[tuple[str, str], ...] = ()) -> None:
+    for i, v in enumerate(values):
+        if not _all_ones(v, bits):
+            out.append((name, float(v), extra + ((label, str(i)),)))
+
+
+def table_readings(table: GpuMetricsTable) -> list[tuple[str, float, tuple[tuple[str, str], ...]]]:
+    """``(raw name, value, labels)`` for every supported (not all-ones) field of a decoded table.
+
+    Arrays carry their index as a label (``link``, ``xcc``, ``hbm``, ``core``, ...); per-partition
+    ``xcp_stats`` entries are emitted as ``gpu_metrics.xcp.<field>`` with ``xcp`` and ``xcc`` labels
+    for the first ``num_partition`` partitions.  ``indep_throttle_status`` becomes one 0/1 reading per
+    defined bit (``gpu_metrics.indep_throttle_status.<bit name>``) plus one per 16-bit class
+    (``...class_power|class_current|class_temperature|class_other``: 1 when any bit of it is set).
+    """
+    out: list[tuple[str, float, tuple[tuple[str, str], ...]]] = []
+    layout = table.layout
+    num_partition = table.fields.get("num_partition")
+    for fname, ftype, count in layout.fields:
+        if fname in _SKIP or fname == "common_header":
+            continue
+        value = table.fields[fname]
+        if isinstance(ftype, Layout):  # xcp_stats
+            if not isinstance(num_partition, int) or _all_ones(num_partition, 16):
+                continue
+            for p, part in enumerate(value[: min(num_partition, count)]):  # type: ignore[index]
+                for sub, stype, _ in ftype.fields:
+                    bits = _PRIMS[stype][1] * 8  # type: ignore[index]
+                    sub_label = _ARRAY_LABEL.get(sub, "instance")
+                    _emit_array(out, f"{PREFIX}xcp.{sub}", part[sub], bits, sub_label, (("xcp", str(p)),))
+            continue
+        bits = layout.bits(fname)
+        name = raw_name(table, fname)
+        if count > 1:
+            _emit_array(out, name, value, bits, _ARRAY_LABEL.get(fname, "instance"))  # type: ignore[arg-type]
+            continue
+        assert isinstance(value, int)
+        if _all_ones(value, bits):
+            continue
+        if fname == "indep_throttle_status":
+            out.extend(_indep_throttle(name, value))
+            continue
+        out.append((name, float(value), ()))
+    return out

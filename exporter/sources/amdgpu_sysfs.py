@@ -1,0 +1,408 @@
+"""AMD GPUs through the amdgpu driver's sysfs files (works with or without ROCm).
+
+Cards are ``<sysfs>/class/drm/card<N>`` for any number of digits (card10+ exist on partitioned
+MI300X nodes; node_exporter's ``card[0-9]`` glob misses them), whose driver is amdgpu (the
+``device/driver`` symlink or ``DRIVER=amdgpu`` in ``device/uevent``).  Connector entries
+(``card1-DP-1``) are skipped.
+
+Raw field names are the sysfs file names, in their units (bytes, percent, MHz):
+    gpu_busy_percent, mem_busy_percent, vcn_busy_percent, mem_info_{vram,vis_vram,gtt}_{used,total},
+    current_link_speed (GT/s), current_link_width, max_link_speed, max_link_width, pcie_replay_count,
+    pp_dpm_<clk> (current level, MHz) and pp_dpm_<clk>.max (highest level, MHz),
+    hwmon.temp.<label> (millidegrees; label edge/junction/mem, else hwmon.temp<N>_input),
+    hwmon.power<N>_{average,input,cap,cap_max,cap_min,cap_default} (microwatts),
+    hwmon.energy<N>_input (microjoules), hwmon.fan<N>_input (RPM), hwmon.pwm<N> (0-255),
+    hwmon.in.<label> (millivolts), hwmon.freq.<label> (Hz),
+    gpu_metrics.<field> (see ``amd_gpu_metrics.table_readings``),
+    pcie_bw.{received,sent,max_payload_size} (last 1 s sample) and pcie_bw.{received,sent}_bytes
+    (running estimate of bytes: messages x max payload size, integrated over time).
+
+``pcie_bw`` sleeps about 1 s in the kernel on every read, so it is read by one background thread
+per card (started in ``open``, stopped in ``close``); ``poll`` only returns its last values.
+
+Device identity: key and ``pci_bus_id`` = PCI address (the ``device`` symlink target, else
+``PCI_SLOT_NAME`` of ``device/uevent``), ``gpu`` = card number, ``uuid`` = ``unique_id`` when the
+ASIC has one, else ``pci-<PCI address>`` (stable for the slot).
+
+Tests and special setups can pass ``reader=`` (a function ``Path -> bytes``) to replace file
+reads; an ``OSError`` it raises is classified like a real one (``EOPNOTSUPP`` -> not_supported).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .amd_gpu_metrics import GpuMetricsError, parse_gpu_metrics, table_readings
+from .base import Device, Sample, SourceUnavailable
+from .sysfs_util import error_kind, parse_int
+
+Reader = Callable[[Path], bytes]
+
+_CARD_RE = re.compile(r"^card(\d+)$")
+_PCI_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_ABSENT = (errno.ENOENT, errno.ENOTDIR)
+
+INT_FILES = (
+    "gpu_busy_percent", "mem_busy_percent", "vcn_busy_percent",
+    "mem_info_vram_used", "mem_info_vram_total", "mem_info_vis_vram_used", "mem_info_vis_vram_total",
+    "mem_info_gtt_used", "mem_info_gtt_total", "current_link_width", "max_link_width", "pcie_replay_count",
+)
+SPEED_FILES = ("current_link_speed", "max_link_speed")
+DPM_FILES = ("pp_dpm_sclk", "pp_dpm_mclk", "pp_dpm_socclk", "pp_dpm_fclk", "pp_dpm_vclk", "pp_dpm_dclk")
+
+_HWMON_PATTERNS = (
+    (re.compile(r"^temp(\d+)_input$"), "temp"),
+    (re.compile(r"^in(\d+)_input$"), "in"),
+    (re.compile(r"^freq(\d+)_input$"), "freq"),
+    (re.compile(r"^power\d+_(average|input|cap|cap_max|cap_min|cap_default)$"), None),
+    (re.compile(r"^energy\d+_input$"), None),
+    (re.compile(r"^fan\d+_input$"), None),
+    (re.compile(r"^pwm\d+$"), None),
+)
+
+_DPM_LINE = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\.\d+)?)\s*mhz\b[^*]*(\*)?", re.IGNORECASE)
+
+
+def parse_dpm(text: str) -> tuple[float | None, float | None]:
+    """``pp_dpm_<clk>`` text -> (current MHz, highest level MHz).
+
+    The current level is the line marked ``*`` (the first one when a driver marks several equal
+    levels).  Variants: ``1: 1000Mhz *``; old ASICs end other lines with a space; ``S: 19Mhz *`` is
+    deep sleep; RDNA3/RDNA4 print three lines where the middle one (``1: 0Mhz *``) is the current
+    clock rather than a level.  The deep-sleep line is not a level for the maximum.
+    """
+    current: float | None = None
+    highest: float | None = None
+    for line in text.splitlines():
+        m = _DPM_LINE.match(line)
+        if not m:
+            continue
+        value = float(m.group(2))
+        if m.group(3) and current is None:
+            current = value
+        if m.group(1).upper() != "S":
+            highest = value if highest is None else max(highest, value)
+    return current, highest
+
+
+def parse_link_speed(text: str) -> float | None:
+    """``16.0 GT/s PCIe`` -> 16.0; ``Unknown`` -> None."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*GT/s", text)
+    return float(m.group(1)) if m else None
+
+
+def parse_pcie_bw(text: str) -> tuple[int, int, int] | None:
+    """``<received> <sent> <max payload size>`` -> ints, None when malformed."""
+    parts = text.split()
+    if len(parts) != 3:
+        return None
+    try:
+        received, sent, mps = (int(p) for p in parts)
+    except ValueError:
+        return None
+    return received, sent, mps
+
+
+def default_reader(path: Path) -> bytes:
+    """Whole file to EOF (``read()`` on an unbuffered file loops until the kernel returns 0)."""
+    with open(path, "rb", buffering=0) as fh:
+        return fh.readall()
+
+
+def _label_token(text: str) -> str:
+    return re.sub(r"[^a-z0-9_]+", "_", text.strip().lower()).strip("_")
+
+
+@dataclass
+class _Card:
+    number: int
+    device_dir: Path
+    device: Device
+    files: list[str]                             # device-level attribute files present at open
+    hwmon: list[tuple[Path, str]]                # (path, raw field name)
+    has_gpu_metrics: bool
+    has_pcie_bw: bool
+
+
+@dataclass
+class _PcieBw:
+    received: int = 0
+    sent: int = 0
+    mps: int = 0
+    received_bytes: float = 0.0
+    sent_bytes: float = 0.0
+    last_t: float | None = None
+    valid: bool = False
+
+
+@dataclass
+class _Background:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    values: dict[str, _PcieBw] = field(default_factory=dict)
+    errors: Counter[str] = field(default_factory=Counter)
+    ready: dict[str, threading.Event] = field(default_factory=dict)
+
+
+class AmdgpuSysfsSource:
+    name = "amdgpu"
+
+    def __init__(self, sysfs: Path = Path("/sys"), options: dict[str, Any] | None = None,
+                 reader: Reader | None = None, clock: Callable[[], float] = time.monotonic, **_: Any):
+        self.sysfs = Path(sysfs)
+        self.options = dict(options or {})
+        self._reader = reader or default_reader
+        self._clock = clock
+        self._cards: list[_Card] = []
+        self._bg = _Background()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -------------------------------------------------------------------------------- reading
+    def _read(self, path: Path, errors: Counter[str] | None) -> bytes | None:
+        try:
+            return self._reader(path)
+        except OSError as exc:
+            if exc.errno not in _ABSENT and errors is not None:
+                errors[error_kind(exc)] += 1
+            return None
+
+    def _text(self, path: Path, errors: Counter[str] | None) -> str | None:
+        data = self._read(path, errors)
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            if errors is not None:
+                errors["malformed_value"] += 1
+            return None
+
+    def _int(self, path: Path, errors: Counter[str]) -> int | None:
+        text = self._text(path, errors)
+        if text is None:
+            return None
+        value = parse_int(text) if text else None
+        if value is None:
+            errors["malformed_value"] += 1
+        return value
+
+    # -------------------------------------------------------------------------------- discovery
+    def _is_amdgpu(self, device_dir: Path) -> bool:
+        try:
+            if Path(os.readlink(device_dir / "driver")).name == "amdgpu":
+                return True
+        except OSError:
+            pass
+        uevent = self._text(device_dir / "uevent", None) or ""
+        return any(line.strip() == "DRIVER=amdgpu" for line in uevent.splitlines())
+
+    def _identity(self, number: int, device_dir: Path) -> Device:
+        uevent: dict[str, str] = {}
+        for line in (self._text(device_dir / "uevent", None) or "").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                uevent[key.strip()] = value.strip()
+        target = Path(os.path.realpath(device_dir)).name
+        pci = target if _PCI_RE.match(target) else uevent.get("PCI_SLOT_NAME", "")
+        unique_id = self._text(device_dir / "unique_id", None) or ""
+        product = self._text(device_dir / "product_name", None) or ""
+        pci_id = uevent.get("PCI_ID", "")
+        return Device(
+            key=pci or f"card{number}",
+            vendor="amd",
+            index=str(number),
+            mapping="amdgpu",
+            uuid=unique_id or f"pci-{pci or f'card{number}'}",
+            model=product or (f"AMD GPU {pci_id}" if pci_id else "AMD GPU"),
+            pci_bus_id=pci,
+            driver="amdgpu",
+            serial=self._text(device_dir / "serial_number", None) or "",
+        )
+
+    def _hwmon_files(self, device_dir: Path) -> list[tuple[Path, str]]:
+        out: list[tuple[Path, str]] = []
+        hw_root = device_dir / "hwmon"
+        try:
+            hw_dirs = sorted(p for p in hw_root.iterdir() if p.name.startswith("hwmon"))
+        except OSError:
+            return out
+        for hw in hw_dirs:
+            try:
+                names = sorted(os.listdir(hw))
+            except OSError:
+                continue
+            for fname in names:
+                for pattern, kind in _HWMON_PATTERNS:
+                    m = pattern.match(fname)
+                    if not m:
+                        continue
+                    raw = f"hwmon.{fname}"
+                    if kind is not None:
+                        label = _label_token(self._text(hw / f"{kind}{m.group(1)}_label", None) or "")
+                        if label:
+                            raw = f"hwmon.{kind}.{label}"
+                    out.append((hw / fname, raw))
+                    break
+        return out
+
+    def discover(self) -> list[_Card]:
+        cards: list[_Card] = []
+        drm = self.sysfs / "class" / "drm"
+        try:
+            entries = sorted(os.listdir(drm))
+        except OSError:
+            return cards
+        for entry in entries:
+            m = _CARD_RE.match(entry)
+            if not m:
+                continue
+            device_dir = drm / entry / "device"
+            if not device_dir.is_dir() or not self._is_amdgpu(device_dir):
+                continue
+            number = int(m.group(1))
+            present = [f for f in INT_FILES + SPEED_FILES + DPM_FILES if os.path.lexists(device_dir / f)]
+            cards.append(_Card(
+                number=number, device_dir=device_dir, device=self._identity(number, device_dir),
+                files=present, hwmon=self._hwmon_files(device_dir),
+                has_gpu_metrics=os.path.lexists(device_dir / "gpu_metrics"),
+                has_pcie_bw=os.path.lexists(device_dir / "pcie_bw")))
+        cards.sort(key=lambda c: c.number)
+        return cards
+
+    # -------------------------------------------------------------------------------- lifecycle
+    def open(self) -> None:
+        self._cards = self.discover()
+        if not self._cards:
+            raise SourceUnavailable(f"no amdgpu cards under {self.sysfs / 'class' / 'drm'}")
+        self._stop.clear()
+        if self.options.get("pcie_bw", True):
+            for card in self._cards:
+                if card.has_pcie_bw:
+                    self._start_pcie_bw(card)
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=3.0)
+        self._threads = []
+
+    @property
+    def devices(self) -> list[Device]:
+        return [c.device for c in self._cards]
+
+    # -------------------------------------------------------------------------------- pcie_bw
+    def _start_pcie_bw(self, card: _Card) -> None:
+        key = card.device.key
+        with self._bg.lock:
+            self._bg.values[key] = _PcieBw()
+            self._bg.ready[key] = threading.Event()
+        t = threading.Thread(target=self._pcie_bw_loop, args=(card,), name=f"amdgpu-pcie_bw-card{card.number}",
+                             daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _pcie_bw_loop(self, card: _Card) -> None:
+        key = card.device.key
+        path = card.device_dir / "pcie_bw"
+        interval = float(self.options.get("pcie_bw_interval", 1.0))
+        while not self._stop.is_set():
+            local: Counter[str] = Counter()
+            text = self._text(path, local)  # blocks ~1 s in the kernel
+            now = self._clock()
+            parsed = parse_pcie_bw(text) if text is not None else None
+            if text is not None and parsed is None:
+                local["malformed_value"] += 1
+            with self._bg.lock:
+                self._bg.errors.update(local)
+                if parsed is not None:
+                    st = self._bg.values[key]
+                    dt = 1.0 if st.last_t is None else max(now - st.last_t, 0.0)
+                    st.received, st.sent, st.mps = parsed
+                    st.received_bytes += parsed[0] * parsed[2] * dt
+                    st.sent_bytes += parsed[1] * parsed[2] * dt
+                    st.last_t, st.valid = now, True
+            self._bg.ready[key].set()
+            if local["not_supported"] or local["device_lost"] or text is None and not local:
+                return  # APU (-ENODATA), gone, or absent: stop reading this card
+            self._stop.wait(interval)
+
+    def pcie_bw_ready(self, timeout: float = 5.0) -> bool:
+        """True once every card's pcie_bw thread has finished its first read (for tests, --once)."""
+        deadline = time.monotonic() + timeout
+        for ev in list(self._bg.ready.values()):
+            if not ev.wait(max(deadline - time.monotonic(), 0.0)):
+                return False
+        return True
+
+    # -------------------------------------------------------------------------------- poll
+    def poll(self) -> Sample:
+        sample = Sample()
+        with self._bg.lock:
+            sample.errors.update(self._bg.errors)
+            self._bg.errors.clear()
+            bw = {k: (v.received, v.sent, v.mps, v.received_bytes, v.sent_bytes)
+                  for k, v in self._bg.values.items() if v.valid}
+        for card in self._cards:
+            sample.devices.append(card.device)
+            key = card.device.key
+            if not card.device_dir.is_dir():
+                sample.device_up[key] = False
+                sample.errors["device_lost"] += 1
+                continue
+            sample.device_up[key] = True
+            try:
+                self._poll_card(card, sample)
+            except Exception:  # one card must never break the others
+                sample.errors["read_error"] += 1
+            if key in bw:
+                received, sent, mps, rx_bytes, tx_bytes = bw[key]
+                sample.add(key, "pcie_bw.received", received)
+                sample.add(key, "pcie_bw.sent", sent)
+                sample.add(key, "pcie_bw.max_payload_size", mps)
+                sample.add(key, "pcie_bw.received_bytes", rx_bytes)
+                sample.add(key, "pcie_bw.sent_bytes", tx_bytes)
+        return sample
+
+    def _poll_card(self, card: _Card, sample: Sample) -> None:
+        key, d, errors = card.device.key, card.device_dir, sample.errors
+        for fname in card.files:
+            path = d / fname
+            if fname in INT_FILES:
+                sample.add(key, fname, self._int(path, errors))
+            elif fname in SPEED_FILES:
+                text = self._text(path, errors)
+                if text is not None:
+                    speed = parse_link_speed(text)
+                    if speed is None:
+                        errors["not_supported"] += 1
+                    sample.add(key, fname, speed)
+            else:  # pp_dpm_*
+                text = self._text(path, errors)
+                if text is None:
+                    continue
+                current, highest = parse_dpm(text)
+                if current is None:
+                    errors["malformed_value"] += 1
+                sample.add(key, fname, current)
+                sample.add(key, f"{fname}.max", highest)
+        for path, raw in card.hwmon:
+            sample.add(key, raw, self._int(path, errors))
+        if card.has_gpu_metrics and self.options.get("gpu_metrics", True):
+            data = self._read(d / "gpu_metrics", errors)
+            if data is not None:
+                try:
+                    table = parse_gpu_metrics(data)
+                except GpuMetricsError:
+                    errors["parse_error"] += 1
+                else:
+                    for raw, value, labels in table_readings(table):
+                        sample.add(key, raw, value, labels)

@@ -1,0 +1,315 @@
+"""Per-process GPU engine utilization and memory from DRM fdinfo (vendor-neutral).
+
+Scans ``<procfs>/<pid>/fd`` for DRM file descriptors, parses the matching
+``<procfs>/<pid>/fdinfo/<fd>`` (``fdinfo_parser``), de-duplicates clients by
+``(drm-pdev, drm-client-id)`` (one client is often reachable through several fds and processes)
+and turns two successive samples into busy percentages:
+
+- ns counters (i915, amdgpu, msm, ...): ``Δdrm-engine-<e> / Δwall-time``;
+- cycle counters (xe): ``Δdrm-cycles-<e> / Δdrm-total-cycles-<e>``;
+- cycles with ``drm-maxfreq-<e>`` and no ns counter: ``Δcycles / (maxfreq × Δwall-time)``;
+
+each divided by ``drm-engine-capacity-<e>`` (1 when absent).  A counter that goes backwards is
+ignored (the previous, larger value is kept until it catches up), as the kernel document asks.
+
+Readings (device key = PCI address ``0000:03:00.0``, so they merge with the vendor source of the
+same GPU): ``process.engine_utilization`` (percent; labels pid, process, engine) and
+``process.memory`` (bytes resident; labels pid, process, region).  Cardinality is bounded:
+``options.top_n`` processes per GPU (default 5), the rest summed under ``pid="other"``.
+
+Cost: one ``readlink`` per fd (no open) decides whether an fd is a DRM device; only DRM fds have
+their fdinfo read.  Targets outside ``/dev/dri`` under ``/dev`` are stat'ed once and the verdict
+is cached by ``(pid, fd, target)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from .base import Device, Sample, SourceUnavailable
+from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
+from .sysfs_util import read_kv, read_text
+
+log = logging.getLogger(__name__)
+
+DRM_MAJOR = 226
+# Device.vendor from the DRM driver name (identity, not a metric mapping).
+DRIVER_VENDOR = {"i915": "intel", "xe": "intel", "amdgpu": "amd", "nvidia-drm": "nvidia", "nvidia": "nvidia"}
+_CARD_RE = re.compile(r"^card(\d+)$")
+
+
+@dataclass(slots=True)
+class _ClientState:
+    """Largest counter values seen so far for one client (the monotonic clamp)."""
+
+    t: float
+    ns: dict[str, int] = field(default_factory=dict)
+    cycles: dict[str, tuple[int, int]] = field(default_factory=dict)  # engine -> (cycles, total)
+    freq_cycles: dict[str, int] = field(default_factory=dict)  # cycles used with drm-maxfreq
+
+
+@dataclass(slots=True)
+class _Proc:
+    """One process's usage of one GPU, summed over its clients."""
+
+    pid: str
+    util: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+
+    def rank(self) -> tuple[float, int]:
+        return (max(self.util.values(), default=0.0), sum(self.memory.values()))
+
+
+def engine_utilization(rec: FdinfoRecord, prev: _ClientState, dt_s: float) -> dict[str, float]:
+    """Busy percent per engine between ``prev`` and ``rec``; updates ``prev`` (monotonic clamp)."""
+    out: dict[str, float] = {}
+    for eng, tot in rec.total_cycles.items():
+        cyc = rec.cycles.get(eng)
+        if cyc is None:
+            continue
+        old = prev.cycles.get(eng)
+        if old is None:
+            prev.cycles[eng] = (cyc, tot)
+            continue
+        if cyc < old[0] or tot < old[1]:  # backwards: keep the larger values, no value now
+            prev.cycles[eng] = (max(cyc, old[0]), max(tot, old[1]))
+            continue
+        prev.cycles[eng] = (cyc, tot)
+        if tot > old[1]:
+            out[eng] = (cyc - old[0]) / (tot - old[1]) * 100.0 / rec.capacity.get(eng, 1)
+    for eng, ns in rec.engine_ns.items():
+        if eng in out or (eng in rec.total_cycles and eng in rec.cycles):
+            continue
+        old_ns = prev.ns.get(eng)
+        prev.ns[eng] = ns if old_ns is None else max(ns, old_ns)
+        if old_ns is None or ns < old_ns or dt_s <= 0:
+            continue
+        out[eng] = (ns - old_ns) / (dt_s * 1e9) * 100.0 / rec.capacity.get(eng, 1)
+    for eng, hz in rec.maxfreq_hz.items():
+        cyc = rec.cycles.get(eng)
+        if cyc is None or eng in out or eng in rec.engine_ns or eng in rec.total_cycles or hz <= 0:
+            continue
+        old_c = prev.freq_cycles.get(eng)
+        prev.freq_cycles[eng] = cyc if old_c is None else max(cyc, old_c)
+        if old_c is None or cyc < old_c or dt_s <= 0:
+            continue
+        out[eng] = (cyc - old_c) / (hz * dt_s) * 100.0 / rec.capacity.get(eng, 1)
+    return out
+
+
+class FdScanner:
+    """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply."""
+
+    def __init__(self, procfs: Path) -> None:
+        self.procfs = str(procfs)
+        self._dev_cache: dict[tuple[str, str, str], bool] = {}
+
+    def _is_drm_target(self, pid: str, fd: str, dir_fd: int, target: str, cache: dict) -> bool:
+        if target.startswith("/dev/dri/"):
+            return True
+        if not target.startswith("/dev/"):
+            return False  # sockets, pipes, anon inodes, regular files
+        key = (pid, fd, target)
+        verdict = self._dev_cache.get(key)
+        if verdict is None:
+            try:
+                st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
+                verdict = stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
+            except OSError:
+                verdict = False
+        cache[key] = verdict
+        return verdict
+
+    def _drm_fds(self, pid: str, base: str, cache: dict) -> list[str] | None:
+        """Names of the DRM fds of one process via readlink relative to its fd/ directory;
+        None when the tree has no fd/ directory (then every fdinfo file is read)."""
+        try:
+            dir_fd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return []  # EACCES for other users' processes: expected, silent
+        try:
+            out = []
+            readlink, is_drm = os.readlink, self._is_drm_target
+            for fd in os.listdir(dir_fd):
+                try:
+                    target = readlink(fd, dir_fd=dir_fd)
+                except OSError:
+                    continue
+                if target.startswith("/dev/") and is_drm(pid, fd, dir_fd, target, cache):
+                    out.append(fd)
+            return out
+        except OSError:
+            return []
+        finally:
+            os.close(dir_fd)
+
+    def scan(self, errors: dict) -> Iterator[tuple[str, str, str]]:
+        """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
+        new_cache: dict[tuple[str, str, str], bool] = {}
+        try:
+            pids = sorted((e.name for e in os.scandir(self.procfs) if e.name.isdigit()), key=int)
+        except OSError:
+            pids = []
+        for pid in pids:
+            base = f"{self.procfs}/{pid}"
+            fds = self._drm_fds(pid, base, new_cache)
+            from_links = fds is not None
+            if fds is None:
+                try:
+                    fds = os.listdir(f"{base}/fdinfo")
+                except OSError:
+                    continue
+            for fd in fds:
+                try:
+                    with open(f"{base}/fdinfo/{fd}", "rb") as fh:
+                        data = fh.read()
+                except FileNotFoundError:
+                    continue  # fd closed or process exited meanwhile
+                except OSError:
+                    if from_links:
+                        errors["read_error"] = errors.get("read_error", 0) + 1
+                    continue
+                yield pid, fd, data.decode("utf-8", "replace")
+        self._dev_cache = new_cache
+
+
+def card_indices(sysfs: Path) -> dict[str, str]:
+    """PCI address -> DRM card number, from ``<sysfs>/class/drm/card*/device``."""
+    out: dict[str, str] = {}
+    drm = Path(sysfs) / "class" / "drm"
+    try:
+        entries = sorted(drm.iterdir())
+    except OSError:
+        return out
+    for entry in entries:
+        m = _CARD_RE.match(entry.name)
+        if not m:
+            continue
+        addr = ""
+        try:
+            addr = normalize_pdev(Path(os.readlink(entry / "device")).name)
+        except OSError:
+            pass
+        if not addr:
+            addr = normalize_pdev(read_kv(entry / "device" / "uevent").get("PCI_SLOT_NAME", ""))
+        if addr:
+            out.setdefault(addr, m.group(1))
+    return out
+
+
+class DrmFdinfoSource:
+    """Per-process engine utilization and memory from ``/proc/*/fdinfo`` (all DRM drivers)."""
+
+    name: ClassVar[str] = "fdinfo"
+
+    def __init__(self, *, procfs: Path = Path("/proc"), sysfs: Path = Path("/sys"),
+                 options: dict | None = None, clock: Callable[[], float] | None = None,
+                 **_: object) -> None:
+        self.procfs = Path(procfs)
+        self.sysfs = Path(sysfs)
+        options = options or {}
+        try:
+            self.top_n = int(options.get("top_n", 5))  # < 0: every process, no "other"
+        except (TypeError, ValueError):
+            log.warning("fdinfo: top_n %r is not an integer; using 5", options.get("top_n"))
+            self.top_n = 5
+        self._clock = clock or (lambda: time.monotonic())
+        self._scanner = FdScanner(self.procfs)
+        self._clients: dict[tuple[str, str], _ClientState] = {}
+        self._devices: dict[str, Device] = {}
+        self._cards: dict[str, str] = {}
+
+    def open(self) -> None:
+        if not self.procfs.is_dir():
+            raise SourceUnavailable(f"procfs not found at {self.procfs}")
+        self._cards = card_indices(self.sysfs)
+
+    def close(self) -> None:
+        self._clients.clear()
+        self._devices.clear()
+
+    def _device(self, pdev: str, driver: str) -> Device | None:
+        dev = self._devices.get(pdev)
+        if dev is not None:
+            return dev
+        vendor = DRIVER_VENDOR.get(driver)
+        if vendor is None:
+            return None
+        if pdev not in self._cards:
+            self._cards = card_indices(self.sysfs)
+        dev = Device(key=pdev, vendor=vendor, index=self._cards.get(pdev, pdev), mapping="drm_fdinfo",
+                     pci_bus_id=pdev, driver=driver)
+        self._devices[pdev] = dev
+        return dev
+
+    def poll(self) -> Sample:
+        sample = Sample()
+        now = self._clock()
+        sample.monotonic = now
+        seen: dict[tuple[str, str], _ClientState] = {}
+        procs: dict[str, dict[str, _Proc]] = {}  # pdev -> pid -> usage
+        for pid, fd, text in self._scanner.scan(sample.errors):
+            rec = parse_fdinfo(text)
+            if rec is None:
+                continue
+            if rec.malformed:
+                sample.errors["parse_error"] += rec.malformed
+            if not rec.pdev or self._device(rec.pdev, rec.driver) is None:
+                continue  # platform devices and drivers of no known vendor are not attributed
+            key = (rec.pdev, rec.client_id or f"fd:{pid}/{fd}")
+            if key in seen:
+                continue  # same client through another fd or process: count once
+            state = self._clients.get(key)
+            if state is None:
+                state = _ClientState(t=now)
+                engine_utilization(rec, state, 0.0)  # first sample: remember counters only
+                util: dict[str, float] = {}
+            else:
+                util = engine_utilization(rec, state, now - state.t)
+                state.t = now
+            seen[key] = state
+            proc = procs.setdefault(rec.pdev, {}).setdefault(pid, _Proc(pid))
+            for eng, pct in util.items():
+                proc.util[eng] = proc.util.get(eng, 0.0) + pct
+            for region, nbytes in rec.resident().items():
+                proc.memory[region] = proc.memory.get(region, 0) + nbytes
+        self._clients = seen
+        sample.devices = list(self._devices.values())
+        for pdev, by_pid in procs.items():
+            self._emit(sample, pdev, by_pid)
+        return sample
+
+    def _emit(self, sample: Sample, pdev: str, by_pid: dict[str, _Proc]) -> None:
+        ranked = sorted(by_pid.values(), key=lambda p: (-p.rank()[0], -p.rank()[1], int(p.pid)))
+        keep = ranked if self.top_n < 0 else ranked[: self.top_n]
+        rest = [] if self.top_n < 0 else ranked[self.top_n:]
+        rows = [(p.pid, self._comm(p.pid), p.util, p.memory) for p in keep]
+        if rest:
+            util: dict[str, float] = {}
+            mem: dict[str, int] = {}
+            for p in rest:
+                for k, v in p.util.items():
+                    util[k] = util.get(k, 0.0) + v
+                for k, v in p.memory.items():
+                    mem[k] = mem.get(k, 0) + v
+            rows.append(("other", "other", util, mem))
+        for pid, comm, util, mem in rows:
+            for eng, pct in sorted(util.items()):
+                sample.add(pdev, "process.engine_utilization", pct,
+                           (("pid", pid), ("process", comm), ("engine", eng)))
+            for region, nbytes in sorted(mem.items()):
+                sample.add(pdev, "process.memory", nbytes,
+                           (("pid", pid), ("process", comm), ("region", region)))
+
+    def _comm(self, pid: str) -> str:
+        return read_text(self.procfs / pid / "comm") or "unknown"

@@ -1,0 +1,63 @@
+"""Known collectors: name -> where the source class lives, and whether it is on by default.
+
+Modules are imported only when the collector is enabled, so a missing vendor binding or a broken
+optional dependency turns that one source off (with the reason) and never breaks start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import Source, SourceUnavailable
+
+
+@dataclass(frozen=True)
+class Collector:
+    name: str
+    module: str
+    cls: str
+    default: bool  # on unless --no-collector.<name>; off ones need --collector.<name>
+    description: str
+
+
+COLLECTORS: dict[str, Collector] = {c.name: c for c in [
+    Collector("nvml", "exporter.sources.nvml", "NvmlSource", True,
+              "NVIDIA GPUs through NVML (nvidia-ml-py), GPM on Hopper and newer"),
+    Collector("dcgm", "exporter.sources.dcgm", "DcgmSource", True,
+              "NVIDIA DCGM profiling fields (needs the DCGM Python bindings)"),
+    Collector("amdgpu", "exporter.sources.amdgpu_sysfs", "AmdgpuSysfsSource", True,
+              "AMD GPUs through amdgpu sysfs and the gpu_metrics table"),
+    Collector("amdsmi", "exporter.sources.amdsmi", "AmdsmiSource", True,
+              "AMD GPUs through amdsmi (ECC, XGMI, partitions)"),
+    Collector("intel", "exporter.sources.intel_sysfs", "IntelSysfsSource", True,
+              "Intel GPUs through i915/xe sysfs and hwmon"),
+    Collector("levelzero", "exporter.sources.levelzero", "LevelZeroSource", True,
+              "Intel GPUs through Level Zero Sysman (pyzes)"),
+    Collector("fdinfo", "exporter.sources.drm_fdinfo", "DrmFdinfoSource", False,
+              "per-process GPU use from DRM fdinfo (opt-in: per-process cardinality)"),
+    Collector("upstream", "exporter.sources.upstream", "UpstreamSource", False,
+              "scrape vendor exporters already on the node and normalise their series"),
+    Collector("simulator", "exporter.sources.simulator", "SimulatorSource", False,
+              "the built-in simulated node (--simulate)"),
+]}
+
+
+def create_source(collector: Collector, **kwargs: Any) -> Source:
+    """Instantiate a collector's source, passing only the keyword arguments it accepts."""
+    try:
+        module = importlib.import_module(collector.module)
+        cls = getattr(module, collector.cls)
+    except Exception as exc:  # an optional dependency may fail in any way at import
+        raise SourceUnavailable(f"cannot load {collector.module}: {type(exc).__name__}: {exc}") from exc
+    params = inspect.signature(cls).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    args = {k: v for k, v in kwargs.items() if accepts_any or k in params}
+    return cls(**args)
+
+
+def source_kwargs(sysfs: Path, procfs: Path, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"sysfs": sysfs, "procfs": procfs, "options": options, **extra}

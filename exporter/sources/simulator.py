@@ -1,0 +1,287 @@
+"""The built-in simulated node (``--simulate``).
+
+A scenario (YAML) describes devices and timed phases in canonical terms.  The simulator turns
+those targets back into each vendor's raw field names and units by inverting the device's own
+mapping file, so simulated data travels through exactly the same mapping as real data: a
+simulated H100 emits NVML-named milliwatts and millijoules, a simulated MI300X amdgpu sysfs
+microwatts, a simulated Intel GPU an idle-residency counter in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..config import Duration
+from ..schema import default_mappings_dir, parse_operand
+from ..yamlfile import ConfigError, load_model
+from .base import Device, Sample, SourceUnavailable
+
+Value = float | list[float] | str
+_REF_RE = re.compile(r"^=\s*([^*]+?)\s*(?:\*\s*([-+0-9.eE]+))?\s*$")
+
+
+class SimDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vendor: Literal["nvidia", "amd", "intel"]
+    mapping: str
+    model: str
+    count: int = Field(default=1, ge=1, le=4096)
+    driver: str = ""
+    values: dict[str, Value] = {}
+
+
+class Phase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    duration: Duration
+    description: str = ""
+    values: dict[str, Value] = {}
+    # per-device overrides, keyed "vendor:index" (e.g. "nvidia:0")
+    devices: dict[str, dict[str, Value]] = {}
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    seed: int = 1
+    loop: bool = True
+    devices: list[SimDevice] = Field(min_length=1)
+    phases: list[Phase] = Field(min_length=1)
+
+    @field_validator("devices", "phases")
+    @classmethod
+    def _keys(cls, v: list) -> list:
+        for item in v:
+            for key in getattr(item, "values", {}):
+                parse_operand(key)
+        return v
+
+    def phase_at(self, t: float) -> tuple[Phase, float]:
+        total = sum(p.duration for p in self.phases)
+        if self.loop:
+            t %= total
+        for p in self.phases:
+            if t < p.duration:
+                return p, t
+            t -= p.duration
+        return self.phases[-1], self.phases[-1].duration
+
+    def phase_start(self, name: str) -> float:
+        t = 0.0
+        for p in self.phases:
+            if p.name == name:
+                return t
+            t += p.duration
+        raise ConfigError(f"scenario {self.name}: no phase {name!r} "
+                          f"(phases: {', '.join(p.name for p in self.phases)})")
+
+
+def scenarios_dir() -> Path:
+    return default_mappings_dir() / "scenarios"
+
+
+def builtin_scenarios() -> list[str]:
+    return sorted(p.stem for p in scenarios_dir().glob("*.yaml"))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = scenarios_dir() / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown scenario {name_or_path!r}; built-in scenarios: "
+                              f"{', '.join(builtin_scenarios())} (or give a YAML file)")
+    return load_model(path, Scenario)
+
+
+@dataclass(slots=True)
+class _Emit:
+    """How one canonical target becomes one raw reading of a device's mapping."""
+
+    raw: str
+    raw_labels: tuple[tuple[str, str], ...]
+    kind: str  # gauge | counter | rate
+    scale: float
+    offset: float
+
+
+@dataclass
+class _SimState:
+    dev: Device
+    spec: SimDevice
+    counters: dict[tuple, float] = field(default_factory=dict)
+
+
+class SimulatorSource:
+    name: ClassVar[str] = "simulator"
+
+    def __init__(self, options: dict[str, Any] | None = None, mappings: Any = None):
+        options = options or {}
+        self.scenario = load_scenario(str(options.get("scenario", "demo")))
+        self.mappings = mappings
+        self.offset = self.scenario.phase_start(options["phase"]) if options.get("phase") else 0.0
+        scale = int(options.get("devices_per_vendor_scale", 1))
+        self.clock = time.monotonic
+        self._rng = random.Random(self.scenario.seed)
+        self._start: float | None = None
+        self._last: float | None = None
+        self._plans: dict[str, dict[str, _Emit]] = {}
+        self._states: list[_SimState] = []
+        for spec in self.scenario.devices:
+            for _ in range(spec.count * scale):
+                self._states.append(_SimState(self._make_device(spec), spec))
+
+    def _make_device(self, spec: SimDevice) -> Device:
+        n = sum(1 for s in self._states if s.dev.vendor == spec.vendor)
+        digest = hashlib.sha256(f"{self.scenario.name}/{spec.vendor}/{n}".encode()).hexdigest()
+        uuid = {"nvidia": f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}",
+                "amd": f"0x{digest[:16]}", "intel": f"{digest[:32]}"}[spec.vendor]
+        bus = {"nvidia": 0x18, "amd": 0x8a, "intel": 0xc3}[spec.vendor] + n
+        return Device(key=f"sim-{spec.vendor}-{n}", vendor=spec.vendor, index=str(n),
+                      mapping=spec.mapping, uuid=uuid, model=spec.model,
+                      pci_bus_id=f"0000:{bus:02x}:00.0", driver=spec.driver or "simulated",
+                      serial=f"SIM{digest[:10].upper()}", simulated=True)
+
+    # ------------------------------------------------------------------ Source protocol
+    def open(self) -> None:
+        if self.mappings is None:
+            raise SourceUnavailable("simulator needs the mapping set")
+        missing = sorted({s.spec.mapping for s in self._states if self.mappings.get(s.spec.mapping) is None})
+        if missing:
+            raise SourceUnavailable(f"scenario {self.scenario.name} uses unknown mappings: {missing}")
+        self._start = self.clock()
+
+    def close(self) -> None:
+        pass
+
+    def poll(self) -> Sample:
+        now = self.clock()
+        if self._start is None:
+            self._start = now
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        phase, _ = self.scenario.phase_at(now - self._start + self.offset)
+        sample = Sample(monotonic=now)
+        for st in self._states:
+            sample.devices.append(st.dev)
+            targets = self._targets(st, phase)
+            plan = self._plan(st.spec.mapping)
+            emitted: set[tuple] = set()
+            for kind in ("counter", "rate", "gauge"):
+                for key, value in targets.items():
+                    emit = plan.get(key)
+                    if emit is None or emit.kind != kind:
+                        continue
+                    rkey = (emit.raw, emit.raw_labels)
+                    if rkey in emitted:
+                        continue
+                    emitted.add(rkey)
+                    raw = self._raw(st, emit, rkey, value, dt)
+                    sample.add(st.dev.key, emit.raw, raw, emit.raw_labels)
+        return sample
+
+    def current_phase(self) -> str:
+        now = self.clock()
+        return self.scenario.phase_at(now - (self._start or now) + self.offset)[0].name
+
+    # ------------------------------------------------------------------ internals
+    def _raw(self, st: _SimState, emit: _Emit, rkey: tuple, value: float, dt: float) -> float | None:
+        if emit.kind == "gauge":
+            return (value - emit.offset) / emit.scale
+        per_second = value / emit.scale if emit.kind == "counter" else (value - emit.offset) / emit.scale
+        total = st.counters.get(rkey, 0.0) + max(per_second, 0.0) * dt
+        st.counters[rkey] = total
+        return total
+
+    def _targets(self, st: _SimState, phase: Phase) -> dict[tuple, float]:
+        specs: dict[str, Value] = {}
+        specs.update(st.spec.values)
+        specs.update(phase.values)
+        specs.update(phase.devices.get(f"{st.dev.vendor}:{st.dev.index}", {}))
+        resolved: dict[str, float] = {}
+        refs: dict[str, tuple[str, float]] = {}
+        for key, spec in specs.items():
+            if isinstance(spec, str):
+                m = _REF_RE.match(spec)
+                if not m:
+                    continue
+                refs[key] = (m.group(1).strip(), float(m.group(2) or 1.0))
+            elif isinstance(spec, list):
+                lo, hi = (spec + spec)[:2]
+                resolved[key] = self._rng.uniform(lo, hi)
+            else:
+                resolved[key] = float(spec)
+        for key, (ref, factor) in refs.items():
+            if ref in resolved:
+                resolved[key] = resolved[ref] * factor
+        out: dict[tuple, float] = {}
+        for key, v in resolved.items():
+            name, matchers = parse_operand(key)
+            out[(name, matchers)] = v
+        return out
+
+    def _plan(self, mapping_name: str) -> dict[tuple, _Emit]:
+        plan = self._plans.get(mapping_name)
+        if plan is not None:
+            return plan
+        plan = {}
+        cm = self.mappings.get(mapping_name)
+        rules = sorted((r for rs in cm.rules.values() for r in rs), key=lambda r: r.order)
+        for rule in rules:
+            if rule.scale == 0:
+                continue
+            label_names = tuple(sorted(c for _, c in rule.label_map))
+            key_labels = dict(rule.fixed)
+            # a rule with label_map needs those labels in the target; record the shape
+            kind = "counter" if rule.is_counter else ("rate" if rule.rate else "gauge")
+            plan_key = (rule.metric, tuple(sorted(key_labels.items())), label_names)
+            if plan_key in plan:
+                continue  # the first (preferred) rule wins, as in the mapping
+            plan[plan_key] = _Emit(rule.raw, tuple((r, c) for r, c in rule.label_map), kind,
+                                   rule.scale, rule.offset)
+        resolved = _PlanView(plan)
+        self._plans[mapping_name] = resolved  # type: ignore[assignment]
+        return resolved  # type: ignore[return-value]
+
+
+class _PlanView(dict):
+    """Looks up a target (metric, matchers) in a plan keyed by (metric, fixed, label_map names)."""
+
+    def __init__(self, plan: dict[tuple, _Emit]):
+        super().__init__()
+        self._plan = plan
+        self._memo: dict[tuple, _Emit | None] = {}
+
+    def get(self, key: tuple, default: Any = None) -> _Emit | None:  # type: ignore[override]
+        if key not in self._memo:
+            self._memo[key] = self._find(key)
+        found = self._memo[key]
+        return default if found is None else found
+
+    def _find(self, key: tuple) -> _Emit | None:
+        metric, matchers = key
+        target = dict(matchers)
+        for (m, fixed, mapped), emit in self._plan.items():
+            if m != metric:
+                continue
+            fixed_d = dict(fixed)
+            if any(target.get(k) != v for k, v in fixed_d.items()):
+                continue
+            rest = set(target) - set(fixed_d)
+            if not rest <= set(mapped):
+                continue  # label_map labels are optional: a target may leave them out
+            if mapped:
+                raw_labels = tuple((raw, target[canon]) for raw, canon in emit.raw_labels
+                                   if canon in target)
+                return _Emit(emit.raw, raw_labels, emit.kind, emit.scale, emit.offset)
+            return emit
+        return None

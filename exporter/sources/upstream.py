@@ -1,0 +1,410 @@
+"""Upstream source: scrape vendor exporters that already run on the node and re-read their series.
+
+Options (the ``upstream`` section of the config)::
+
+    targets:
+      - name: dcgm                      # unique; used in logs and in fallback device keys
+        url: http://127.0.0.1:9400/metrics
+        exporter: dcgm-exporter         # | amd-device-metrics-exporter | xpumanager | nvidia_gpu_exporter
+        timeout: 5.0                    # seconds for the whole request (connect + body), default 5
+        metric_prefix: ""               # stripped from metric names (DME's MetricsFieldPrefix "amd_")
+        tls: {ca_file: ..., cert_file: ..., key_file: ..., insecure_skip_verify: false}
+        basic_auth: {username: ..., password: ... | password_file: ...}
+
+Each series becomes a raw reading: field = the upstream metric name (qualified by the exporter's
+selector labels, see ``upstream_identity``), value = the sample value, labels = the remaining
+dimension labels.  The device's mapping file is ``mappings/upstream/<exporter>.yaml``.
+
+A target that fails in a poll (refused, timeout, HTTP error, unparsable body) contributes no
+readings at all in that poll; its error kind is counted (read_error, timeout, parse_error) and
+its devices seen before are reported with ``device_up=False``.  When every target fails, ``poll``
+raises ``UpstreamDown`` (``UpstreamTimeout``, a ``TimeoutError``, when all of them timed out) so
+that the daemon reports the source down; the exception carries the error kinds in ``errors``.
+Nothing is cached between polls, so a stale value is never served again.
+
+``secondary = True``: the store drops an upstream GPU that a native source also reads (same
+normalized PCI bus id key, or same uuid).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import logging
+import math
+import re
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_prometheus_text
+
+from .base import Device, Sample, SourceUnavailable
+from .upstream_identity import (
+    EXPORTERS,
+    ExporterSpec,
+    SeriesIdentity,
+    dimension_labels,
+    field_name,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 5.0
+MAX_BODY_BYTES = 32 * 1024 * 1024
+_ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
+
+
+class FetchError(Exception):
+    """A target could not be read; ``kind`` is the error kind counted in ``Sample.errors``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class UpstreamDown(Exception):
+    """Every configured target failed this poll: the source is down (``up`` = 0).
+
+    ``errors`` holds the error kinds of the failed targets (as ``Sample.errors`` would).
+    """
+
+    def __init__(self, errors: Counter[str], message: str) -> None:
+        super().__init__(message)
+        self.errors = errors
+        self.kind = errors.most_common(1)[0][0] if errors else "read_error"
+
+
+class UpstreamTimeout(UpstreamDown, TimeoutError):
+    """Every target failed and all of them by timing out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    url: str
+    spec: ExporterSpec
+    timeout: float = DEFAULT_TIMEOUT_S
+    metric_prefix: str = ""
+    ssl_context: ssl.SSLContext | None = None
+    authorization: str = ""
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+def parse_targets(options: Mapping[str, Any]) -> list[Target]:
+    """Validate the ``targets`` option; raises ``ValueError`` naming the bad entry."""
+    raw = options.get("targets") or []
+    if not isinstance(raw, list):
+        raise ValueError("upstream.targets must be a list")
+    targets: list[Target] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        where = f"upstream.targets[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{where} must be a mapping")
+        url = str(entry.get("url", ""))
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{where}.url must be an http:// or https:// URL, got {url!r}")
+        exporter = str(entry.get("exporter", ""))
+        if exporter not in EXPORTERS:
+            raise ValueError(f"{where}.exporter must be one of {sorted(EXPORTERS)}, got {exporter!r}")
+        name = str(entry.get("name") or f"{exporter}-{i}")
+        if name in seen:
+            raise ValueError(f"{where}.name {name!r} is used twice")
+        seen.add(name)
+        timeout = float(entry.get("timeout", DEFAULT_TIMEOUT_S))
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"{where}.timeout must be a positive number of seconds")
+        targets.append(Target(
+            name=name,
+            url=url,
+            spec=EXPORTERS[exporter],
+            timeout=timeout,
+            metric_prefix=str(entry.get("metric_prefix", "")),
+            ssl_context=_ssl_context(entry.get("tls"), where) if url.startswith("https://") else None,
+            authorization=_authorization(entry.get("basic_auth"), where),
+        ))
+    return targets
+
+
+def _ssl_context(tls: Any, where: str) -> ssl.SSLContext:
+    tls = tls or {}
+    if not isinstance(tls, Mapping):
+        raise ValueError(f"{where}.tls must be a mapping")
+    ctx = ssl.create_default_context(cafile=tls.get("ca_file") or None)
+    if tls.get("cert_file"):
+        ctx.load_cert_chain(tls["cert_file"], tls.get("key_file") or None)
+    if tls.get("insecure_skip_verify"):
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _authorization(auth: Any, where: str) -> str:
+    if not auth:
+        return ""
+    if not isinstance(auth, Mapping) or not auth.get("username"):
+        raise ValueError(f"{where}.basic_auth needs a username")
+    password = auth.get("password", "")
+    if auth.get("password_file"):
+        password = Path(auth["password_file"]).read_text().rstrip("\n")
+    token = base64.b64encode(f"{auth['username']}:{password}".encode()).decode("ascii")
+    return f"Basic {token}"
+
+
+# --- reading one target ----------------------------------------------------------------------
+
+
+def fetch(target: Target) -> tuple[str, str]:
+    """GET the target; returns (body text, content type).  Raises ``FetchError``.
+
+    The timeout bounds the whole request, not only each socket operation, so an exporter that
+    trickles its body cannot hold the poll.
+    """
+    deadline = time.monotonic() + target.timeout
+    request = urllib.request.Request(target.url, headers={"Accept": _ACCEPT})
+    if target.authorization:
+        request.add_header("Authorization", target.authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=target.timeout, context=target.ssl_context) as resp:
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := resp.read1(65536):  # returns what arrived: the deadline is checked
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise FetchError("read_error", f"body larger than {MAX_BODY_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise FetchError("timeout", f"no complete answer within {target.timeout} s")
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            if resp.headers.get("Content-Encoding", "").lower() == "gzip":
+                body = gzip.decompress(body)
+            content_type = resp.headers.get("Content-Type", "")
+    except FetchError:
+        raise
+    except urllib.error.HTTPError as e:
+        raise FetchError("read_error", f"HTTP {e.code} {e.reason}") from e
+    except urllib.error.URLError as e:
+        kind = "timeout" if isinstance(e.reason, TimeoutError) else "read_error"
+        raise FetchError(kind, str(e.reason)) from e
+    except TimeoutError as e:
+        raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
+    except (OSError, EOFError, ValueError) as e:  # reset connection, bad gzip, http.client errors
+        raise FetchError("read_error", f"{type(e).__name__}: {e}") from e
+    try:
+        return body.decode("utf-8"), content_type
+    except UnicodeDecodeError as e:
+        raise FetchError("parse_error", f"body is not UTF-8: {e}") from e
+
+
+def parse_exposition(text: str, content_type: str = "") -> list[tuple[str, dict[str, str], float]]:
+    """All samples of a Prometheus text (or OpenMetrics) body as (name, labels, value).
+
+    Raises ``FetchError("parse_error")`` when any line is malformed: a half-understood body is
+    not trusted at all.  ``X_created`` samples of counters ``X_total`` are dropped.
+    """
+    openmetrics = "openmetrics" in content_type.lower()
+    parser = parse_openmetrics if openmetrics else parse_prometheus_text
+    # prometheus_client's text parser appends "_total" to every sample of a family declared
+    # `# TYPE x counter` (dcgm-exporter does this: DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); undo
+    # it so that raw fields are the names on the wire.
+    munged = set() if openmetrics else {
+        m[1] for m in _COUNTER_TYPE_RE.finditer(text) if not m[1].endswith("_total")
+    }
+    try:
+        samples = [
+            (_wire_name(s.name, family, munged), dict(s.labels), s.value)
+            for family in parser(text)
+            for s in family.samples
+        ]
+    except Exception as e:  # the parsers raise ValueError, but also TypeError/IndexError on junk
+        raise FetchError("parse_error", f"malformed exposition: {e}") from e
+    names = {name for name, _, _ in samples}
+    return [
+        s for s in samples
+        if not (s[0].endswith("_created") and f"{s[0][: -len('_created')]}_total" in names)
+    ]
+
+
+_COUNTER_TYPE_RE = re.compile(r"^[ \t]*#[ \t]*TYPE[ \t]+(\S+)[ \t]+counter[ \t]*$", re.MULTILINE)
+
+
+def _wire_name(name: str, family: Any, munged: set[str]) -> str:
+    if family.type == "counter" and family.name in munged and name.endswith("_total"):
+        return name[: -len("_total")]
+    return name
+
+
+@dataclass(slots=True)
+class TargetReadings:
+    """What one target yielded in one poll, devices keyed by their identity ``ref``."""
+
+    identities: dict[str, SeriesIdentity]
+    readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]]  # (ref, field, value, labels)
+
+
+def read_series(
+    target: Target, samples: Iterable[tuple[str, dict[str, str], float]]
+) -> TargetReadings:
+    """Group samples by GPU, derive each GPU's identity and the raw readings.
+
+    Duplicate series (same GPU, field and labels; seen with XPU Manager, issue #112) keep the
+    first value.
+    """
+    spec = target.spec
+    identities: dict[str, SeriesIdentity] = {}
+    readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]] = []
+    seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
+    prefix = target.metric_prefix
+    for name, labels, value in samples:
+        ident = spec.identify(labels)
+        if ident is None:
+            continue
+        known = identities.get(ident.ref)
+        identities[ident.ref] = ident if known is None else known.merged(ident)
+        if prefix and name.startswith(prefix):
+            name = name[len(prefix):]
+        fld = field_name(name, labels, spec.selector_labels)
+        dims = dimension_labels(labels, spec)
+        key = (ident.ref, fld, dims)
+        if key in seen:
+            continue
+        seen.add(key)
+        readings.append((ident.ref, fld, value, dims))
+    return TargetReadings(identities, readings)
+
+
+def scrape_target(target: Target) -> TargetReadings:
+    text, content_type = fetch(target)
+    return read_series(target, parse_exposition(text, content_type))
+
+
+# --- the source ------------------------------------------------------------------------------
+
+
+class UpstreamSource:
+    """Re-reads vendor exporters (dcgm-exporter, AMD DME, XPU Manager, nvidia_gpu_exporter)."""
+
+    name: ClassVar[str] = "upstream"
+    # native sources win for a GPU they also read (compared by PCI key or uuid in the store)
+    secondary: ClassVar[bool] = True
+
+    def __init__(self, *, options: Mapping[str, Any] | None = None, **_: Any) -> None:
+        self._targets = parse_targets(options or {})
+        self._pool: ThreadPoolExecutor | None = None
+        # target name -> devices (by key) it produced last time it answered
+        self._known: dict[str, dict[str, Device]] = {}
+        self._failing: set[str] = set()
+
+    def open(self) -> None:
+        if not self._targets:
+            raise SourceUnavailable("no upstream targets configured (upstream.targets is empty)")
+        self._pool = ThreadPoolExecutor(
+            max_workers=min(len(self._targets), 8), thread_name_prefix="upstream"
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def poll(self) -> Sample:
+        sample = Sample()
+        if self._pool is None:
+            self.open()
+        assert self._pool is not None
+        futures = [(t, self._pool.submit(scrape_target, t)) for t in self._targets]
+        keys_taken: set[str] = set()
+        failures: list[str] = []
+        for target, future in futures:
+            try:
+                result = future.result()
+            except FetchError as e:
+                self._target_failed(target, e.kind, str(e), sample, keys_taken)
+                failures.append(f"{target.name}: {e.kind}: {e}")
+                continue
+            except Exception as e:  # a bug must not take the other targets down
+                log.exception("upstream target %s: unexpected error", target.name)
+                self._target_failed(target, "read_error", repr(e), sample, keys_taken)
+                failures.append(f"{target.name}: {e!r}")
+                continue
+            if target.name in self._failing:
+                self._failing.discard(target.name)
+                log.info("upstream target %s (%s) answers again", target.name, target.url)
+            self._add_target(target, result, sample, keys_taken)
+        if failures and len(failures) == len(self._targets):
+            errors = Counter(sample.errors)
+            cls = UpstreamTimeout if set(errors) == {"timeout"} else UpstreamDown
+            raise cls(errors, "; ".join(failures))
+        return sample
+
+    def _target_failed(
+        self, target: Target, kind: str, message: str, sample: Sample, keys_taken: set[str]
+    ) -> None:
+        sample.errors[kind] += 1
+        if target.name not in self._failing:
+            self._failing.add(target.name)
+            log.warning("upstream target %s (%s) failed: %s: %s", target.name, target.url, kind, message)
+        for key, device in self._known.get(target.name, {}).items():
+            if key not in keys_taken:
+                keys_taken.add(key)
+                sample.devices.append(device)
+                sample.device_up[key] = False
+
+    def _add_target(
+        self, target: Target, result: TargetReadings, sample: Sample, keys_taken: set[str]
+    ) -> None:
+        devices: dict[str, Device] = {}
+        key_of_ref: dict[str, str] = {}
+        for position, (ref, ident) in enumerate(result.identities.items()):
+            device = _device(target, ident, position)
+            if device.key in keys_taken:
+                log.debug("upstream target %s: GPU %s already read from another target",
+                          target.name, device.key)
+                continue
+            keys_taken.add(device.key)
+            key_of_ref[ref] = device.key
+            devices[device.key] = device
+            sample.devices.append(device)
+            sample.device_up[device.key] = True
+        for key, device in self._known.get(target.name, {}).items():
+            if key not in devices and key not in keys_taken:  # vanished from the exporter
+                keys_taken.add(key)
+                sample.devices.append(device)
+                sample.device_up[key] = False
+        self._known[target.name] = devices
+        for ref, fld, value, dims in result.readings:
+            key = key_of_ref.get(ref)
+            if key is not None:
+                sample.add(key, fld, value, dims)
+
+
+def _device(target: Target, ident: SeriesIdentity, position: int) -> Device:
+    """Device key: normalized PCI bus id, else UUID, else a key scoped to the target."""
+    index = ident.index or str(position)
+    scoped = ":".join(p for p in (target.name, ident.host, f"gpu{index}") if p)
+    return Device(
+        key=ident.pci_bus_id or ident.uuid or scoped,
+        vendor=target.spec.vendor,
+        index=index,
+        mapping=target.spec.mapping,
+        uuid=ident.uuid,
+        model=ident.model,
+        pci_bus_id=ident.pci_bus_id,
+        driver=ident.driver,
+        serial=ident.serial,
+    )
+
+
+__all__ = ["FetchError", "Target", "UpstreamDown", "UpstreamTimeout", "UpstreamSource", "fetch", "parse_exposition",
+           "parse_targets", "read_series"]

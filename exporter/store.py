@@ -1,0 +1,91 @@
+"""Latest state of every source: its devices, canonical series and health.
+
+Each poll replaces a source's series as a whole, so a value that a source stops reporting (lost
+GPU, failed upstream, timed-out poll) disappears instead of being served stale.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from .mapping import SeriesKey
+from .sources.base import Device
+
+
+@dataclass
+class SourceState:
+    name: str
+    explicit: bool = False          # enabled by --collector.<name> or the config file
+    secondary: bool = False         # upstream scrape: native sources win for the same GPU
+    provides_identity: bool = True  # fdinfo does not: it borrows identity by PCI address
+    state: str = "starting"         # starting | up | down | unavailable | disabled
+    reason: str = ""
+    up: bool = False
+    polls: int = 0
+    last_duration: float = 0.0
+    last_success: float = 0.0       # unix time of the last successful poll
+    errors: Counter[str] = field(default_factory=Counter)
+    devices: dict[str, Device] = field(default_factory=dict)
+    device_up: dict[str, bool] = field(default_factory=dict)
+    series: dict[SeriesKey, float] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.series = {}
+        self.up = False
+
+
+class Store:
+    """Source states in a fixed order (the order of enabling); the order decides identity."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, SourceState] = {}
+        self.version = 0  # bumped on every change; the renderer skips unchanged versions
+
+    def add(self, st: SourceState) -> None:
+        self.sources[st.name] = st
+
+    def touch(self) -> None:
+        self.version += 1
+
+    def identity_owner(self, dev: Device, asking: str) -> Device | None:
+        """The device as a native identity source knows it (same PCI key or uuid), if any."""
+        for st in self.sources.values():
+            if st.name == asking or not st.provides_identity or st.secondary:
+                continue
+            found = st.devices.get(dev.key)
+            if found is not None:
+                return found
+            if dev.uuid:
+                for other in st.devices.values():
+                    if other.uuid == dev.uuid:
+                        return other
+        return None
+
+    def resolve_devices(self, st: SourceState, devices: list[Device]) -> dict[str, Device]:
+        """Give a source's devices their canonical identity; drop upstream duplicates of native ones."""
+        out: dict[str, Device] = {}
+        for dev in devices:
+            owner = self.identity_owner(dev, st.name)
+            if owner is not None:
+                if st.secondary:
+                    continue  # read natively already: native wins
+                if not st.provides_identity:
+                    dev = replace(dev, vendor=owner.vendor, index=owner.index, uuid=owner.uuid)
+            out[dev.key] = dev
+        return out
+
+    def info_devices(self) -> list[tuple[str, Device]]:
+        """(source, device) for gpu_info: one per canonical identity, first source wins."""
+        seen: set[tuple[str, str, str]] = set()
+        out = []
+        for st in self.sources.values():
+            if not st.provides_identity:
+                continue
+            for dev in st.devices.values():
+                ident = (dev.vendor, dev.index, dev.uuid)
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                out.append((st.name, dev))
+        return out

@@ -1,0 +1,102 @@
+"""Load YAML files into pydantic models with errors that name file, line and field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(Exception):
+    """A configuration, mapping or scenario file is invalid.  ``str()`` is the user-facing text."""
+
+
+def _walk(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            _walk(value_node, path + (key,), lines)
+            # errors about a key point at the key's line, not the value's first line
+            lines[path + (key,)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk(item, path + (i,), lines)
+
+
+def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[tuple, int]]:
+    """Parse one YAML document; return the data and a map from field path to line number."""
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        lines: dict[tuple, int] = {}
+        _walk(node, (), lines)
+        data = loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from exc
+    finally:
+        loader.dispose()
+    return data, lines
+
+
+def line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
+    """The line of the deepest known prefix of a field path."""
+    loc = tuple(loc)
+    while loc:
+        if loc in lines:
+            return lines[loc]
+        loc = loc[:-1]
+    return lines.get(())
+
+
+def format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+_NOISE = re.compile(r"^(Value error, |Assertion failed, )")
+
+
+def validation_message(path: Path, lines: dict[tuple, int], exc: ValidationError,
+                       prefix: tuple = ()) -> str:
+    """Render a pydantic error as ``file:line: field: message`` lines (first five)."""
+    out = []
+    for err in exc.errors()[:5]:
+        # pydantic adds the union/model tag names to loc; keep only the data path parts
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = prefix + loc
+        line = line_of(lines, loc)
+        where = f"{path}:{line}" if line else str(path)
+        msg = _NOISE.sub("", err["msg"])
+        out.append(f"{where}: {format_loc(loc)}: {msg}")
+    return "\n".join(out)
+
+
+def load_model(path: Path, model: type[M], text: str | None = None) -> M:
+    data, lines = load_yaml(path, text)
+    if data is None:
+        data = {}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(path, lines, exc)) from None

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install the system packages the test suite uses (promtool, amtool, a real Prometheus and
+# Alertmanager, node_exporter for the benchmark peer, systemd-analyze, openssl).  As root with apt
+# (CI, containers) they are installed; otherwise the missing ones are listed and the tests that
+# need them are skipped, each naming its package.
+set -u
+need=(
+  "prometheus:prometheus"
+  "promtool:prometheus"
+  "prometheus-alertmanager:prometheus-alertmanager"
+  "amtool:prometheus-alertmanager"
+  "prometheus-node-exporter:prometheus-node-exporter"
+  "systemd-analyze:systemd"
+  "openssl:openssl"
+)
+missing=()
+for entry in "${need[@]}"; do
+  bin=${entry%%:*}; pkg=${entry#*:}
+  command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing system packages: ${pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null \
+    || echo "warning: apt-get install failed; tests needing ${pkgs[*]} will be skipped" >&2
+  # the Debian packages start services on install in some environments; tests start their own
+  for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
+    (command -v systemctl >/dev/null && systemctl stop "$svc") >/dev/null 2>&1 || true
+  done
+else
+  echo "not root or no apt-get: missing system packages ${pkgs[*]}; the tests that need them will be skipped" >&2
+fi
+exit 0

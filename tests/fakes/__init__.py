@@ -1,0 +1,1 @@
+"""Fakes of vendor library modules (same surface as the real bindings), driven by scenario data."""

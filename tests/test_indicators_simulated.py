@@ -1,0 +1,106 @@
+"""End to end: the simulated node's scripted phases -> mapping -> indicator engine.
+
+Drives the built-in ``demo`` scenario with a fake monotonic clock at a 250 ms fast interval,
+maps every poll through the devices' own mapping files, hands the canonical series to the engine
+in the shape the daemon uses (``name`` or ``name{label="v",...}`` per device) and checks the
+indicators of each phase on the NVIDIA devices.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.indicators import IndicatorConfig, IndicatorEngine
+from exporter.mapping import Mapper
+from exporter.sources.simulator import SimulatorSource
+from exporter.store import SourceState, Store
+from exporter.testing import FakeClock, load_mappings
+
+FAST = 0.25
+
+
+def series_by_device(mapped: dict) -> dict[tuple[str, str, str], dict[str, float]]:
+    per: dict[tuple[str, str, str], dict[str, float]] = {}
+    for (name, labels), value in mapped.items():
+        extra = dict(labels)
+        device = (extra.pop("vendor", ""), extra.pop("gpu", ""), extra.pop("uuid", ""))
+        key = name if not extra else name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(extra.items())) + "}"
+        per.setdefault(device, {})[key] = value
+    return per
+
+
+def run_phase(phase: str, seconds: float = 20.0) -> dict[tuple[str, str, str], list]:
+    """Last indicator output of every device after ``seconds`` into ``phase``."""
+    mappings = load_mappings()
+    source = SimulatorSource({"scenario": "demo", "phase": phase}, mappings=mappings)
+    clock = FakeClock(5000.0)
+    source.clock = clock
+    source.open()
+    mapper, store, state = Mapper(mappings), Store(), SourceState("simulator")
+    store.add(state)
+    engine = IndicatorEngine(IndicatorConfig(), None, FAST)
+    last: dict[tuple[str, str, str], list] = {}
+    for i in range(round(seconds / FAST)):
+        clock.now = 5000.0 + i * FAST
+        sample = source.poll()
+        sample.monotonic = clock.now
+        state.devices = store.resolve_devices(state, sample.devices)
+        per = series_by_device(mapper.map(sample, state.devices).series)
+        if i == 0:
+            for device in per:
+                engine.set_device_info(device, vendor=device[0])
+        # devices are independent: one update per device keeps each device's output apart
+        last = {device: engine.update(clock.now, {device: series}) for device, series in per.items()}
+    assert source.current_phase() == phase
+    return last
+
+
+def nvidia(last):
+    return {d: out for d, out in last.items() if d[0] == "nvidia"}
+
+
+def cause(out) -> str:
+    (c,) = [lab["cause"] for n, lab, _ in out if n == "gpu_contention_cause_info"]
+    return c
+
+
+def value(out, name, **labels):
+    hits = [v for n, lab, v in out if n == name and all(lab.get(k) == x for k, x in labels.items())]
+    assert len(hits) == 1, (name, labels, hits)
+    return hits[0]
+
+
+@pytest.mark.parametrize("phase", ["idle", "training"])
+def test_quiet_phases_show_no_contention(phase):
+    for device, out in nvidia(run_phase(phase)).items():
+        contention = [v for n, _, v in out if n == "gpu_memory_contention"]
+        assert contention == [0.0], device
+        assert cause(out) == "none", device
+
+
+def test_thermal_phase_is_attributed_to_thermal_throttling():
+    devices = nvidia(run_phase("thermal_throttle"))
+    assert len(devices) == 2
+    for device, out in devices.items():
+        assert value(out, "gpu_contention_cause", cause="thermal_throttle") == 1.0, device
+        assert value(out, "gpu_contention_cause", cause="power_throttle") == 0.0, device
+        assert cause(out) == "thermal_throttle", device
+
+
+def test_variability_of_the_simulated_noise():
+    # training: utilization uniform in [96, 100] -> CoV ~0.012, clean; not heavy-tailed
+    for device, out in nvidia(run_phase("training")).items():
+        assert value(out, "gpu_metric_cov", metric="utilization") < 0.05, device
+        assert value(out, "gpu_metric_heavy_tail", metric="utilization") == 0.0, device
+        p50 = value(out, "gpu_metric_quantile", metric="utilization", quantile="0.5")
+        assert 96.0 <= p50 <= 100.0, device
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "simulator: GPM occupancy is not emitted for device-level targets (nvml.yaml maps "
+    "gpm.sm_occupancy with label_map {gpu_instance, mig_profile} and the simulator's plan "
+    "requires exactly those labels), so the engine falls back to basis=utilization (~97 %)"))
+@pytest.mark.parametrize("phase", ["bandwidth_saturation", "memory_pressure"])
+def test_contention_phases_raise_memory_contention_on_occupancy(phase):
+    for device, out in nvidia(run_phase(phase)).items():
+        assert value(out, "gpu_memory_contention", basis="occupancy") == 1.0, device

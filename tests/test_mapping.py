@@ -1,0 +1,184 @@
+"""The mapping engine: validation errors, unit arithmetic, counters, rates, preference, derivation."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from exporter.mapping import Mapper, MappingSet, load_mapping
+from exporter.schema import default_mappings_dir, load_schema
+from exporter.sources.base import Device, Sample
+from exporter.yamlfile import ConfigError
+
+DEV = Device(key="0000:01:00.0", vendor="nvidia", index="0", mapping="t", uuid="GPU-1")
+DL = (("vendor", "nvidia"), ("gpu", "0"), ("uuid", "GPU-1"))
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return load_schema()
+
+
+def make_set(tmp_path: Path, schema, body: str) -> MappingSet:
+    path = tmp_path / "t.yaml"
+    path.write_text(body)
+    return MappingSet(schema, {"t": load_mapping(path, schema, "t")})
+
+
+def run(mapper: Mapper, t: float, *readings) -> dict:
+    s = Sample(monotonic=t)
+    for r in readings:
+        s.add(DEV.key, *r)
+    return mapper.map(s, {DEV.key: DEV}).series
+
+
+def test_scale_offset_and_fixed_labels(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: nvidia
+fields:
+  - {raw: power.usage, metric: gpu_power_watts, scale: 0.001}
+  - {raw: temp, metric: gpu_temperature_celsius, labels: {sensor: gpu}}
+  - {raw: tempF, metric: gpu_temperature_celsius, labels: {sensor: memory}, scale: 0.5555555555555556, offset: -17.77777777777778}
+""")
+    out = run(Mapper(ms), 1.0, ("power.usage", 251345), ("temp", 41), ("tempF", 212))
+    assert out[("gpu_power_watts", DL)] == pytest.approx(251.345)
+    assert out[("gpu_temperature_celsius", DL + (("sensor", "gpu"),))] == 41
+    assert out[("gpu_temperature_celsius", DL + (("sensor", "memory"),))] == pytest.approx(100.0)
+
+
+def test_counter_reset_is_folded_in(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: nvidia
+fields:
+  - {raw: energy, metric: gpu_energy_joules_total, scale: 0.001}
+""")
+    m = Mapper(ms)
+    key = ("gpu_energy_joules_total", DL)
+    assert run(m, 1, ("energy", 5000))[key] == 5.0
+    assert run(m, 2, ("energy", 7000))[key] == 7.0
+    # driver reload: the device counter restarts near zero; our total keeps going up
+    assert run(m, 3, ("energy", 1000))[key] == 8.0
+    assert run(m, 4, ("energy", 3000))[key] == 10.0
+
+
+def test_counter_wrap(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: intel
+fields:
+  - {raw: energy_uj, metric: gpu_energy_joules_total, scale: 0.000001, wrap: 4294967296}
+  - {raw: energy_uj, metric: gpu_power_watts, transform: rate, scale: 0.000001, wrap: 4294967296}
+""")
+    m = Mapper(ms)
+    out1 = run(m, 10.0, ("energy_uj", 4294967296 - 100_000_000))
+    assert ("gpu_power_watts", DL) not in out1  # a rate needs two samples
+    out2 = run(m, 12.0, ("energy_uj", 500_000_000))  # wrapped: 600 J in 2 s
+    assert out2[("gpu_power_watts", DL)] == pytest.approx(300.0)
+    assert out2[("gpu_energy_joules_total", DL)] == pytest.approx(4294.967296 - 100 + 600)
+
+
+def test_rate_transform_with_offset_and_clamp_and_backwards(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: intel
+fields:
+  - {raw: idle_ms, metric: gpu_compute_utilization_percent, transform: rate, scale: -0.1, offset: 100, clamp: [0, 100]}
+""")
+    m = Mapper(ms)
+    key = ("gpu_compute_utilization_percent", DL)
+    assert key not in run(m, 0.0, ("idle_ms", 1000))
+    assert run(m, 2.0, ("idle_ms", 1500))[key] == pytest.approx(75.0)  # 250 ms idle per s
+    assert run(m, 3.0, ("idle_ms", 1500))[key] == 100.0
+    assert run(m, 4.0, ("idle_ms", 2600))[key] == 0.0   # clamped (1100 ms/s would be -10 %)
+    assert key not in run(m, 5.0, ("idle_ms", 10))     # went backwards: no value this poll
+    assert run(m, 6.0, ("idle_ms", 510))[key] == pytest.approx(50.0)
+
+
+def test_first_listed_rule_wins_and_invalid_values_are_counted(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: amd
+fields:
+  - {raw: gpu_metrics.average_gfx_activity, metric: gpu_compute_utilization_percent, invalid: [65535]}
+  - {raw: gpu_busy_percent, metric: gpu_compute_utilization_percent}
+""")
+    m = Mapper(ms)
+    key = ("gpu_compute_utilization_percent", DL)
+    assert run(m, 1, ("gpu_busy_percent", 40), ("gpu_metrics.average_gfx_activity", 42))[key] == 42
+    s = Sample(monotonic=2)
+    s.add(DEV.key, "gpu_busy_percent", 40)
+    s.add(DEV.key, "gpu_metrics.average_gfx_activity", 65535)
+    s.add(DEV.key, "gpu_busy_percent", "N/A")
+    res = m.map(s, {DEV.key: DEV})
+    assert res.series[key] == 40
+    assert res.malformed == 1 and s.errors["malformed_value"] == 1
+
+
+def test_label_map_and_derived_metrics(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: nvidia
+fields:
+  - {raw: nvlink.tx, metric: gpu_interconnect_bytes_total, labels: {interconnect: nvlink, direction: tx}, label_map: {link_id: link}}
+  - {raw: mem.used, metric: gpu_memory_used_bytes}
+  - {raw: mem.total, metric: gpu_memory_total_bytes}
+  - {raw: bus, metric: gpu_memory_bus_width_bits}
+  - {raw: maxmem, metric: gpu_clock_max_mhz, labels: {domain: memory}}
+  - {raw: dram, metric: gpu_memory_bandwidth_utilization_percent}
+""")
+    out = run(Mapper(ms), 1, ("nvlink.tx", 10, (("link_id", "3"),)), ("mem.used", 20 * 2**30),
+              ("mem.total", 80 * 2**30), ("bus", 5120), ("maxmem", 2619), ("dram", 50))
+    assert out[("gpu_interconnect_bytes_total",
+                DL + (("direction", "tx"), ("interconnect", "nvlink"), ("link", "3")))] == 10
+    assert out[("gpu_memory_utilization_percent", DL)] == pytest.approx(25.0)
+    # H100 SXM: 5120 bit / 8 * 2619 MHz * 2 (DDR) = 3352.32 GB/s
+    assert out[("gpu_memory_peak_bandwidth_gbps", DL)] == pytest.approx(3352.32)
+    assert out[("gpu_memory_bandwidth_gbps", DL)] == pytest.approx(1676.16)
+
+
+def test_a_source_value_beats_the_derived_one(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: amd
+fields:
+  - {raw: used, metric: gpu_memory_used_bytes}
+  - {raw: total, metric: gpu_memory_total_bytes}
+  - {raw: util, metric: gpu_memory_utilization_percent}
+""")
+    out = run(Mapper(ms), 1, ("used", 1), ("total", 4), ("util", 33))
+    assert out[("gpu_memory_utilization_percent", DL)] == 33
+
+
+@pytest.mark.parametrize("body, line, field, message", [
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_nope\n", 4, "fields[0].metric",
+     "unknown canonical metric 'gpu_nope'"),
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_clock_mhz\n", 4, "fields[0].metric",
+     "requires labels ['domain']"),
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_power_watts\n    labels: {sensor: a}\n", 4,
+     "fields[0].metric", "not allowed on gpu_power_watts"),
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_power_watts\n    scale: fast\n", 5,
+     "fields.0.scale", "valid number"),
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_power_watts\n    colour: red\n", 5,
+     "fields.0.colour", "Extra inputs are not permitted"),
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: [unclosed\n", 5, "", "invalid YAML"),
+    ("vendor: acme\nfields: []\n", 1, "vendor", "Input should be"),
+])
+def test_invalid_mapping_names_file_line_and_field(tmp_path, schema, body, line, field, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as exc:
+        load_mapping(path, schema)
+    text = str(exc.value)
+    assert f"{path}:{line}:" in text
+    assert field.replace(".0.", "[0].") in text
+    assert message in text
+
+
+def test_every_shipped_mapping_loads(schema):
+    ms = MappingSet.load_dir(default_mappings_dir(), schema)
+    assert ms.mappings, "no mapping files found"
+
+
+def test_load_dir_reports_the_broken_file(tmp_path, schema):
+    d = tmp_path / "m"
+    shutil.copytree(default_mappings_dir(), d)
+    (d / "zz-broken.yaml").write_text("vendor: nvidia\nfields:\n  - {raw: a, metric: gpu_nope}\n")
+    with pytest.raises(ConfigError, match=r"zz-broken.yaml:3: fields\[0\].metric"):
+        MappingSet.load_dir(d, schema)
