@@ -39,7 +39,7 @@ bench: install system-deps
 	$(PY) bench/run.py
 
 soak: install system-deps
-	SOAK=1 $(PY) -m pytest -m soak -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory with canonical.yaml and the vendor mappings (default: shipped)")
     p.add_argument("--poll.interval", dest="poll_interval", type=_duration,
                    help="default poll interval of every source (default 1s)")
+    p.add_argument("--poll.fast-interval", dest="fast_interval", type=_duration,
+                   help="fast sampling interval of the signals feeding the contention indicators "
+                        "(default 250ms)")
     p.add_argument("--state.dir", dest="state_dir", type=Path,
                    help="directory for learned baselines (kept across restarts)")
     p.add_argument("--log.level", dest="log_level", default="info",
@@ -89,7 +92,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     collectors = {n: getattr(args, f"collector_{n}") for n in COLLECTORS if n != "simulator"
                   and getattr(args, f"collector_{n}") is not None}
     return Settings(config_path=args.config, sysfs=args.sysfs, procfs=args.procfs,
-                    poll_interval=args.poll_interval, collectors=collectors,
+                    poll_interval=args.poll_interval, fast_interval=args.fast_interval,
+                    collectors=collectors,
                     simulate=args.simulate, simulate_phase=args.simulate_phase,
                     state_dir=args.state_dir, mappings_dir=args.mappings)
 
@@ -99,14 +103,25 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
 
     from .server import make_app
 
+    from .webconfig import WebConfigWatcher, auth_middleware
+
+    watcher = WebConfigWatcher(args.web_config)  # validated in main(); None = plain HTTP, no auth
+    ssl_ctx = watcher.ssl_context()
     await daemon.start()
-    app = make_app(daemon, args.telemetry_path)
+    app = make_app(daemon, args.telemetry_path, middlewares=[auth_middleware(watcher.current)])
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    for host, port in args.listen or [(None, DEFAULT_PORT)]:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+    scheme = "https" if ssl_ctx is not None else "http"
+    if args.systemd_socket:
+        for sock in systemd_sockets():
+            await web.SockSite(runner, sock, ssl_context=ssl_ctx).start()
+            log.info("listening on systemd socket", extra={"address": str(sock.getsockname()),
+                                                           "scheme": scheme})
+    for host, port in args.listen or ([] if args.systemd_socket else [(None, DEFAULT_PORT)]):
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_ctx)
         await site.start()
-        log.info("listening", extra={"address": f"{host or ''}:{port}", "path": args.telemetry_path})
+        log.info("listening", extra={"address": f"{host or ''}:{port}", "scheme": scheme,
+                                     "path": args.telemetry_path})
     if daemon.settings.simulate:
         log.warning("serving the SIMULATED node: values are synthetic",
                     extra={"scenario": daemon.settings.simulate})
@@ -128,6 +143,19 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     await _bounded(daemon.stop(), 1.0)
     await _bounded(runner.cleanup(), 0.8)
     return 0
+
+
+def systemd_sockets() -> list:
+    """Listening sockets handed over by systemd socket activation (LISTEN_FDS from fd 3)."""
+    import os
+    import socket
+
+    if os.environ.get("LISTEN_PID", str(os.getpid())) != str(os.getpid()):
+        raise ConfigError("--web.systemd-socket: LISTEN_PID is not this process")
+    count = int(os.environ.get("LISTEN_FDS", "0") or 0)
+    if count < 1:
+        raise ConfigError("--web.systemd-socket: no sockets passed (LISTEN_FDS is unset or 0)")
+    return [socket.socket(fileno=3 + i) for i in range(count)]
 
 
 async def _bounded(coro, timeout: float) -> None:
@@ -160,6 +188,11 @@ def _run(coro) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "import":
+        from .importers.cli import main as import_main
+
+        return import_main(argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     daemon = Daemon(settings_from(args))
@@ -191,10 +224,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_web_config(path: Path) -> None:
-    try:
-        from .webconfig import WebConfig, WebConfigError
-    except ImportError:
-        return
+    from .webconfig import WebConfig, WebConfigError
+
     try:
         WebConfig.load(path)
     except WebConfigError as exc:

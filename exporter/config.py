@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from .indicators.config import IndicatorConfig
 from .yamlfile import load_model
 
 _DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -44,11 +45,14 @@ class CollectorConfig(BaseModel):
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
     poll_interval: Duration = 1.0
+    # fast sampling of the cheap signals that feed the contention indicators (sources that
+    # offer poll_fast) and the indicator evaluation itself
+    fast_interval: Duration = 0.25
     collectors: dict[str, CollectorConfig] = {}
     # static labels added to every canonical series (e.g. node, cluster)
     labels: dict[str, str] = {}
     mappings_dir: Path | None = None
-    indicators: dict[str, Any] = {}
+    indicators: IndicatorConfig = IndicatorConfig()
     simulate: dict[str, Any] = {}
     enrich: dict[str, Any] = {}
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from .config import Config, load_config
 from .exposition import Rendered, Renderer
+from .indicator_feed import IndicatorFeed
 from .mapping import Labels, Mapper, MappingSet
 from .schema import Schema, default_mappings_dir, load_schema
 from .sources.base import Sample, Source, SourceUnavailable
@@ -94,6 +95,7 @@ class Settings:
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
     poll_interval: float | None = None        # flag wins over config
+    fast_interval: float | None = None
     collectors: dict[str, bool] = field(default_factory=dict)  # --[no-]collector.<name>
     simulate: str | None = None               # scenario name or file
     simulate_phase: str | None = None
@@ -112,6 +114,7 @@ class Runtime:
     interval: float
     timeout: float
     worker: Worker
+    fast_mapper: Mapper | None = None  # set when the source offers poll_fast
     opened: bool = False
     pending: asyncio.Future | None = None
 
@@ -132,7 +135,8 @@ class Daemon:
         self._dirty: asyncio.Event | None = None
         self._render_worker = Worker("render")
         self._static_labels: Labels = ()
-        self.extra_series: Callable[[], list[tuple[str, Labels, float]]] = lambda: []
+        self.feed: IndicatorFeed | None = None
+        self._state_worker = Worker("state")
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
@@ -149,6 +153,19 @@ class Daemon:
     @property
     def poll_interval(self) -> float:
         return self.settings.poll_interval or self.config.poll_interval
+
+    @property
+    def fast_interval(self) -> float:
+        return min(self.settings.fast_interval or self.config.fast_interval, self.poll_interval)
+
+    def build_feed(self) -> None:
+        cloud = str(self.config.enrich.get("cloud", {}).get("name", "")) if isinstance(
+            self.config.enrich.get("cloud"), dict) else ""
+        self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir,
+                                  self.fast_interval, cloud)
+
+    def extra_series(self) -> list[tuple[str, Labels, float]]:
+        return self.feed.latest if self.feed is not None else []
 
     def enabled_collectors(self) -> list[tuple[Collector, bool]]:
         """(collector, explicit) for every collector that should run."""
@@ -200,8 +217,9 @@ class Daemon:
             interval = cconf.interval or self.poll_interval
             timeout = cconf.timeout or max(2.0, interval)
             self.store.add(state)
+            fast = Mapper(self.mappings) if callable(getattr(source, "poll_fast", None)) else None
             self.runtimes.append(Runtime(col, source, state, Mapper(self.mappings), interval,
-                                         timeout, Worker(col.name)))
+                                         timeout, Worker(col.name), fast))
 
     # ---------------------------------------------------------------- one poll
     def _poll_and_map(self, rt: Runtime) -> tuple[Sample, dict, Any, float]:
@@ -308,6 +326,38 @@ class Daemon:
                 next_at = now + rt.interval - ((now - next_at) % rt.interval)
             await asyncio.sleep(next_at - now)
 
+    def _fast_and_map(self, rt: Runtime) -> tuple[dict, Any]:
+        assert rt.source is not None
+        sample = rt.source.poll_fast()  # type: ignore[attr-defined]
+        if not sample.monotonic:
+            sample.monotonic = time.monotonic()
+        devices = self.store.resolve_devices(rt.state, sample.devices)
+        return sample.errors, rt.fast_mapper.map(sample, devices)  # type: ignore[union-attr]
+
+    async def _fast_loop(self, rt: Runtime) -> None:
+        """Cheap signals between full polls; they update the series the indicators read."""
+        while not self._stopping:
+            await asyncio.sleep(self.fast_interval)
+            if not rt.opened or rt.worker.busy or not rt.state.up:
+                continue
+            try:
+                errors, result = await self._call(rt, lambda: self._fast_and_map(rt))
+            except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
+                rt.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
+                continue
+            rt.state.errors.update(errors)
+            rt.state.series = {**rt.state.series, **result.series}  # replaced, never mutated
+
+    async def _indicator_loop(self) -> None:
+        assert self.feed is not None
+        next_save = time.monotonic() + 60.0
+        while not self._stopping:
+            self.feed.update(time.monotonic(), self.store)
+            if time.monotonic() >= next_save and not self._state_worker.busy:
+                next_save = time.monotonic() + 60.0
+                self._state_worker.submit(self.feed.save)
+            await asyncio.sleep(self.fast_interval)
+
     async def _render_loop(self) -> None:
         assert self._dirty is not None
         last_version = -1
@@ -322,7 +372,7 @@ class Daemon:
     async def render(self) -> Rendered:
         assert self.renderer is not None
         snapshot = self._snapshot()
-        extra = self.extra_series()
+        extra = list(self.extra_series())
         static = self._static_labels
         self.rendered = await self._render_worker.submit(
             lambda: self.renderer.render(snapshot, extra, static))  # type: ignore[union-attr]
@@ -346,6 +396,7 @@ class Daemon:
     async def start(self) -> None:
         self.load()
         self.build_runtimes()
+        self.build_feed()
         self._dirty = asyncio.Event()
         await self.render()  # serve self-metrics from the first moment
         self._start_tasks()
@@ -354,7 +405,11 @@ class Daemon:
         self._stopping = False
         self._tasks = [asyncio.create_task(self._source_loop(rt), name=f"source-{rt.state.name}")
                        for rt in self.runtimes]
+        self._tasks += [asyncio.create_task(self._fast_loop(rt), name=f"fast-{rt.state.name}")
+                        for rt in self.runtimes if rt.fast_mapper is not None]
         self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))
+        if self.feed is not None:
+            self._tasks.append(asyncio.create_task(self._indicator_loop(), name="indicators"))
 
     async def _stop_tasks(self) -> None:
         self._stopping = True
@@ -391,7 +446,10 @@ class Daemon:
                 self._dirty.set()
             return False
         await self._stop_tasks()
+        if self.feed is not None:
+            await self._state_worker.submit(self.feed.save)
         self.build_runtimes()
+        self.build_feed()  # thresholds may have changed; learned baselines come back from state
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()
         log.info("configuration reloaded")
@@ -400,21 +458,33 @@ class Daemon:
 
     async def stop(self) -> None:
         await self._stop_tasks()
+        if self.feed is not None:
+            try:
+                async with asyncio.timeout(0.5):
+                    await self._state_worker.submit(self.feed.save)
+            except TimeoutError:
+                log.warning("saving indicator state timed out")
         self._render_worker.stop()
+        self._state_worker.stop()
 
     # ---------------------------------------------------------------- --once
     async def run_once(self, cycles: int = 2) -> tuple[bytes, int]:
         """Poll every source ``cycles`` times (rates need two), render, report failures."""
         self.load()
         self.build_runtimes()
+        self.build_feed()
+        assert self.feed is not None
         for i in range(cycles):
             if i:
                 await asyncio.sleep(self.poll_interval)
             await asyncio.gather(*(self.poll_once(rt) for rt in self.runtimes))
+            self.feed.update(time.monotonic(), self.store)
         rendered = await self.render()
         failed = [rt.state for rt in self.runtimes if rt.state.explicit and not rt.state.up]
         for st in failed:
             log.error("explicitly enabled source failed", extra={"source": st.name, "reason": st.reason})
         await self._close_sources(self.runtimes)
+        self.feed.save()
         self._render_worker.stop()
+        self._state_worker.stop()
         return rendered.text, (1 if failed else 0)

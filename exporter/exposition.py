@@ -104,9 +104,15 @@ class Renderer:
                              ("pci_bus_id", dev.pci_bus_id), ("serial", dev.serial),
                              ("simulated", "true" if dev.simulated else "false"),
                              ("source", src)), 1.0)
+        # the same canonical series from two sources (NVML GPM and DCGM, amdgpu sysfs and
+        # amdsmi): the source enabled first wins, so no series is exported twice
+        seen: set = set()
         for st in store.sources.values():
-            for (name, labels), value in st.series.items():
-                add(name, labels, value)
+            for key, value in st.series.items():
+                if key in seen:
+                    continue
+                seen.add(key)
+                add(key[0], key[1], value)
         for name, labels, value in extra:
             add(name, labels, value)
         ordered = [fams[n] for n in metrics if n in fams]

@@ -96,10 +96,6 @@ def test_variability_of_the_simulated_noise():
         assert 96.0 <= p50 <= 100.0, device
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simulator: GPM occupancy is not emitted for device-level targets (nvml.yaml maps "
-    "gpm.sm_occupancy with label_map {gpu_instance, mig_profile} and the simulator's plan "
-    "requires exactly those labels), so the engine falls back to basis=utilization (~97 %)"))
 @pytest.mark.parametrize("phase", ["bandwidth_saturation", "memory_pressure"])
 def test_contention_phases_raise_memory_contention_on_occupancy(phase):
     for device, out in nvidia(run_phase(phase)).items():

@@ -41,6 +41,8 @@ COLLECTORS: dict[str, Collector] = {c.name: c for c in [
               "per-process GPU use from DRM fdinfo (opt-in: per-process cardinality)"),
     Collector("upstream", "exporter.sources.upstream", "UpstreamSource", False,
               "scrape vendor exporters already on the node and normalise their series"),
+    Collector("profiles", "exporter.sources.profiles", "ProfilesSource", False,
+              "profiler artifacts (ncu, nsys, rocprof, Kineto) from a drop directory"),
     Collector("simulator", "exporter.sources.simulator", "SimulatorSource", False,
               "the built-in simulated node (--simulate)"),
 ]}

@@ -189,6 +189,10 @@ class SimulatorSource:
                     sample.add(st.dev.key, emit.raw, raw, emit.raw_labels)
         return sample
 
+    def poll_fast(self) -> Sample:
+        """Simulated readings are cheap: the fast path is a full poll."""
+        return self.poll()
+
     def current_phase(self) -> str:
         now = self.clock()
         return self.scenario.phase_at(now - (self._start or now) + self.offset)[0].name

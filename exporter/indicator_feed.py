@@ -1,0 +1,65 @@
+"""Feeds the store's canonical series to the indicator engine and keeps its latest output.
+
+The engine wants, per device, ``{"metric" or 'metric{label="v"}': value}``; the key strings are
+memoised per series key so a 100 ms cycle does no string formatting for series it has seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .indicators import IndicatorConfig, IndicatorEngine
+from .mapping import Labels, SeriesKey
+from .store import Store
+
+log = logging.getLogger("unified_gpu_exporter")
+
+
+class IndicatorFeed:
+    def __init__(self, config: IndicatorConfig, state_dir: Path | None, interval: float, cloud: str = ""):
+        self.engine = IndicatorEngine(config, state_dir, interval)
+        self.interval = interval
+        self.cloud = cloud
+        self.latest: list[tuple[str, Labels, float]] = []
+        self._keys: dict[SeriesKey, str] = {}
+        self._known: set[tuple[str, str, str]] = set()
+
+    def _key(self, skey: SeriesKey) -> str:
+        k = self._keys.get(skey)
+        if k is None:
+            name, labels = skey
+            extra = labels[3:]
+            k = name if not extra else name + "{" + ",".join(f'{a}="{b}"' for a, b in extra) + "}"
+            if len(self._keys) > 200_000:  # bounded: devices and links come and go
+                self._keys.clear()
+            self._keys[skey] = k
+        return k
+
+    def update(self, now: float, store: Store) -> list[tuple[str, Labels, float]]:
+        devices: dict[tuple[str, str, str], dict[str, float]] = {}
+        for st in store.sources.values():
+            for skey, value in st.series.items():
+                labels = skey[1]
+                dev_id = (labels[0][1], labels[1][1], labels[2][1])
+                devices.setdefault(dev_id, {})[self._key(skey)] = value
+        for _, dev in store.info_devices():
+            dev_id = (dev.vendor, dev.index, dev.uuid)
+            if dev_id not in self._known:
+                self._known.add(dev_id)
+                self.engine.set_device_info(dev_id, model=dev.model, vendor=dev.vendor,
+                                            cloud=self.cloud or None)
+        out: list[tuple[str, Labels, float]] = []
+        for dev_id, series in devices.items():
+            dl = (("vendor", dev_id[0]), ("gpu", dev_id[1]), ("uuid", dev_id[2]))
+            # one device per call: the engine's samples carry only the indicator's own labels
+            for name, extra, value in self.engine.update(now, {dev_id: series}):
+                out.append((name, dl + tuple(sorted(extra.items())), value))
+        self.latest = out
+        return out
+
+    def save(self) -> None:
+        try:
+            self.engine.save_state()
+        except Exception as exc:  # noqa: BLE001 - never take the daemon down for a state file
+            log.warning("saving indicator state failed", extra={"reason": str(exc)})
