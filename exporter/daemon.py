@@ -22,6 +22,8 @@ from typing import Any
 
 from .config import Config, load_config
 from .exposition import Rendered, Renderer
+from .enrich.cloud import CloudEnricher
+from .enrich.kubernetes import DEFAULT_SOCKET, PodResourcesEnricher
 from .indicator_feed import IndicatorFeed
 from .mapping import Labels, Mapper, MappingSet
 from .schema import Schema, default_mappings_dir, load_schema
@@ -136,6 +138,9 @@ class Daemon:
         self._render_worker = Worker("render")
         self._static_labels: Labels = ()
         self.feed: IndicatorFeed | None = None
+        self.cloud: CloudEnricher | None = None
+        self.k8s: PodResourcesEnricher | None = None
+        self._enrich_tasks: list[asyncio.Task] = []
         self._state_worker = Worker("state")
 
     # ---------------------------------------------------------------- loading
@@ -145,10 +150,31 @@ class Daemon:
         mdir = self.settings.mappings_dir or config.mappings_dir or default_mappings_dir()
         schema = load_schema(mdir / "canonical.yaml")
         mappings = MappingSet.load_dir(mdir, schema)
+        cloud, k8s = self._enrichers(config)
         self.config, self.schema, self.mappings = config, schema, mappings
+        self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)
         self.renderer.schema = schema
         self._static_labels = tuple(sorted(config.labels.items()))
+
+    def _enrichers(self, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
+        where = str(self.settings.config_path or "configuration")
+        try:
+            cloud = CloudEnricher(config.enrich.get("cloud"))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: enrich.cloud: {exc}") from None
+        opts = dict(config.enrich.get("kubernetes") or {})
+        # on by default only where the kubelet's pod-resources socket exists (a Kubernetes node)
+        opts.setdefault("enabled", Path(opts.get("socket", DEFAULT_SOCKET)).exists())
+        try:
+            k8s = PodResourcesEnricher(opts)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: enrich.kubernetes: {exc}") from None
+        unknown = set(config.enrich) - {"cloud", "kubernetes"}
+        if unknown:
+            raise ConfigError(f"{where}: enrich: unknown section(s) {sorted(unknown)} "
+                              "(known: cloud, kubernetes)")
+        return cloud, k8s
 
     @property
     def poll_interval(self) -> float:
@@ -374,9 +400,24 @@ class Daemon:
         snapshot = self._snapshot()
         extra = list(self.extra_series())
         static = self._static_labels
+        if self.cloud is not None and self.cloud.labels():
+            own = {k for k, _ in static}
+            static = static + tuple(sorted((k, v) for k, v in self.cloud.labels().items() if k not in own))
+        per_device = self._pod_labels(snapshot)
         self.rendered = await self._render_worker.submit(
-            lambda: self.renderer.render(snapshot, extra, static))  # type: ignore[union-attr]
+            lambda: self.renderer.render(snapshot, extra, static, per_device))  # type: ignore[union-attr]
         return self.rendered
+
+    def _pod_labels(self, store: Store) -> dict[tuple[str, str, str], Labels]:
+        """namespace/pod/container of the pod using each GPU (first one when several share it)."""
+        if self.k8s is None or not self.k8s.enabled:
+            return {}
+        out: dict[tuple[str, str, str], Labels] = {}
+        for _, dev in store.info_devices():
+            found = self.k8s.labels_for(dev)
+            if found:
+                out[(dev.vendor, dev.index, dev.uuid)] = tuple(sorted(found[0].items()))
+        return out
 
     def _snapshot(self) -> Store:
         """A copy of the store the render thread can read while sources keep updating."""
@@ -397,6 +438,8 @@ class Daemon:
         self.load()
         self.build_runtimes()
         self.build_feed()
+        self._enrich_tasks = [asyncio.create_task(e.run(), name=type(e).__name__)
+                              for e in (self.cloud, self.k8s) if e is not None and e.enabled]
         self._dirty = asyncio.Event()
         await self.render()  # serve self-metrics from the first moment
         self._start_tasks()
@@ -457,6 +500,8 @@ class Daemon:
         return True
 
     async def stop(self) -> None:
+        for t in self._enrich_tasks:
+            t.cancel()
         await self._stop_tasks()
         if self.feed is not None:
             try:

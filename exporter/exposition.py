@@ -85,9 +85,11 @@ class Renderer:
         self.reload_ts = time.time()
 
     def build(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
-              static_labels: Labels = ()) -> list[Metric]:
+              static_labels: Labels = (),
+              per_device: dict[tuple[str, str, str], Labels] | None = None) -> list[Metric]:
         fams: dict[str, Metric] = {}
         metrics = self.schema.metrics
+        per_device = per_device or {}
 
         def add(name: str, labels: Labels, value: float) -> None:
             fam = fams.get(name)
@@ -96,6 +98,10 @@ class Renderer:
                 if mdef is None:
                     return
                 fam = fams[name] = _family(name, mdef.type, mdef.help, mdef.unit)
+            if per_device:
+                dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
+                if dev:
+                    labels = labels + dev
             fam.samples.append(Sample(name, dict(labels + static_labels), value, None, None))
 
         for src, dev in store.info_devices():
@@ -146,9 +152,10 @@ class Renderer:
         return [f for f in fams.values() if f.samples]
 
     def render(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
-               static_labels: Labels = ()) -> Rendered:
+               static_labels: Labels = (),
+               per_device: dict[tuple[str, str, str], Labels] | None = None) -> Rendered:
         t0 = time.perf_counter()
-        families = self.build(store, extra, static_labels)
+        families = self.build(store, extra, static_labels, per_device)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Snapshot(families))  # type: ignore[arg-type]
         text = text_format.generate_latest(registry)
