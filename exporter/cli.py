@@ -102,7 +102,6 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     from aiohttp import web
 
     from .server import make_app
-
     from .webconfig import WebConfigWatcher, auth_middleware
 
     watcher = WebConfigWatcher(args.web_config)  # validated in main(); None = plain HTTP, no auth

@@ -21,9 +21,9 @@ from queue import SimpleQueue
 from typing import Any
 
 from .config import Config, load_config
-from .exposition import Rendered, Renderer
 from .enrich.cloud import CloudEnricher
 from .enrich.kubernetes import DEFAULT_SOCKET, PodResourcesEnricher
+from .exposition import Rendered, Renderer
 from .indicator_feed import IndicatorFeed
 from .mapping import Labels, Mapper, MappingSet
 from .schema import Schema, default_mappings_dir, load_schema
@@ -151,11 +151,25 @@ class Daemon:
         schema = load_schema(mdir / "canonical.yaml")
         mappings = MappingSet.load_dir(mdir, schema)
         cloud, k8s = self._enrichers(config)
+        if self.settings.simulate is not None:
+            self._check_scenario(mappings)
         self.config, self.schema, self.mappings = config, schema, mappings
         self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)
         self.renderer.schema = schema
         self._static_labels = tuple(sorted(config.labels.items()))
+
+    def _check_scenario(self, mappings: MappingSet) -> None:
+        """A bad scenario is a configuration error at start, not a source that stays down."""
+        from .sources.simulator import load_scenario
+
+        scenario = load_scenario(self.settings.simulate or "demo")
+        if self.settings.simulate_phase:
+            scenario.phase_start(self.settings.simulate_phase)
+        missing = sorted({d.mapping for d in scenario.devices if mappings.get(d.mapping) is None})
+        if missing:
+            raise ConfigError(f"scenario {scenario.name}: devices use unknown mappings {missing} "
+                              f"(known: {', '.join(sorted(mappings.mappings))})")
 
     def _enrichers(self, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
         where = str(self.settings.config_path or "configuration")

@@ -23,7 +23,8 @@ from .mapping import Labels
 from .schema import Schema
 from .store import Store
 
-TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_LATEST
+# the classic text format (0.0.4) every Prometheus version parses
+TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_PLAIN_0_0_4
 OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
 SELF = "unified_gpu_exporter_"
 

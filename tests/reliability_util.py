@@ -109,7 +109,7 @@ class ExporterProcess:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def signal(self, sig: int) -> None:
+    def send(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> tuple[int | None, float]:

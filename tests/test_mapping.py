@@ -120,7 +120,7 @@ fields:
   - {raw: nvlink.tx, metric: gpu_interconnect_bytes_total, labels: {interconnect: nvlink, direction: tx}, label_map: {link_id: link}}
   - {raw: mem.used, metric: gpu_memory_used_bytes}
   - {raw: mem.total, metric: gpu_memory_total_bytes}
-  - {raw: bus, metric: gpu_memory_bus_width_bits}
+  - {raw: bus, metric: gpu_memory_bus_width_bytes, scale: 0.125}
   - {raw: maxmem, metric: gpu_clock_max_mhz, labels: {domain: memory}}
   - {raw: dram, metric: gpu_memory_bandwidth_utilization_percent}
 """)

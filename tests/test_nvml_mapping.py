@@ -43,7 +43,7 @@ def test_h100_every_canonical_metric():
     assert one(s, "gpu_temperature_celsius", sensor="memory", **g) == 54
     assert one(s, "gpu_clock_mhz", domain="sm", **g) == 1980
     assert one(s, "gpu_clock_max_mhz", domain="memory", **g) == 2619
-    assert one(s, "gpu_memory_bus_width_bits", **g) == 5120
+    assert one(s, "gpu_memory_bus_width_bytes", **g) == 640  # 5120 bits
     # peak = 5120 bit / 8 x 2619 MHz x 2 (DDR) = 3352.32 GB/s
     assert one(s, "gpu_memory_peak_bandwidth_gbps", **g) == pytest.approx(3352.32)
     # GPM DRAM_BW_UTIL (percent, 0-100) wins over utilization.memory (11)

@@ -49,7 +49,7 @@ expect = {  # canonical metric: raw field(s) that must have been read for it to 
     "gpu_temperature_celsius": "temperature.gpu", "gpu_power_watts": "power.usage",
     "gpu_power_limit_watts": "power.limit.enforced", "gpu_energy_joules_total": "energy.total",
     "gpu_clock_mhz": "clock.sm", "gpu_clock_max_mhz": "clock_max.memory",
-    "gpu_memory_bus_width_bits": "memory.bus_width", "gpu_memory_peak_bandwidth_gbps": "memory.bus_width",
+    "gpu_memory_bus_width_bytes": "memory.bus_width", "gpu_memory_peak_bandwidth_gbps": "memory.bus_width",
     "gpu_throttle_active": "clocks_event_reasons.SwPowerCap",
     "gpu_pcie_bytes_total": "field.PCIE_COUNT_TX_BYTES", "gpu_pcie_replays_total": "field.PCIE_REPLAY_COUNTER",
     "gpu_interconnect_bytes_total": "field.NVLINK_THROUGHPUT_DATA_TX",
