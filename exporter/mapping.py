@@ -34,6 +34,8 @@ class FieldRule(BaseModel):
     wrap: float | None = Field(default=None, gt=0)
     invalid: list[float] = []
     clamp: tuple[float, float] | None = None
+    # several entries feeding one series in one poll: the first listed wins, or combine them
+    combine: Literal["first", "max", "sum"] = "first"
 
     @model_validator(mode="after")
     def _names(self) -> FieldRule:
@@ -68,6 +70,7 @@ class Rule:
     wrap: float | None
     invalid: frozenset[float]
     clamp: tuple[float, float] | None
+    combine: str
 
 
 @dataclass(slots=True)
@@ -116,7 +119,7 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             order=i, raw=fr.raw, metric=fr.metric, is_counter=mdef.type == "counter",
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
-            invalid=frozenset(fr.invalid), clamp=fr.clamp))
+            invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine))
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()})
 
@@ -204,8 +207,15 @@ class Mapper:
                 if rule.clamp:
                     value = min(max(value, rule.clamp[0]), rule.clamp[1])
                 prev = chosen.get(key)
-                if prev is not None and prev <= rule.order:
-                    continue
+                if prev is not None:
+                    if rule.combine == "max":
+                        out.series[key] = max(out.series[key], value)
+                        continue
+                    if rule.combine == "sum":
+                        out.series[key] += value
+                        continue
+                    if prev <= rule.order:
+                        continue
                 chosen[key] = rule.order
                 out.series[key] = value
         # forget state of series that disappeared (lost device, removed link): bounded memory

@@ -182,3 +182,20 @@ def test_load_dir_reports_the_broken_file(tmp_path, schema):
     (d / "zz-broken.yaml").write_text("vendor: nvidia\nfields:\n  - {raw: a, metric: gpu_nope}\n")
     with pytest.raises(ConfigError, match=r"zz-broken.yaml:3: fields\[0\].metric"):
         MappingSet.load_dir(d, schema)
+
+
+def test_combine_max_ors_several_registers_into_one_series(tmp_path, schema):
+    ms = make_set(tmp_path, schema, """
+vendor: intel
+fields:
+  - {raw: pl1, metric: gpu_throttle_active, labels: {reason: power_cap}, combine: max}
+  - {raw: pl2, metric: gpu_throttle_active, labels: {reason: power_cap}, combine: max}
+  - {raw: a, metric: gpu_power_watts, combine: sum}
+  - {raw: b, metric: gpu_power_watts, combine: sum}
+""")
+    m = Mapper(ms)
+    key = ("gpu_throttle_active", DL + (("reason", "power_cap"),))
+    assert run(m, 1, ("pl1", 0), ("pl2", 1))[key] == 1
+    assert run(m, 2, ("pl1", 1), ("pl2", 0))[key] == 1
+    assert run(m, 3, ("pl1", 0), ("pl2", 0))[key] == 0
+    assert run(m, 4, ("a", 2), ("b", 3))[("gpu_power_watts", DL)] == 5

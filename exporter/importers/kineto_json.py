@@ -42,7 +42,6 @@ def parse(path: str, data: Any) -> Profile:
                 launches[args["correlation"]] = (ts * 1e3, (ts + (dur or 0.0)) * 1e3)
     queues: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
     ranges_kernels = []
-    has_kernels = any(e.get("cat") == "kernel" for e in events)
     for e in events:
         cat, ph = e.get("cat"), e.get("ph")
         if ph != "X":
@@ -71,7 +70,7 @@ def parse(path: str, data: Any) -> Profile:
             ranges_kernels.append(KernelRecord(
                 name=clean_kernel_name(str(e.get("name", ""))), device=dev, start_ns=ts * 1e3,
                 duration_ns=dur * 1e3 if dur is not None else None, counters=counters,
-                counters_only=has_kernels))
+                counters_only=True))  # replayed ranges: durations are not kernel times
             prof.device(dev, vendor)
         elif cat in _GPU_RANGE_CATS:
             prof.ranges.append(Range(str(e.get("name", "")), ts * 1e3, (dur or 0.0) * 1e3))

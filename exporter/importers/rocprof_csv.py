@@ -90,17 +90,14 @@ def _agent(value: str) -> str:
     return m.group(1) if m else (value.strip() or "0")
 
 
-def _sibling(path: str, names: tuple[str, ...], replace: str | None = None) -> Path | None:
+def _sibling(path: str, names: tuple[str, ...], replace: str) -> Path | None:
+    """The file of the same run: ``<pid>_kernel_trace.csv`` -> ``<pid>_hip_api_trace.csv``."""
     p = Path(path)
-    if replace and replace in p.name:
+    if replace in p.name:
         for n in names:
             cand = p.with_name(p.name.replace(replace, n))
             if cand.is_file():
                 return cand
-    for n in names:
-        hits = sorted(p.parent.glob(f"*{n}.csv"))
-        if len(hits) == 1:
-            return hits[0]
     return None
 
 
@@ -129,7 +126,7 @@ def parse(path: str, text: str) -> Profile:
         _v2(prof, rows)
     if not prof.kernels:
         raise ProfileRejected(f"{variant}: no dispatch rows")
-    sysinfo = _sysinfo(path)
+    sysinfo = _sysinfo(path, variant)
     for k in prof.kernels:
         _derive(k, sysinfo)
     for d in prof.devices.values():
@@ -217,15 +214,19 @@ def _v3_trace(prof: Profile, rows: list[dict[str, str]]) -> None:
         prof.queue_length_max[dev] = max(prof.queue_length_max.get(dev, 0), queue_length_max(ev))
 
 
-def _sysinfo(path: str) -> dict[str, str]:
-    side = _sibling(path, ("sysinfo",))
-    if side is None:
+def _sysinfo(path: str, variant: str) -> dict[str, str]:
+    """Omniperf's ``sysinfo.csv`` of the same workload (same directory, same name prefix)."""
+    if not variant.startswith("rocprofv2"):
         return {}
-    try:
-        rows = _rows(side.read_text(errors="replace"))
-    except OSError:
-        return {}
-    return rows[1] if len(rows) > 1 else {}
+    p = Path(path)
+    for cand in sorted(p.parent.glob("*sysinfo.csv")):
+        if p.name.startswith(cand.name[: -len("sysinfo.csv")]):
+            try:
+                rows = _rows(cand.read_text(errors="replace"))
+            except OSError:
+                return {}
+            return rows[1] if len(rows) > 1 else {}
+    return {}
 
 
 def _first(c: dict[str, float], *names: str) -> float | None:
