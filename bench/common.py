@@ -183,7 +183,7 @@ async def _load(url: str, clients: int, seconds: float, gzip_ok: bool, warmup: i
                     async with session.get(url, headers=headers) as r:
                         body = await r.read()
                         ok = r.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     ok, body = False, b""
                 if ok:
                     latencies.append((time.perf_counter() - t0) * 1000)

@@ -58,12 +58,12 @@ def count_series(body: bytes, prefixes: tuple[bytes, ...]) -> int:
     return sum(1 for line in body.splitlines() if line.startswith(prefixes))
 
 
-def run(tmp: Path, sizes: tuple[int, ...] = (8, 32), load_s: float = 3.0, idle_s: float = 20.0,
-        paced_s: float = 60.0, clients: tuple[int, ...] = (1, 50)) -> dict:
+def run(tmp: Path, trees: dict[int, Path], load_s: float = 3.0, idle_s: float = 20.0,
+        paced_s: float = 60.0, clients: tuple[int, ...] = (1, 50), settle_s: float = 3.0) -> dict:
+    """``trees``: cards -> sysfs root (``sysfs_tree.build_tree``)."""
     binary = node_exporter_binary()
     if binary is None:
         return {"skipped": f"{NODE_EXPORTER} not installed (Debian package prometheus-node-exporter)"}
-    trees = {n: build_tree(tmp / f"sys{n}", n) for n in sizes}
     procs: dict[int, dict[str, Proc]] = {}
     try:
         for n, tree in trees.items():
@@ -74,7 +74,7 @@ def run(tmp: Path, sizes: tuple[int, ...] = (8, 32), load_s: float = 3.0, idle_s
         for group in procs.values():
             for p in group.values():
                 p.wait_ready()
-        time.sleep(3.0)  # rates need a second poll; indicators their first windows
+        time.sleep(settle_s)  # rates need a second poll; indicators their first windows
         out: dict = {"sizes": {}}
         for n, group in procs.items():
             res: dict = {"cards": n}
@@ -85,8 +85,8 @@ def run(tmp: Path, sizes: tuple[int, ...] = (8, 32), load_s: float = 3.0, idle_s
             res["exposition_bytes"] = {k: len(b) for k, b in bodies.items()}
             res["drm_cards_node"] = bodies["node"].count(b"node_drm_card_info{")
             res["load"] = {}
-            for key in ("ours", "node"):
-                for c in clients:
+            for c in clients:
+                for key in ("ours", "node"):
                     res["load"][f"{key}_c{c}"] = scrape_load(group[key], c, load_s).as_dict()
             out["sizes"][n] = res
         everyone = [p for group in procs.values() for p in group.values()]
@@ -104,8 +104,7 @@ def run(tmp: Path, sizes: tuple[int, ...] = (8, 32), load_s: float = 3.0, idle_s
             res["rss_bytes"] = {k: p.rss() for k, p in group.items()}
             lo = res["load"]
             res["ratios"] = {
-                "p99_c1": lo["ours_c1"]["p99_ms"] / lo["node_c1"]["p99_ms"],
-                "p99_c50": lo["ours_c50"]["p99_ms"] / lo["node_c50"]["p99_ms"],
+                **{f"p99_c{c}": lo[f"ours_c{c}"]["p99_ms"] / lo[f"node_c{c}"]["p99_ms"] for c in clients},
                 "cpu": res["cpu_s_per_100_scrapes"]["ours"] / res["cpu_s_per_100_scrapes"]["node"],
                 "cpu_lean": res["cpu_s_per_100_scrapes"]["ours_lean"] / res["cpu_s_per_100_scrapes"]["node"],
                 "rss": res["rss_bytes"]["ours"] / res["rss_bytes"]["node"],
@@ -134,4 +133,5 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        print(json.dumps(run(Path(d), load_s=2, idle_s=5, paced_s=10), indent=1))
+        trees = {n: build_tree(Path(d) / f"sys{n}", n) for n in (8, 32)}
+        print(json.dumps(run(Path(d), trees, load_s=2, idle_s=5, paced_s=10), indent=1))

@@ -2,7 +2,8 @@
 
 The fake (``tests/fakes/pynvml_fake.py``) is pure Python, so a poll's CPU includes the fake's own
 work.  Every ``nvml*`` function of the fake module is wrapped with a timer, so the report gives
-the total, the part spent inside the fake ("NVML" stand-in), and the rest (our reader code +
+the total, the part spent inside the fake (its nvml* calls and the structs the caller builds: the
+"NVML" stand-in), and the rest (our reader code +
 mapping), each per GPU per poll, plus the NVML calls per GPU per poll.
 
     python bench/nvml_fake.py [--gpus 8] [--polls 200]
@@ -34,24 +35,27 @@ class _Clock:
 
 
 def _instrument(module) -> dict[str, float]:
+    """Time every ``nvml*`` call and every struct the caller builds (the fake's structs are
+    Python objects; the real binding's are ctypes, built in C)."""
     acc = {"seconds": 0.0, "calls": 0}
+
+    def wrap(f, count: bool):
+        @functools.wraps(f)
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc["seconds"] += time.perf_counter() - t0
+                acc["calls"] += count
+        return timed
+
     for name in dir(module):
-        fn = getattr(module, name)
-        if not name.startswith("nvml") or not callable(fn) or isinstance(fn, type):
-            continue
-
-        def wrap(f):
-            @functools.wraps(f)
-            def timed(*a, **k):
-                t0 = time.perf_counter()
-                try:
-                    return f(*a, **k)
-                finally:
-                    acc["seconds"] += time.perf_counter() - t0
-                    acc["calls"] += 1
-            return timed
-
-        setattr(module, name, wrap(fn))
+        obj = getattr(module, name)
+        if isinstance(obj, type) and issubclass(obj, pf._Struct):  # noqa: SLF001
+            setattr(module, name, type(name, (obj,), {"__init__": wrap(obj.__init__, False)}))
+        elif name.startswith("nvml") and callable(obj) and not isinstance(obj, type):
+            setattr(module, name, wrap(obj, True))
     return acc
 
 

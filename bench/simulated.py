@@ -19,8 +19,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import (  # noqa: E402
-    REPO, Proc, exporter_cmd, free_port, idle_cpu, metric_value, scrape_load)
+from bench.common import REPO, Proc, exporter_cmd, free_port, idle_cpu, metric_value, scrape_load  # noqa: E402
 
 DEMO = REPO / "mappings" / "scenarios" / "demo.yaml"
 
@@ -53,32 +52,61 @@ def write_scenario(directory: Path, devices: int) -> Path:
     return path
 
 
-def start(devices: int, tmp: Path, interval: str = "1s") -> Proc:
+def start(devices: int, tmp: Path, interval: str = "1s", name: str = "", extra: tuple[str, ...] = ()) -> Proc:
     scenario = write_scenario(tmp, devices)
     port = free_port()
-    proc = Proc(f"sim{devices}", [*exporter_cmd(), "--web.listen-address", f"127.0.0.1:{port}",
-                                  "--simulate", str(scenario), "--poll.interval", interval,
-                                  "--state.dir", str(tmp / f"state{devices}"), "--log.level", "warn"],
-                port)
+    name = name or f"sim{devices}"
+    proc = Proc(name, [*exporter_cmd(), "--web.listen-address", f"127.0.0.1:{port}",
+                       "--simulate", str(scenario), "--poll.interval", interval,
+                       "--state.dir", str(tmp / f"state-{name}"), "--log.level", "warn", *extra], port)
     return proc.start(tmp)
 
 
+def fast_sampling(tmp: Path, devices: int = 8, seconds: float = 20.0, fast: str = "100ms",
+                  settle_s: float = 3.0) -> dict:
+    """Daemon-level CPU of fast sampling + indicators at ``fast`` for ``devices`` simulated GPUs.
+
+    Two exporters run side by side over the same window: ``fast`` (full poll 1 s, fast sampling
+    and indicators every ``fast``) and ``base`` (full poll 1 s, fast interval 1 s, indicators off).
+    The difference is what fast sampling plus the indicators cost.  The simulator's own
+    ``poll_fast`` is counted (it stands in for the vendor's cheap reads).
+    """
+    conf = tmp / "no-indicators.yaml"
+    conf.write_text("indicators:\n  enabled: false\n")
+    a = start(devices, tmp, name=f"fast{devices}", extra=("--poll.fast-interval", fast))
+    b = start(devices, tmp, name=f"base{devices}", extra=("--poll.fast-interval", "1s",
+                                                            "--config.file", str(conf)))
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        time.sleep(settle_s)
+        ca, cb = a.cpu(), b.cpu()
+        time.sleep(seconds)
+        da, db = a.cpu() - ca, b.cpu() - cb
+        return {"devices": devices, "fast_interval": fast, "seconds": seconds,
+                "fast_percent": da / seconds * 100, "base_percent": db / seconds * 100,
+                "fast_sampling_indicators_percent": (da - db) / seconds * 100}
+    finally:
+        a.stop()
+        b.stop()
+
+
 def run_one(devices: int, tmp: Path, idle_s: float, load_s: float,
-            clients: tuple[int, ...] = (1, 50)) -> dict:
+            clients: tuple[int, ...] = (1, 50), settle_s: float = 5.0) -> dict:
     proc = start(devices, tmp)
     try:
         ready_s = proc.wait_ready()
-        time.sleep(2.5)  # let rates (second poll) and the first renders settle
+        time.sleep(settle_s)  # rates need a second poll; indicator series appear after ~5 s
+        # CPU per poll cycle: nobody scrapes; a cycle = full poll + map + render (text, OM, 2x gzip),
+        # plus what runs between polls (fast sampling and indicators at the fast interval)
+        cpu = idle_cpu(proc, idle_s)
+        cycles = idle_s / 1.0
         body = proc.get()
         gz = proc.get(gzip_ok=True)
         series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
         gpu_series = sum(1 for line in body.splitlines() if line.startswith(b"gpu_"))
-        # CPU per poll cycle: nobody scrapes; each cycle = poll + map + render (text, OM, 2x gzip)
-        cpu = idle_cpu(proc, idle_s)
-        cycles = idle_s / 1.0
-        after = proc.get()
-        render_s = metric_value(after, "unified_gpu_exporter_render_duration_seconds")
-        poll_s = metric_value(after, "unified_gpu_exporter_source_poll_duration_seconds")
+        render_s = metric_value(body, "unified_gpu_exporter_render_duration_seconds")
+        poll_s = metric_value(body, "unified_gpu_exporter_source_poll_duration_seconds")
         loads = {}
         for c in clients:
             for gz_ok in (False, True):
@@ -96,6 +124,67 @@ def run_one(devices: int, tmp: Path, idle_s: float, load_s: float,
         }
     finally:
         proc.stop()
+
+
+def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
+    """In-process CPU of one render at ``devices`` simulated GPUs, by stage (no indicators)."""
+    import gzip
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import exposition as text_format
+    from prometheus_client.openmetrics import exposition as om_format
+
+    from exporter.exposition import Renderer, _Snapshot
+    from exporter.mapping import Mapper
+    from exporter.schema import default_mappings_dir, load_schema
+    from exporter.sources.simulator import SimulatorSource
+    from exporter.store import SourceState, Store
+    from exporter.testing import load_mappings
+
+    mappings = load_mappings()
+    src = SimulatorSource(options={"scenario": str(write_scenario(tmp, devices))}, mappings=mappings)
+    src.open()
+    store, state, mapper = Store(), SourceState("simulator"), Mapper(mappings)
+    store.add(state)
+    poll_s = map_s = 0.0
+    for i in range(2 + repeat):
+        c0 = time.process_time()
+        sample = src.poll()
+        c1 = time.process_time()
+        sample.monotonic = 1000.0 + i
+        devs = store.resolve_devices(state, sample.devices)
+        state.devices = devs
+        result = mapper.map(sample, devs)
+        c2 = time.process_time()
+        if i >= 2:
+            poll_s += c1 - c0
+            map_s += c2 - c1
+    state.series, state.up, state.polls = result.series, True, 1
+    renderer = Renderer(load_schema(default_mappings_dir() / "canonical.yaml"))
+    t = dict.fromkeys(("build", "text", "openmetrics", "gzip", "render_total"), 0.0)
+    for _ in range(repeat):
+        c0 = time.process_time()
+        families = renderer.build(store)
+        c1 = time.process_time()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Snapshot(families))
+        text = text_format.generate_latest(registry)
+        c2 = time.process_time()
+        om = om_format.generate_latest(registry)
+        c3 = time.process_time()
+        gzip.compress(text, 6)
+        gzip.compress(om, 6)
+        c4 = time.process_time()
+        renderer.render(store)
+        c5 = time.process_time()
+        for k, v in zip(t, (c1 - c0, c2 - c1, c3 - c2, c4 - c3, c5 - c4), strict=True):
+            t[k] += v
+    src.close()
+    out = {"devices": devices, "series": len(result.series),
+           "sim_poll_ms": poll_s / repeat * 1000, "map_ms": map_s / repeat * 1000}
+    out.update({f"{k}_ms": v / repeat * 1000 for k, v in t.items()})
+    out["render_us_per_series"] = out["render_total_ms"] / max(len(result.series), 1) * 1000
+    return out
 
 
 def main() -> None:

@@ -167,12 +167,11 @@ async def _bounded(coro, timeout: float) -> None:
 async def _list_devices(daemon: Daemon) -> int:
     daemon.load()
     daemon.build_runtimes()
-    found = 0
     for rt in daemon.runtimes:
         await daemon.poll_once(rt)
-        for dev in rt.state.devices.values():
-            found += 1
-            print(f"{rt.state.name}\t{dev.vendor}\t{dev.index}\t{dev.model}\t{dev.uuid}\t{dev.pci_bus_id}")
+    found = daemon.store.info_devices()
+    for source, dev in found:
+        print(f"{source}\t{dev.vendor}\t{dev.index}\t{dev.model}\t{dev.uuid}\t{dev.pci_bus_id}")
     await daemon._close_sources(daemon.runtimes)
     return 0 if found else 1
 

@@ -118,7 +118,8 @@ class Runtime:
     worker: Worker
     fast_mapper: Mapper | None = None  # set when the source offers poll_fast
     opened: bool = False
-    pending: asyncio.Future | None = None
+    pending: asyncio.Future | None = None       # the last open/poll call
+    fast_pending: asyncio.Future | None = None  # the last poll_fast call
 
 
 class Daemon:
@@ -166,7 +167,8 @@ class Daemon:
         scenario = load_scenario(self.settings.simulate or "demo")
         if self.settings.simulate_phase:
             scenario.phase_start(self.settings.simulate_phase)
-        missing = sorted({d.mapping for d in scenario.devices if mappings.get(d.mapping) is None})
+        missing = sorted({m for d in scenario.devices for m in [d.mapping, *d.extra_mappings]
+                          if mappings.get(m) is None})
         if missing:
             raise ConfigError(f"scenario {scenario.name}: devices use unknown mappings {missing} "
                               f"(known: {', '.join(sorted(mappings.mappings))})")
@@ -283,6 +285,9 @@ class Daemon:
         st = rt.state
         if rt.source is None:
             return False
+        if rt.fast_pending is not None and not rt.fast_pending.done():
+            # a fast poll is using the worker: wait for it instead of queueing behind it
+            await asyncio.wait({rt.fast_pending}, timeout=rt.timeout)
         if rt.pending is not None and not rt.pending.done():
             st.errors["timeout"] += 1  # still stuck in the previous call
             st.clear()
@@ -381,7 +386,9 @@ class Daemon:
             if not rt.opened or rt.worker.busy or not rt.state.up:
                 continue
             try:
-                errors, result = await self._call(rt, lambda: self._fast_and_map(rt))
+                rt.fast_pending = rt.worker.submit(lambda: self._fast_and_map(rt))
+                async with asyncio.timeout(rt.timeout):
+                    errors, result = await asyncio.shield(rt.fast_pending)
             except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
                 rt.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
                 continue
@@ -391,8 +398,12 @@ class Daemon:
     async def _indicator_loop(self) -> None:
         assert self.feed is not None
         next_save = time.monotonic() + 60.0
+        watchers = [rt.source for rt in self.runtimes
+                    if callable(getattr(rt.source, "observe_indicator_output", None))]
         while not self._stopping:
-            self.feed.update(time.monotonic(), self.store)
+            out = self.feed.update(time.monotonic(), self.store)
+            for source in watchers:  # triggered deep capture (profiles): returns at once
+                source.observe_indicator_output(time.monotonic(), out)  # type: ignore[union-attr]
             if time.monotonic() >= next_save and not self._state_worker.busy:
                 next_save = time.monotonic() + 60.0
                 self._state_worker.submit(self.feed.save)

@@ -144,9 +144,13 @@ class Renderer:
             for kind, count in sorted(st.errors.items()):
                 add("source_errors_total", {**s, "kind": kind}, float(count))
             add("source_series", s, float(len(st.series)))
-            for key, dev in st.devices.items():
-                add("device_up", {"source": st.name, "vendor": dev.vendor, "gpu": dev.index,
-                                  "uuid": dev.uuid}, 1.0 if st.device_up.get(key, True) else 0.0)
+            up: dict[tuple[str, str, str], bool] = {}
+            for key, dev in st.devices.items():  # one per identity (a device may have companions)
+                ident = (dev.vendor, dev.index, dev.uuid)
+                up[ident] = up.get(ident, True) and st.device_up.get(key, True)
+            for (vendor, gpu, uuid), ok in up.items():
+                add("device_up", {"source": st.name, "vendor": vendor, "gpu": gpu, "uuid": uuid},
+                    1.0 if ok else 0.0)
         add("render_duration_seconds", {}, self.render_duration)
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)

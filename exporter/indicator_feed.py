@@ -14,6 +14,8 @@ from .mapping import Labels, SeriesKey
 from .store import Store
 
 log = logging.getLogger("unified_gpu_exporter")
+# labels of a per-GPU (not per-kernel) series imported from a profiler artefact
+_ARTEFACT_LABELS = frozenset({"source", "trace_id"})
 
 
 class IndicatorFeed:
@@ -38,11 +40,18 @@ class IndicatorFeed:
 
     def update(self, now: float, store: Store) -> list[tuple[str, Labels, float]]:
         devices: dict[tuple[str, str, str], dict[str, float]] = {}
+        imported: list[tuple[tuple[str, str, str], str, float]] = []
         for st in store.sources.values():
             for skey, value in st.series.items():
                 labels = skey[1]
                 dev_id = (labels[0][1], labels[1][1], labels[2][1])
                 devices.setdefault(dev_id, {})[self._key(skey)] = value
+                if labels[3:] and {k for k, _ in labels[3:]} <= _ARTEFACT_LABELS:
+                    imported.append((dev_id, skey[0], value))
+        # a GPU-level value from a profiler import stands in where no live counter has one
+        # (the L2 miss rate for the memory-pressure / saturation attribution)
+        for dev_id, name, value in imported:
+            devices[dev_id].setdefault(name, value)
         for _, dev in store.info_devices():
             dev_id = (dev.vendor, dev.index, dev.uuid)
             if dev_id not in self._known:

@@ -146,10 +146,12 @@ class MappingSet:
 
 
 @dataclass(slots=True)
-class _CounterState:
+class _RawState:
+    """The previous value of one raw counter (per device, rule and raw labels)."""
+
     last_raw: float
     last_t: float
-    offset: float = 0.0
+    seen: int  # poll number when last read
 
 
 @dataclass
@@ -163,18 +165,34 @@ def device_labels(dev: Device) -> Labels:
     return (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid))
 
 
+# raw counter state and exported totals not seen for this many polls are forgotten (a device or
+# link that went away); a shorter gap (one missed poll, a flapping fallback) keeps them
+STATE_TTL_POLLS = 120
+
+
 class Mapper:
-    """Turns one source's samples into canonical series; keeps counter and rate state."""
+    """Turns one source's samples into canonical series; keeps counter and rate state.
+
+    Counter metrics are exported as a running total per canonical series: each poll adds the
+    delta of the raw counter that feeds the series (a decrease is a reset: the new value is the
+    delta), so the total never goes down, even when the feeding raw counter changes (fallback) or
+    a poll misses the value.
+    """
 
     def __init__(self, mappings: MappingSet):
         self.mappings = mappings
-        self._state: dict[tuple, _CounterState] = {}
+        self._raw: dict[tuple, _RawState] = {}
+        self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
+        self._poll = 0
 
     def map(self, sample: Sample, devices: dict[str, Device]) -> MapResult:
         out = MapResult()
-        chosen: dict[SeriesKey, int] = {}
+        self._poll += 1
         now = sample.monotonic
-        seen_state: set[tuple] = set()
+        # candidates per series: (order, combine, value) for gauges,
+        # (order, combine, delta or None, initial total) for counters
+        gauges: dict[SeriesKey, list[tuple[int, str, float]]] = {}
+        counters: dict[SeriesKey, list[tuple[int, str, float | None, float]]] = {}
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
@@ -196,62 +214,96 @@ class Mapper:
                     if raw_name in raw_labels:
                         extra[canon] = raw_labels[raw_name]
                 key: SeriesKey = (rule.metric, device_labels(dev) + tuple(sorted(extra.items())))
-                if rule.is_counter or rule.rate:
-                    skey = (r.device, rule.order, r.labels)
-                    seen_state.add(skey)
-                    value = self._counter(skey, rule, value, now)
+                if rule.is_counter:
+                    delta = self._delta((r.device, rule.order, r.labels), rule, value, now)
+                    initial = value * rule.scale
+                    if not math.isfinite(initial) or (delta is not None and not math.isfinite(delta)):
+                        out.malformed += 1
+                        continue
+                    counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
+                    continue
+                if rule.rate:
+                    value = self._rate((r.device, rule.order, r.labels), rule, value, now)
                     if value is None:
                         continue
                 else:
                     value = value * rule.scale + rule.offset
                 if rule.clamp:
                     value = min(max(value, rule.clamp[0]), rule.clamp[1])
-                prev = chosen.get(key)
-                if prev is not None:
-                    if rule.combine == "max":
-                        out.series[key] = max(out.series[key], value)
-                        continue
-                    if rule.combine == "sum":
-                        out.series[key] += value
-                        continue
-                    if prev <= rule.order:
-                        continue
-                chosen[key] = rule.order
-                out.series[key] = value
-        # forget state of series that disappeared (lost device, removed link): bounded memory
-        if len(self._state) > len(seen_state):
-            for skey in [k for k in self._state if k not in seen_state]:
-                del self._state[skey]
+                if not math.isfinite(value):  # overflow of a garbage raw value: never exported
+                    out.malformed += 1
+                    continue
+                gauges.setdefault(key, []).append((rule.order, rule.combine, value))
+        for key, cands in gauges.items():
+            out.series[key] = _combine([(o, c, v) for o, c, v in cands])
+        for key, cands in counters.items():
+            total = self._total(key, cands)
+            if total is not None:
+                out.series[key] = total
+        self._expire()
         self._derive(out.series)
         return out
 
-    def _counter(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
-        st = self._state.get(skey)
+    def _total(self, key: SeriesKey, cands: list[tuple[int, str, float | None, float]]) -> float | None:
+        cands.sort(key=lambda c: c[0])
+        if cands[0][1] == "sum":
+            used = cands
+        else:
+            used = cands[:1]  # the preferred raw counter present this poll
+        prev = self._totals.get(key)
+        if prev is None:
+            total = sum(c[3] for c in used)  # starts at the device's own counter value
+        else:
+            # a raw counter seen for the first time (fallback switch) adds nothing this poll
+            total = prev[0] + sum(c[2] for c in used if c[2] is not None)
+        if not math.isfinite(total):
+            return None
+        self._totals[key] = (total, self._poll)
+        return total
+
+    def _delta(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        """Scaled increase of a raw counter since its last reading; None on first sight."""
+        st = self._raw.get(skey)
+        self._raw[skey] = _RawState(raw, now, self._poll)
         if st is None:
-            # the running total starts at the device's own counter value
-            self._state[skey] = _CounterState(raw, now, offset=raw)
-            if rule.rate:
-                return None
-            return raw * rule.scale
+            return None
         delta = raw - st.last_raw
         if delta < 0:
             if rule.wrap is not None and st.last_raw < rule.wrap and raw < rule.wrap:
                 delta += rule.wrap
-            elif rule.rate:
-                # a counter that went backwards (reset) yields no rate this poll
-                st.last_raw, st.last_t = raw, now
-                return None
             else:
-                # reset (driver reload): fold the old total into the offset
-                delta = raw
+                delta = raw  # reset (driver reload): the counter restarted from zero
+        return delta * rule.scale
+
+    def _rate(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        """Per-second rate of a raw counter between two polls, then scale and offset."""
+        st = self._raw.get(skey)
+        self._raw[skey] = _RawState(raw, now, self._poll)
+        if st is None:
+            return None
+        delta = raw - st.last_raw
+        if delta < 0:
+            if rule.wrap is not None and st.last_raw < rule.wrap and raw < rule.wrap:
+                delta += rule.wrap
+            else:
+                return None  # a counter that went backwards (reset) yields no rate this poll
         dt = now - st.last_t
-        st.last_raw, st.last_t = raw, now
-        if rule.rate:
-            if dt <= 0:
-                return None
-            return (delta / dt) * rule.scale + rule.offset
-        st.offset += delta
-        return st.offset * rule.scale
+        if dt <= 0:
+            return None
+        return (delta / dt) * rule.scale + rule.offset
+
+    def _expire(self) -> None:
+        """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls."""
+        if self._poll % 16:
+            return
+        horizon = self._poll - STATE_TTL_POLLS
+        for k in [k for k, st in self._raw.items() if st.seen < horizon]:
+            del self._raw[k]
+        for k in [k for k, (_, seen) in self._totals.items() if seen < horizon]:
+            del self._totals[k]
+
+    def state_size(self) -> int:
+        return len(self._raw) + len(self._totals)
 
     def _derive(self, series: dict[SeriesKey, float]) -> None:
         derived = self.mappings.schema.derived()
@@ -284,6 +336,19 @@ class Mapper:
                 new.append((k, v))
             if new:
                 by_metric.setdefault(name, []).extend(new)
+
+
+def _combine(cands: list[tuple[int, str, float]]) -> float:
+    """Several entries feeding one gauge series: first listed wins, or max / sum."""
+    if len(cands) == 1:
+        return cands[0][2]
+    cands.sort(key=lambda c: c[0])
+    how = cands[0][1]
+    if how == "max":
+        return max(c[2] for c in cands)
+    if how == "sum":
+        return sum(c[2] for c in cands)
+    return cands[0][2]
 
 
 def _select(items, selector: Labels) -> dict[Labels, float]:

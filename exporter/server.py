@@ -59,12 +59,11 @@ async def landing(request: web.Request) -> web.Response:
     daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
     path = html.escape(request.app[TELEMETRY_PATH])
     rows = []
-    for st in daemon.store.sources.values():
-        for dev in st.devices.values():
-            rows.append(
-                "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
-                    dev.vendor, dev.index, dev.model, dev.uuid, dev.pci_bus_id, st.name,
-                    "simulated" if dev.simulated else "")) + "</tr>")
+    for source, dev in daemon.store.info_devices():
+        rows.append(
+            "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
+                dev.vendor, dev.index, dev.model, dev.uuid, dev.pci_bus_id, source,
+                "simulated" if dev.simulated else "")) + "</tr>")
     srcs = "".join(
         f"<tr><td>{html.escape(st.name)}</td><td>{html.escape(st.state)}</td>"
         f"<td>{html.escape(st.reason)}</td></tr>" for st in daemon.store.sources.values())

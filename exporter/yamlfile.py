@@ -20,7 +20,8 @@ def _walk(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            key = key_node.value
+            # complex keys (lists, maps) are rejected later by validation; keep paths hashable
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node.value)
             _walk(value_node, path + (key,), lines)
             # errors about a key point at the key's line, not the value's first line
             lines[path + (key,)] = key_node.start_mark.line + 1
@@ -36,21 +37,27 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[tuple, int
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    loader = yaml.SafeLoader(text)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None, {}
         lines: dict[tuple, int] = {}
         _walk(node, (), lines)
         data = loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: invalid YAML: {problem}") from exc
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 

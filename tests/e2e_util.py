@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -99,6 +100,9 @@ class Server:
     log_path: Path
     proc: subprocess.Popen | None = None
     env: dict[str, str] | None = None
+    # regex the process logs once it listens on port: readiness probes wait for it, so that another
+    # program that took the same free port meanwhile is not mistaken for this one
+    listen_log: str | None = None
 
     @property
     def url(self) -> str:
@@ -134,7 +138,7 @@ class Server:
                 raise AssertionError(f"{self.name} exited with {self.proc.returncode} before it was "
                                      f"ready:\n{self.log()[-4000:]}")
             try:
-                if _status_is(self.url + path):
+                if self._listening() and _status_is(self.url + path):
                     return self
             except (OSError, urllib.error.URLError):
                 pass
@@ -142,6 +146,9 @@ class Server:
                 raise AssertionError(f"{self.name} not ready on {self.url}{path} after {timeout}s:\n"
                                      f"{self.log()[-4000:]}")
             time.sleep(0.05)
+
+    def _listening(self) -> bool:
+        return self.listen_log is None or re.search(self.listen_log, self.log(), re.M) is not None
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
@@ -194,7 +201,8 @@ def exporter(tmp: Path, args: Iterable[str], name: str = "exporter") -> Server:
     port = free_port()
     argv = [*EXPORTER_CMD, "--web.listen-address", f"127.0.0.1:{port}", *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return Server(name, argv, port, tmp / f"{name}.log", env=env)
+    return Server(name, argv, port, tmp / f"{name}.log", env=env,
+                  listen_log=rf"\baddress=127\.0\.0\.1:{port}\b")
 
 
 def start_exporter(procs: ProcessSet, tmp: Path, args: Iterable[str], timeout: float = 15.0,

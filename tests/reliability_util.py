@@ -52,6 +52,12 @@ def pick(metrics: dict[str, float], name: str, **labels: str) -> dict[str, float
             if (k == name or k.startswith(name + "{")) and all(w in k for w in want)}
 
 
+def mapper_state_size(mapper) -> int:
+    """Entries of counter/rate state a Mapper keeps (raw counters and exported totals)."""
+    size = getattr(mapper, "state_size", None)
+    return size() if callable(size) else len(mapper._state)
+
+
 def vmrss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -69,7 +75,10 @@ def percentile(values: list[float], q: float) -> float:
 class ExporterProcess:
     """The real exporter as a subprocess on 127.0.0.1:<free port>."""
 
-    def __init__(self, args: list[str], tmp_path: Path, ready_timeout: float = 15.0):
+    def __init__(self, args: list[str], tmp_path: Path, ready_timeout: float = 15.0,
+                 ready: bytes = b"unified_gpu_exporter_source_up"):
+        """Ready once a scrape contains ``ready`` (e.g. a source_up line with value 1)."""
+        self._ready = ready
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / f"exporter-{self.port}.log"
@@ -89,7 +98,7 @@ class ExporterProcess:
                 raise AssertionError(f"exporter exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 with urllib.request.urlopen(self.url + "/metrics", timeout=1.0) as resp:
-                    if resp.status == 200 and b"unified_gpu_exporter_source_up" in resp.read():
+                    if resp.status == 200 and self._ready in resp.read():
                         return
             except (OSError, urllib.error.URLError):
                 pass
@@ -106,7 +115,8 @@ class ExporterProcess:
         return parse_metrics(self.scrape())
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def send(self, sig: int) -> None:

@@ -154,7 +154,17 @@ def served(tmp_path_factory):
     """One simulated exporter for the read-only server tests."""
     tmp = tmp_path_factory.mktemp("served")
     with ProcessSet() as procs:
-        yield start_exporter(procs, tmp, ["--simulate", "--poll.interval", "250ms"])
+        server = start_exporter(procs, tmp, ["--simulate", "--poll.interval", "250ms"])
+        # /readyz is 200 after the first poll; series computed from counter rates (e.g. the Intel
+        # engine utilisation) appear from the second poll on
+        wait_until(lambda: _vendors(server, "gpu_compute_utilization_percent") == VENDORS, 5,
+                   what="utilization of all three vendors")
+        yield server
+
+
+def _vendors(server, name: str) -> set[str]:
+    families = _families_text(http_get(server.url + "/metrics").text)
+    return {s.labels["vendor"] for s in families.get(name, [])}
 
 
 def _families_text(body: str) -> dict[str, list]:
@@ -209,6 +219,8 @@ def test_landing_page_lists_devices_of_all_vendors_and_links_metrics(served):
     assert 'href="/metrics"' in page
     cells = set(re.findall(r"<td>([^<]*)</td>", page))
     assert VENDORS <= cells, cells
+    uuids = {s.labels["uuid"] for s in _families_text(http_get(served.url + "/metrics").text)["gpu_info"]}
+    assert len(uuids) == 5 and uuids <= cells
     for model in ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X", "Intel Data Center GPU Max 1550"):
         assert model in cells
 
@@ -223,9 +235,11 @@ def test_custom_telemetry_path(tmp_path):
     with ProcessSet() as procs:
         server = start_exporter(procs, tmp_path, ["--simulate", "--web.telemetry-path", "/custom"])
         resp = http_get(server.url + "/custom")
-        assert resp.status == 200 and "gpu_info{" in resp.text
+        assert resp.status == 200, resp
+        assert "gpu_info{" in resp.text, resp.text
         assert http_get(server.url + "/metrics").status == 404
-        assert 'href="/custom"' in http_get(server.url + "/").text
+        landing = http_get(server.url + "/").text
+        assert 'href="/custom"' in landing, landing
 
 
 # ------------------------------------------------------------------------- signals
@@ -243,9 +257,13 @@ def _reload_ok(server) -> float:
 def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_invalid(tmp_path):
     cfg = tmp_path / "config.yml"
     cfg.write_text("labels: {node: x}\n")
+    mdir = tmp_path / "mappings"
+    shutil.copytree(MAPPINGS, mdir)
+    intel = mdir / "intel.yaml"
+    intel_text = intel.read_text()
     with ProcessSet() as procs:
         server = start_exporter(procs, tmp_path, ["--simulate", "--poll.interval", "200ms",
-                                                  "--config.file", str(cfg)])
+                                                  "--config.file", str(cfg), "--path.mappings", str(mdir)])
         assert _node_labels(server) == {"x"}
         assert _reload_ok(server) == 1
 
@@ -253,6 +271,18 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_invalid(tmp_pa
         server.signal(signal.SIGHUP)
         wait_until(lambda: _node_labels(server) == {"y"}, 10, what="node label y after SIGHUP")
         assert _reload_ok(server) == 1
+
+        # a broken mapping file: the running mappings stay, the reload is reported failed
+        intel.write_text(intel_text.replace("vendor: intel", "vendor: [intel", 1))
+        server.signal(signal.SIGHUP)
+        wait_until(lambda: _reload_ok(server) == 0, 10, what="reload_successful 0 (mapping)")
+        assert "intel.yaml" in server.log()
+        assert len(_families_text(http_get(server.url + "/metrics").text)["gpu_info"]) == 5
+
+        intel.write_text(intel_text)
+        server.signal(signal.SIGHUP)
+        wait_until(lambda: _reload_ok(server) == 1, 10, what="reload_successful 1 again")
+        assert _node_labels(server) == {"y"}
 
         cfg.write_text("labels: {node: z}\nno_such_key: true\n")
         server.signal(signal.SIGHUP)
@@ -288,12 +318,10 @@ def test_invalid_flags_exit_nonzero_with_a_message(args, message):
     assert message in result.stderr, result.stderr
 
 
-def test_listen_address_in_use_is_reported(tmp_path):
-    with ProcessSet() as procs:
-        first = start_exporter(procs, tmp_path, ["--simulate"])
-        result = run_cli("--simulate", "--web.listen-address", first.address, timeout=30)
-        assert result.returncode != 0
-        assert "error:" in result.stderr and str(first.port) in result.stderr, result.stderr
+def test_listen_address_in_use_is_reported(served):
+    result = run_cli("--simulate", "--web.listen-address", served.address, timeout=30)
+    assert result.returncode != 0
+    assert "error:" in result.stderr and str(served.port) in result.stderr, result.stderr
 
 
 # ------------------------------------------------------------------------- --list-devices

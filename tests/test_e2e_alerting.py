@@ -171,25 +171,22 @@ def _has_data(prom, expr: str) -> bool:
 
 # ----------------------------------------------------------------------------- the copies
 
-def test_the_rule_copy_keeps_every_expression():
+def test_the_rule_copy_keeps_every_expression(tmp_path):
     """Only `interval:` and GPUMemoryContention's `for:` differ between shipped rules and the copy."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        copy_dir = prepare_prometheus_dir(Path(tmp)) / "rules"
-        original = _rules_by_key(PROM_DIR / "rules")
-        copy = _rules_by_key(copy_dir)
-        assert original.keys() == copy.keys()
-        for key, rule in original.items():
-            changed = {k for k in rule.keys() | copy[key].keys() if rule.get(k) != copy[key].get(k)}
-            if key == ("GPUMemoryContention", 0):
-                assert changed == {"for"}
-                assert (rule["for"], copy[key]["for"]) == ("2m", SHORT_FOR)
-            else:
-                assert changed == set(), key
-            assert copy[key]["expr"] == rule["expr"]
-        assert any("interval" in g for g in _groups(PROM_DIR / "rules"))
-        assert not any("interval" in g for g in _groups(copy_dir))
+    copy_dir = prepare_prometheus_dir(tmp_path) / "rules"
+    original = _rules_by_key(PROM_DIR / "rules")
+    copy = _rules_by_key(copy_dir)
+    assert original.keys() == copy.keys()
+    for key, rule in original.items():
+        changed = {k for k in rule.keys() | copy[key].keys() if rule.get(k) != copy[key].get(k)}
+        if key == ("GPUMemoryContention", 0):
+            assert changed == {"for"}
+            assert (rule["for"], copy[key]["for"]) == ("2m", SHORT_FOR)
+        else:
+            assert changed == set(), key
+        assert copy[key]["expr"] == rule["expr"]
+    assert any("interval" in g for g in _groups(PROM_DIR / "rules"))
+    assert not any("interval" in g for g in _groups(copy_dir))
 
 
 # ------------------------------------------------------------------------------ alerting

@@ -38,8 +38,9 @@ def prom(tmp_path_factory):
             }],
         }))
         server = start_prometheus(procs, binary, config, tmp)
-        wait_until(lambda: len(prom_query(server, "count by (vendor) (gpu_compute_utilization_percent)")) == 3,
-                   20, 0.2, "series of three vendors in Prometheus")
+        by_vendor = "count by (vendor) (gpu_compute_utilization_percent)"
+        wait_until(lambda: len(prom_query(server, by_vendor)) == 3, 20, 0.2,
+                   "series of three vendors in Prometheus")
         yield server
 
 

@@ -25,7 +25,7 @@ from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
 from tests.fakes import pynvml_fake as pf
 from tests.fdinfo_trees import add_card as add_drm_card
 from tests.fdinfo_trees import add_fd
-from tests.reliability_util import CHURN_MAPPING, ExporterProcess, parse_metrics, pick
+from tests.reliability_util import CHURN_MAPPING, ExporterProcess, mapper_state_size, parse_metrics, pick
 
 HW_COLLECTORS = [n for n in registry.COLLECTORS if n != "simulator"]
 
@@ -423,9 +423,11 @@ async def test_wall_clock_jumps_do_not_disturb_polling_counters_or_indicators(tm
     try:
         for jump in (0.0, 86400.0 * 365, -86400.0 * 365 * 2, 0.0):
             offset[0] = jump
-            energy.write_text(f"{int(energy.read_text()) + 1000000}\n")
+            tmp = energy.with_name("energy1_input.tmp")          # atomic, as sysfs reads are
+            tmp.write_text(f"{int(energy.read_text()) + 1000000}\n")
+            os.replace(tmp, energy)
             polls_before = daemon.store.sources["amdgpu"].polls
-            await asyncio.sleep(0.6)
+            await asyncio.sleep(0.4)
             m = await render(daemon)
             history.append(m)
             st = daemon.store.sources["amdgpu"]
@@ -458,7 +460,7 @@ async def test_fast_sampling_never_marks_a_healthy_source_down(tmp_path):
     await daemon.start()
     down = []
     try:
-        for _ in range(300):
+        for _ in range(150):
             await asyncio.sleep(0.01)
             st = daemon.store.sources["simulator"]
             if st.polls and not st.up:
@@ -484,11 +486,14 @@ async def test_mapper_and_store_state_stay_bounded_under_device_churn(tmp_path, 
         assert await daemon.poll_once(rt)
         if i % 100 == 99:
             rendered = await daemon.render()
-            sizes.append((len(rt.mapper._state), len(rt.state.devices), len(rt.state.series),
+            sizes.append((mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.series),
                           len(rt.state.errors), rendered.series))
     await daemon._close_sources(daemon.runtimes)
-    # live: 4 devices x (energy, busy rate, 2 link counters) = 16 counter states
-    assert all(s[0] <= 16 for s in sizes), sizes
+    # live: 4 devices x (energy, busy rate, 2 link counters) = 16 counter states; state of series
+    # that went away may be kept for a grace period, but it must not grow with the number of polls
+    # (unbounded: ~1000 device ids x 2 counters + x 50 link labels, over 10000 entries here)
+    assert max(s[0] for s in sizes[8:]) <= 1.25 * max(s[0] for s in sizes[:8]), sizes
+    assert max(s[0] for s in sizes) < 4000, sizes
     assert all(s[1] == 4 for s in sizes), sizes
     assert max(s[2] for s in sizes) <= 4 * 5
     assert max(s[4] for s in sizes) - min(s[4] for s in sizes) <= 8, sizes
@@ -510,7 +515,7 @@ async def test_flapping_cards_keep_every_internal_table_the_same_size(tmp_path):
     def sizes() -> tuple:
         feed = daemon.feed
         eng = feed.engine
-        return (len(rt.mapper._state), len(rt.state.devices), len(rt.state.errors),
+        return (mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.errors),
                 len(feed._keys), len(feed._known), len(eng._devices), len(feed.latest))
 
     seen = []

@@ -172,7 +172,7 @@ def summary(prof: Profile, top_n: int = 10) -> dict:
         if info.index in prof.queue_length_max:
             dev["queue_length_max"] = prof.queue_length_max[info.index]
         devices.append(dev)
-    timeline = {"zero_ns": t0, "wall_zero_unix_ns": (int(prof.wall_zero_ns + t0)
+    timeline = {"zero_ns": t0, "wall_zero_unix_ns": (prof.wall_zero_ns + round(t0)
                                                       if prof.wall_zero_ns is not None and t0 is not None else None),
                 "ranges": [{"name": r.name, "start_ms": round((r.start_ns - t0) / 1e6, 6),
                             "duration_ms": round(r.duration_ns / 1e6, 6)}

@@ -52,6 +52,11 @@ class DropDir:
         self.rejected = self.root / "rejected"
         self.settle = settle
         self.max_bytes = max_bytes
+        self._complete: set[str] = set()
+
+    def mark_complete(self, paths) -> None:
+        """Files known to be fully written (a finished capture): no settle wait for them."""
+        self._complete.update(Path(p).name for p in paths)
 
     def setup(self) -> int:
         """Create the folders; move files left in processing/ aside.  Returns how many were moved."""
@@ -81,7 +86,8 @@ class DropDir:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if now - st.st_mtime >= self.settle:
+            if now - st.st_mtime >= self.settle or e.name in self._complete:
+                self._complete.discard(e.name)
                 out.append((st.st_mtime, e.name))
         return [self.root / n for _, n in sorted(out)]
 

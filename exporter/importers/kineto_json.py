@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .model import KernelRecord, Profile, ProfileRejected, Range, clean_kernel_name, parse_number, queue_length_max
+from .model import (
+    KernelRecord,
+    Profile,
+    ProfileRejected,
+    Range,
+    clean_kernel_name,
+    parse_number,
+    queue_length_max,
+)
 
 _GPU_RANGE_CATS = ("user_annotation", "gpu_user_annotation")
 

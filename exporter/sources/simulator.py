@@ -13,7 +13,7 @@ import hashlib
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -35,6 +35,9 @@ class SimDevice(BaseModel):
     model: str
     count: int = Field(default=1, ge=1, le=4096)
     driver: str = ""
+    # mappings of artefacts that accompany this device's live readings (e.g. "profiles/ncu" for
+    # the L2 miss rate only a profiler gives); targets the live mapping cannot carry go there
+    extra_mappings: list[str] = []
     values: dict[str, Value] = {}
 
 
@@ -119,6 +122,8 @@ class _SimState:
     dev: Device
     spec: SimDevice
     counters: dict[tuple, float] = field(default_factory=dict)
+    # (device, mapping) pairs in order of preference: the live one, then extra_mappings
+    outputs: list[tuple[Device, str]] = field(default_factory=list)
 
 
 class SimulatorSource:
@@ -138,7 +143,11 @@ class SimulatorSource:
         self._states: list[_SimState] = []
         for spec in self.scenario.devices:
             for _ in range(spec.count * scale):
-                self._states.append(_SimState(self._make_device(spec), spec))
+                dev = self._make_device(spec)
+                st = _SimState(dev, spec)
+                st.outputs = [(dev, spec.mapping)] + [
+                    (replace(dev, key=f"{dev.key}#{m}", mapping=m), m) for m in spec.extra_mappings]
+                self._states.append(st)
 
     def _make_device(self, spec: SimDevice) -> Device:
         n = sum(1 for s in self._states if s.dev.vendor == spec.vendor)
@@ -155,7 +164,7 @@ class SimulatorSource:
     def open(self) -> None:
         if self.mappings is None:
             raise SourceUnavailable("simulator needs the mapping set")
-        missing = sorted({s.spec.mapping for s in self._states if self.mappings.get(s.spec.mapping) is None})
+        missing = sorted({m for s in self._states for _, m in s.outputs if self.mappings.get(m) is None})
         if missing:
             raise SourceUnavailable(f"scenario {self.scenario.name} uses unknown mappings: {missing}")
         self._start = self.clock()
@@ -172,21 +181,23 @@ class SimulatorSource:
         phase, _ = self.scenario.phase_at(now - self._start + self.offset)
         sample = Sample(monotonic=now)
         for st in self._states:
-            sample.devices.append(st.dev)
             targets = self._targets(st, phase)
-            plan = self._plan(st.spec.mapping)
-            emitted: set[tuple] = set()
-            for kind in ("counter", "rate", "gauge"):
-                for key, value in targets.items():
-                    emit = plan.get(key)
-                    if emit is None or emit.kind != kind:
-                        continue
-                    rkey = (emit.raw, emit.raw_labels)
-                    if rkey in emitted:
-                        continue
-                    emitted.add(rkey)
-                    raw = self._raw(st, emit, rkey, value, dt)
-                    sample.add(st.dev.key, emit.raw, raw, emit.raw_labels)
+            for dev, mapping in st.outputs:
+                sample.devices.append(dev)
+                plan = self._plan(mapping)
+                emitted: set[tuple] = set()
+                for kind in ("counter", "rate", "gauge"):
+                    for key, value in list(targets.items()):
+                        emit = plan.get(key)
+                        if emit is None or emit.kind != kind:
+                            continue
+                        rkey = (dev.key, emit.raw, emit.raw_labels)
+                        if rkey in emitted:
+                            continue
+                        emitted.add(rkey)
+                        del targets[key]  # carried by this mapping: not by a later one
+                        raw = self._raw(st, emit, rkey, value, dt)
+                        sample.add(dev.key, emit.raw, raw, emit.raw_labels)
         return sample
 
     def poll_fast(self) -> Sample:

@@ -1,0 +1,376 @@
+"""`make bench`: every benchmark, one table with ratios and budgets, JSON in bench/results/.
+
+    python bench/run.py            full run (~4 minutes on a 2-core machine)
+    python bench/run.py --quick    one small size, ~1 s windows: checks the bench still runs
+    python bench/run.py --out FILE write the JSON there instead of bench/results/<timestamp>.json
+
+Sections (see each module's docstring for the method):
+  simulated   bench/simulated.py          simulated node at 8/64/256 devices: scrape latency,
+                                          exposition size, CPU per poll cycle, render, RSS
+  fast        bench/simulated.py          fast sampling + indicators at 100 ms, 8 GPUs (daemon)
+  peer        bench/node_exporter_peer.py same amdgpu sysfs tree (8/32 cards) vs node_exporter
+  floor       bench/floor.py              reading the same sysfs files in a tight loop
+  nvml        bench/nvml_fake.py          NvmlSource over the pynvml fake, per GPU
+  fdinfo      bench/bench_fdinfo.py       DRM fdinfo scan over 5,000 fds (subprocess)
+  indicators  bench/bench_indicators.py   indicator engine at 100 ms for 8 GPUs (subprocess)
+Numbers are process CPU (utime + stime), not wall time, unless a column says ms latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import floor, node_exporter_peer, nvml_fake, simulated  # noqa: E402
+from bench.common import REPO  # noqa: E402
+from bench.sysfs_tree import DUMPS, build_tree  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+MB = 1e6
+
+FULL = {"sim_sizes": [8, 64, 256], "sim_idle": 10.0, "sim_load": 3.0, "sim_settle": 5.0,
+        "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32], "peer_load": 3.0,
+        "peer_idle": 20.0, "peer_paced": 60.0, "floor_seconds": 1.0, "nvml_polls": 200,
+        "fdinfo_args": [], "indicators_args": [], "settle": 3.0}
+QUICK = {"sim_sizes": [8], "sim_idle": 1.0, "sim_load": 0.3, "sim_settle": 1.0,
+         "clients": [1, 5], "fast_seconds": 1.0, "peer_sizes": [8], "peer_load": 0.3,
+         "peer_idle": 1.0, "peer_paced": 2.0, "floor_seconds": 0.2, "nvml_polls": 10,
+         "fdinfo_args": ["--fds", "200", "--procs", "20", "--drm", "4", "--polls", "3"],
+         "indicators_args": ["--seconds", "2"], "settle": 0.5}
+
+# budgets: (section, description, target)
+BUDGETS = {
+    "issue2_scrape64_p99_ms": "scrape of 64 simulated devices, p99 at 1 client < 2 ms",
+    "issue6_fast_indicators_percent": "fast sampling + indicators, 8 GPUs at 100 ms < 5 % of one core",
+    "issue6_engine_percent": "indicator engine alone (bench_indicators.py), 8 GPUs at 100 ms < 5 %",
+    "issue10_p99_vs_node": "scrape p99 <= node_exporter's (every size, 1 and 50 clients)",
+    "issue10_cpu_vs_node": "CPU per 100 scrapes at 1 Hz <= 1.5x node_exporter's",
+    "issue10_rss_mb": "RSS <= 60 MB",
+    "issue10_cycle_vs_floor": "per-cycle CPU <= 3x the floor (reading the same files)",
+}
+
+
+def _section(results: dict, name: str, fn, *args, **kwargs) -> None:
+    t0 = time.monotonic()
+    print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+    try:
+        results[name] = fn(*args, **kwargs)
+    except Exception as exc:  # one broken benchmark must not hide the others
+        results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    print(f"[bench] {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+
+
+def _script(path: str, args: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / path), *args], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{path} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    return {"output": proc.stdout.strip()}
+
+
+def fdinfo(args: list[str]) -> dict:
+    out = _script("bench_fdinfo.py", args)
+    text = out["output"]
+    m = re.search(r"fdinfo scan: (\d+) fds in (\d+) processes, (\d+) DRM clients", text)
+    if m:
+        out.update(fds=int(m[1]), processes=int(m[2]), drm_clients=int(m[3]))
+    m = re.search(r"first poll ([\d.]+) ms; steady median ([\d.]+) ms, max ([\d.]+) ms", text)
+    if m:
+        out.update(first_ms=float(m[1]), median_ms=float(m[2]), max_ms=float(m[3]))
+    return out
+
+
+def indicators(args: list[str]) -> dict:
+    out = _script("bench_indicators.py", args)
+    text = out["output"]
+    m = re.search(r"indicators: (\d+) GPUs every (\d+) ms, (\d+) series", text)
+    if m:
+        out.update(gpus=int(m[1]), interval_ms=int(m[2]), series=int(m[3]))
+    m = re.search(r"update\(\): (\d+) us per call \((\d+) us per GPU\)", text)
+    if m:
+        out.update(update_us=int(m[1]), update_us_per_gpu=int(m[2]))
+    m = re.search(r"CPU: ([\d.]+) % of one core", text)
+    if m:
+        out["cpu_percent"] = float(m[1])
+    return out
+
+
+def simulated_all(tmp: Path, cfg: dict) -> dict:
+    sizes = []
+    for n in cfg["sim_sizes"]:
+        row = simulated.run_one(n, tmp, cfg["sim_idle"], cfg["sim_load"], tuple(cfg["clients"]),
+                                cfg["sim_settle"])
+        row["render_breakdown"] = simulated.render_breakdown(n, tmp, repeat=2 if n > 64 else 5)
+        sizes.append(row)
+    return {"sizes": sizes}
+
+
+def peer_and_floor(tmp: Path, cfg: dict, results: dict) -> None:
+    if not DUMPS.is_dir():
+        reason = f"real amdgpu dumps not found at {DUMPS}"
+        results["peer"] = {"skipped": reason}
+        results["floor"] = {"skipped": reason}
+        return
+    trees = {n: build_tree(tmp / f"sys{n}", n) for n in cfg["peer_sizes"]}
+    _section(results, "peer", node_exporter_peer.run, tmp, trees, cfg["peer_load"], cfg["peer_idle"],
+             cfg["peer_paced"], tuple(cfg["clients"]), cfg["settle"])
+    _section(results, "floor", lambda: {"sizes": {n: floor.run(t, cfg["floor_seconds"])
+                                                  for n, t in trees.items()}})
+
+
+# ------------------------------------------------------------------------------------ budgets
+def budgets(r: dict) -> dict:
+    out: dict[str, dict] = {}
+
+    def put(key: str, value, target, ok: bool | None) -> None:
+        out[key] = {"what": BUDGETS[key], "value": value, "target": target,
+                    "status": "n/a" if ok is None else ("PASS" if ok else "FAIL")}
+
+    sim = {row["devices"]: row for row in r.get("simulated", {}).get("sizes", [])}
+    if 64 in sim:
+        p99 = sim[64]["load"]["c1"]["p99_ms"]
+        put("issue2_scrape64_p99_ms", round(p99, 3), 2.0, p99 < 2.0)
+    else:
+        put("issue2_scrape64_p99_ms", None, 2.0, None)
+    fast = r.get("fast", {})
+    v = fast.get("fast_sampling_indicators_percent")
+    put("issue6_fast_indicators_percent", None if v is None else round(v, 2), 5.0,
+        None if v is None else v < 5.0)
+    v = r.get("indicators", {}).get("cpu_percent")
+    put("issue6_engine_percent", v, 5.0, None if v is None else v < 5.0)
+    sizes = r.get("peer", {}).get("sizes", {})
+    if sizes:
+        p99 = {n: max(v for k, v in s["ratios"].items() if k.startswith("p99_")) for n, s in sizes.items()}
+        cpu = {n: s["ratios"]["cpu"] for n, s in sizes.items()}
+        rss = {n: s["rss_bytes"]["ours"] / MB for n, s in sizes.items()}
+        put("issue10_p99_vs_node", {n: round(x, 3) for n, x in p99.items()}, 1.0,
+            all(x <= 1.0 for x in p99.values()))
+        put("issue10_cpu_vs_node", {n: round(x, 2) for n, x in cpu.items()}, 1.5,
+            all(x <= 1.5 for x in cpu.values()))
+        put("issue10_rss_mb", {n: round(x, 1) for n, x in rss.items()}, 60, all(x <= 60 for x in rss.values()))
+        fl = r.get("floor", {}).get("sizes", {})
+        if fl:
+            mult = {n: sizes[n]["idle_cpu_s_per_s"]["ours"] / fl[n]["floor_cpu_s_per_cycle"]
+                    for n in sizes if n in fl}
+            put("issue10_cycle_vs_floor", {n: round(x, 1) for n, x in mult.items()}, 3.0,
+                all(x <= 3.0 for x in mult.values()))
+    for key in BUDGETS:
+        if key not in out:
+            put(key, None, None, None)
+    return out
+
+
+# ------------------------------------------------------------------------------------ table
+def _f(x, spec: str = ".2f") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and x != x:
+        return "nan"
+    return format(x, spec)
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+    line = "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))
+    out = [f"\n== {title}", line, "-" * len(line)]
+    out += ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(out)
+
+
+def _problem(section: dict) -> str | None:
+    if "error" in section:
+        return f"ERROR {section['error']}"
+    if "skipped" in section:
+        return f"skipped: {section['skipped']}"
+    return None
+
+
+def render_table(r: dict) -> str:
+    parts = []
+    sim = r.get("simulated", {})
+    if _problem(sim):
+        parts.append(f"\n== simulated node: {_problem(sim)}")
+    elif sim.get("sizes"):
+        rows = []
+        first = sim["sizes"][0]
+        base_dev = first["devices"]
+        base_cpu = first["cpu_s_per_cycle"] / base_dev
+        base_bytes = first["exposition_bytes"] / base_dev
+        base_render = first["render_breakdown"]["render_total_ms"] / base_dev
+        for s in sim["sizes"]:
+            n, rb, lo = s["devices"], s["render_breakdown"], s["load"]
+            c_hi = max(int(k[1:].split("_")[0]) for k in lo)
+            rows.append([
+                n, s["series"], f"{s['exposition_bytes'] / 1024:.0f}K/{s['exposition_gzip_bytes'] / 1024:.0f}K",
+                _f(s["cpu_s_per_cycle"] * 1000, ".1f"), _f(s["cpu_s_per_cycle"] / n * 1000, ".2f"),
+                _f(s["cpu_s_per_cycle"] / n / base_cpu), _f(rb["render_total_ms"], ".1f"),
+                _f(rb["render_total_ms"] / n / base_render),
+                _f(s["exposition_bytes"] / n / base_bytes),
+                f"{_f(lo['c1']['p50_ms'], '.2f')}/{_f(lo['c1']['p99_ms'], '.2f')}",
+                f"{_f(lo['c1_gzip']['p50_ms'], '.2f')}/{_f(lo['c1_gzip']['p99_ms'], '.2f')}",
+                f"{_f(lo[f'c{c_hi}']['p50_ms'], '.1f')}/{_f(lo[f'c{c_hi}']['p99_ms'], '.1f')}",
+                f"{_f(lo[f'c{c_hi}_gzip']['p50_ms'], '.1f')}/{_f(lo[f'c{c_hi}_gzip']['p99_ms'], '.1f')}",
+                _f(lo["c1"]["server_cpu_ms_per_scrape"], ".3f"), _f(s["rss_bytes"] / MB, ".0f"),
+            ])
+        c_hi = max(int(k[1:].split("_")[0]) for k in first["load"])
+        parts.append(_table(
+            "simulated node (poll 1 s, defaults): per-device ratios are relative to the first row (1.00 = linear)",
+            ["devices", "series", "bytes/gz", "cpu ms/cycle", "ms/dev", "x/dev", "render ms", "x/dev",
+             "bytes x/dev", "c1 p50/p99", "c1gz p50/p99", f"c{c_hi} p50/p99", f"c{c_hi}gz p50/p99",
+             "srv cpu ms/scrape", "RSS MB"], rows))
+        rows = []
+        for s in sim["sizes"]:
+            rb = s["render_breakdown"]
+            rows.append([s["devices"], rb["series"], _f(rb["sim_poll_ms"], ".1f"), _f(rb["map_ms"], ".1f"),
+                         _f(rb["build_ms"], ".1f"), _f(rb["text_ms"], ".1f"), _f(rb["openmetrics_ms"], ".1f"),
+                         _f(rb["gzip_ms"], ".1f"), _f(rb["render_total_ms"], ".1f"),
+                         _f(rb["render_us_per_series"], ".1f"),
+                         _f(s["render_ms"], ".1f"), _f(s["poll_ms"], ".1f")])
+        parts.append(_table(
+            "one cycle in-process, CPU ms by stage (no indicators); last two: the daemon's own self-metrics (wall)",
+            ["devices", "series", "sim poll", "map", "build", "text", "openmetrics", "gzip x2", "render",
+             "us/series", "render_duration", "poll_duration"], rows))
+    fast = r.get("fast", {})
+    if fast:
+        if _problem(fast):
+            parts.append(f"\n== fast sampling: {_problem(fast)}")
+        else:
+            parts.append(_table(
+                "fast sampling + indicators (daemon, simulated GPUs): CPU % of one core",
+                ["devices", "fast interval", "fast+indicators on", "base (1 s, indicators off)", "difference"],
+                [[fast["devices"], fast["fast_interval"], _f(fast["fast_percent"]), _f(fast["base_percent"]),
+                  _f(fast["fast_sampling_indicators_percent"])]]))
+    peer = r.get("peer", {})
+    if _problem(peer):
+        parts.append(f"\n== node_exporter side by side: {_problem(peer)}")
+    elif peer.get("sizes"):
+        rows = []
+        for n, s in peer["sizes"].items():
+            lo, cpu100, rss, ratios = s["load"], s["cpu_s_per_100_scrapes"], s["rss_bytes"], s["ratios"]
+            for c in sorted({int(k.split("_c")[1]) for k in lo}):
+                rows.append([n, f"latency c{c}", f"{_f(lo[f'ours_c{c}']['p50_ms'])}/{_f(lo[f'ours_c{c}']['p99_ms'])} ms",
+                             "", f"{_f(lo[f'node_c{c}']['p50_ms'])}/{_f(lo[f'node_c{c}']['p99_ms'])} ms",
+                             _f(ratios[f"p99_c{c}"], ".3f"), "<= 1.0"])
+            rows.append([n, "CPU s/100 scrapes @1Hz", _f(cpu100["ours"]), _f(cpu100["ours_lean"]),
+                         _f(cpu100["node"]), f"{_f(ratios['cpu'])} (lean {_f(ratios['cpu_lean'])})", "<= 1.5"])
+            idle = s["idle_cpu_s_per_s"]
+            rows.append([n, "CPU % idle (no scrapes)", _f(idle["ours"] * 100), _f(idle["ours_lean"] * 100),
+                         _f(idle["node"] * 100), "", ""])
+            rows.append([n, "RSS MB", _f(rss["ours"] / MB, ".1f"), _f(rss["ours_lean"] / MB, ".1f"),
+                         _f(rss["node"] / MB, ".1f"), _f(ratios["rss"]), "ours <= 60"])
+            se = s["series"]
+            rows.append([n, "series (gpu_ / node_drm+hwmon)", se["ours"], se["ours_lean"], se["node"],
+                         "", f"node drm cards: {s['drm_cards_node']}"])
+        parts.append(_table(
+            f"same amdgpu sysfs tree vs {peer.get('node_exporter_version', 'node_exporter')} "
+            "(latency p50/p99; lean = indicators off)",
+            ["cards", "measure", "ours", "ours lean", "node_exporter", "ratio ours/node", "target"], rows))
+    fl = r.get("floor", {})
+    if _problem(fl):
+        parts.append(f"\n== floor: {_problem(fl)}")
+    elif fl.get("sizes"):
+        rows = []
+        for n, f in fl["sizes"].items():
+            daemon = peer.get("sizes", {}).get(n, {}).get("idle_cpu_s_per_s", {})
+            d_ours, d_lean = daemon.get("ours"), daemon.get("ours_lean")
+            fc = f["floor_cpu_s_per_cycle"]
+            rows.append([n, f["files_per_cycle"], _f(fc * 1000, ".2f"), _f(f["source_poll_s"] * 1000, ".2f"),
+                         _f(f["source_poll_map_s"] * 1000, ".2f"), _f(f["source_poll_map_x_floor"], ".1f"),
+                         _f(None if d_ours is None else d_ours * 1000, ".1f"),
+                         _f(None if d_ours is None else d_ours / fc, ".1f"),
+                         _f(None if d_lean is None else d_lean / fc, ".1f"), "<= 3"])
+        parts.append(_table(
+            "the floor: read the same sysfs files in a tight loop (CPU ms per cycle)",
+            ["cards", "files", "floor", "poll()", "poll+map", "x floor", "daemon ms/cycle", "daemon x floor",
+             "lean x floor", "target"], rows))
+    nv = r.get("nvml", {})
+    if nv:
+        if _problem(nv):
+            parts.append(f"\n== NVML fake: {_problem(nv)}")
+        else:
+            parts.append(_table(
+                "NVML fake (H100), CPU ms per GPU per poll",
+                ["gpus", "series", "nvml calls/gpu", "poll", "map", "total", "inside fake", "ours (total - fake)"],
+                [[nv["gpus"], nv["series_per_poll"], _f(nv["nvml_calls_per_gpu_poll"], ".1f"),
+                  _f(nv["poll_ms_per_gpu"], ".3f"), _f(nv["map_ms_per_gpu"], ".3f"),
+                  _f(nv["total_ms_per_gpu"], ".3f"), _f(nv["inside_fake_ms_per_gpu"], ".3f"),
+                  _f(nv["ours_ms_per_gpu"], ".3f")]]))
+    rows = []
+    fd = r.get("fdinfo", {})
+    if _problem(fd):
+        rows.append(["fdinfo", _problem(fd), "", ""])
+    elif fd:
+        rows.append(["fdinfo scan", f"{fd.get('fds')} fds, {fd.get('processes')} procs, "
+                     f"{fd.get('drm_clients')} DRM clients",
+                     f"median {_f(fd.get('median_ms'), '.1f')} ms, first {_f(fd.get('first_ms'), '.1f')} ms, "
+                     f"max {_f(fd.get('max_ms'), '.1f')} ms (wall)", ""])
+    ind = r.get("indicators", {})
+    if _problem(ind):
+        rows.append(["indicators", _problem(ind), "", ""])
+    elif ind:
+        rows.append(["indicator engine", f"{ind.get('gpus')} GPUs every {ind.get('interval_ms')} ms, "
+                     f"{ind.get('series')} series", f"{ind.get('update_us')} us/update, "
+                     f"{_f(ind.get('cpu_percent'))} % of one core", "< 5 %"])
+    if rows:
+        parts.append(_table("other", ["benchmark", "setup", "result", "budget"], rows))
+    b = r.get("budgets", {})
+    if b:
+        parts.append(_table("budgets", ["status", "budget", "value"],
+                            [[v["status"], v["what"], json.dumps(v["value"])] for v in b.values()]))
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes and windows (smoke test)")
+    ap.add_argument("--out", type=Path, help="JSON path (default bench/results/<timestamp>.json)")
+    ap.add_argument("--only", nargs="+", choices=["simulated", "fast", "peer", "nvml", "fdinfo", "indicators"],
+                    help="run only these sections (peer includes the floor)")
+    args = ap.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    want = set(args.only or ["simulated", "fast", "peer", "nvml", "fdinfo", "indicators"])
+    started = time.time()
+    results: dict = {"meta": {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)), "quick": args.quick,
+        "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+        "kernel": platform.release(), "config": cfg}}
+    with tempfile.TemporaryDirectory(prefix="ugx-bench-") as d:
+        tmp = Path(d)
+        if "simulated" in want:
+            _section(results, "simulated", simulated_all, tmp, cfg)
+        if "fast" in want:
+            _section(results, "fast", simulated.fast_sampling, tmp, 8, cfg["fast_seconds"], "100ms", cfg["settle"])
+        if "peer" in want:
+            peer_and_floor(tmp, cfg, results)
+        if "nvml" in want:
+            _section(results, "nvml", nvml_fake.run, 8, cfg["nvml_polls"])
+        if "fdinfo" in want:
+            _section(results, "fdinfo", fdinfo, cfg["fdinfo_args"])
+        if "indicators" in want:
+            _section(results, "indicators", indicators, cfg["indicators_args"])
+    results["budgets"] = budgets(results)
+    results["meta"]["seconds"] = round(time.time() - started, 1)
+    out = args.out or RESULTS / (time.strftime("%Y%m%dT%H%M%S", time.localtime(started)) + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print(render_table(results))
+    print(f"\n{results['meta']['seconds']:.0f} s; results saved to {out}")
+    failed = [k for k in ("simulated", "fast", "peer", "floor", "nvml", "fdinfo", "indicators")
+              if isinstance(results.get(k), dict) and "error" in results[k]]
+    if failed:
+        print(f"benchmarks that failed to run: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""``unified-gpu-exporter import FILE...``: profiler artifacts -> canonical exposition or JSON.
+
+For engineers comparing runs offline: prints the canonical series the daemon would export for
+these files (``--format text``, the Prometheus text format) or, with ``--format json``, a
+per-file summary (kernels, launch delay, timeline aligned to the artifact's zero), the files
+grouped by trace id, and the canonical series.  Exit status 0 when every file was imported (or
+is a companion file), 1 when any was rejected, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import exposition as text_format
+
+from ..exposition import SELF, Renderer
+from ..mapping import Mapper, MappingSet
+from ..schema import default_mappings_dir, load_schema
+from ..store import SourceState, Store
+from ..yamlfile import ConfigError
+from .convert import allowed_fields, summary, to_sample
+from .detect import MAX_BYTES, import_file, valid_trace_id
+from .model import CompanionFile, ProfileRejected
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="unified-gpu-exporter import",
+                                description="Import profiler artifacts (ncu CSV, nsys SQLite, rocprof CSV, "
+                                            "Kineto JSON, unitrace CSV) into the canonical schema.")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--trace-id", dest="trace_id", help="trace id for every file (default: sidecar "
+                   "<file>.meta.json, an NVTX/annotation range 'trace_id=ID', or 'traceid-ID' in the name)")
+    p.add_argument("--top-kernels", dest="top_kernels", type=int, default=10)
+    p.add_argument("--path.mappings", dest="mappings", type=Path)
+    p.add_argument("--max-file-bytes", dest="max_bytes", type=int, default=MAX_BYTES)
+    return p
+
+
+class _Families:
+    def __init__(self, families):
+        self._f = families
+
+    def collect(self):
+        return self._f
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) if exc.code in (0, None) else 2
+    if args.trace_id is not None and not valid_trace_id(args.trace_id):
+        print(f"error: invalid --trace-id {args.trace_id!r}: 1-64 of [A-Za-z0-9._:-]", file=sys.stderr)
+        return 2
+    mdir = args.mappings or default_mappings_dir()
+    try:
+        schema = load_schema(mdir / "canonical.yaml")
+        mappings = MappingSet.load_dir(mdir, schema)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    profiles, rejected, companions = [], [], []
+    for f in args.files:
+        try:
+            profiles.append(import_file(f, trace_id=args.trace_id, max_bytes=args.max_bytes))
+        except CompanionFile as exc:
+            companions.append({"path": f, "note": str(exc)})
+        except ProfileRejected as exc:
+            rejected.append({"path": f, "reason": str(exc)})
+    sample = to_sample(profiles, args.top_kernels, allowed_fields(mappings))
+    sample.monotonic = 1.0
+    devices = {d.key: d for d in sample.devices}
+    result = Mapper(mappings).map(sample, devices)
+    for r in rejected:
+        print(f"rejected: {r['path']}: {r['reason']}", file=sys.stderr)
+    if args.format == "json":
+        traces: dict[str, list[dict]] = {}
+        for p in profiles:
+            if p.trace_id:
+                t0 = p.t0_ns
+                traces.setdefault(p.trace_id, []).append({
+                    "path": p.path, "tool": p.tool,
+                    "wall_zero_unix_ns": p.wall_zero_ns + round(t0) if p.wall_zero_ns is not None and t0 is not None
+                    else None})
+        out = {"profiles": [summary(p, args.top_kernels) for p in profiles], "rejected": rejected,
+               "companions": companions, "traces": traces,
+               "series": [{"name": name, "labels": dict(labels), "value": value}
+                          for (name, labels), value in sorted(result.series.items())]}
+        json.dump(out, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        store = Store()
+        st = SourceState("profiles", up=True, state="up")
+        st.devices, st.series = devices, result.series
+        store.add(st)
+        families = [f for f in Renderer(schema).build(store) if not f.name.startswith(SELF)]
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(families))  # type: ignore[arg-type]
+        sys.stdout.buffer.write(text_format.generate_latest(registry))
+    sys.stdout.flush()
+    return 1 if rejected else 0

@@ -1,0 +1,187 @@
+"""Triggered deep capture (the seed's conditional instrumentation).
+
+When an indicator of one GPU stays above a threshold for ``for_seconds`` (default: the
+``gpu_memory_contention`` 0/1 gauge above 0.5 for 30 s), run the configured capture command
+(an nsys / ncu / rocprofv3 invocation or a wrapper script) with a timeout, at most once per
+``min_interval``; the files it writes are moved into the drop directory with a sidecar trace id
+and imported like any dropped file.  Off by default.
+
+Config (``collectors.profiles.options.trigger``)::
+
+    enabled: true
+    metric: gpu_memory_contention     # a canonical series name the daemon passes to observe()
+    above: 0.5
+    for_seconds: 30
+    command: [/usr/local/bin/capture.sh, "{output}", "{device}"]   # argv, no shell
+    timeout: 300                      # seconds; the whole process group is killed after it
+    min_interval: 900                 # seconds between two captures (any GPU)
+
+Placeholders in ``command``: ``{output}`` (path without extension inside an empty staging
+folder: write your files there), ``{output_dir}``, ``{device}``, ``{trace_id}``, and from the
+GPU's canonical labels ``{vendor}``, ``{gpu}``, ``{uuid}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("unified_gpu_exporter")
+
+
+@dataclass
+class TriggerConfig:
+    enabled: bool = False
+    metric: str = "gpu_memory_contention"
+    above: float = 0.5
+    for_seconds: float = 30.0
+    command: list[str] = field(default_factory=list)
+    timeout: float = 300.0
+    min_interval: float = 900.0
+
+    @classmethod
+    def from_options(cls, opts: dict[str, Any] | None) -> TriggerConfig:
+        opts = dict(opts or {})
+        unknown = set(opts) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"profiles.trigger: unknown options {sorted(unknown)}")
+        cfg = cls(**opts)
+        if isinstance(cfg.command, str):
+            raise ValueError("profiles.trigger.command must be a list (argv), not a shell string")
+        cfg.command = [str(a) for a in cfg.command]
+        if cfg.enabled and not cfg.command:
+            raise ValueError("profiles.trigger.enabled needs a command")
+        for name in ("for_seconds", "timeout", "min_interval"):
+            if float(getattr(cfg, name)) < 0:
+                raise ValueError(f"profiles.trigger.{name} must not be negative")
+        return cfg
+
+
+@dataclass
+class CaptureResult:
+    result: str  # ok | failed | timeout | busy
+    reason: str = ""
+    files: list[Path] = field(default_factory=list)
+    trace_id: str = ""
+    seconds: float = 0.0
+
+
+class CaptureTrigger:
+    def __init__(self, cfg: TriggerConfig, drop_dir: str | os.PathLike):
+        self.cfg = cfg
+        self.drop_dir = Path(drop_dir)
+        self.stats: Counter[str] = Counter()  # ok, failed, timeout, rate_limited, busy
+        self._since: dict[str, float] = {}
+        self._limited: set[str] = set()
+        self._last: float | None = None
+        self._lock = threading.Lock()
+        self._running = False
+
+    def observe(self, now: float, device_id: str, series: dict[str, float]) -> bool:
+        """Feed the current indicator values of one GPU; True when a capture should run now."""
+        if not self.cfg.enabled:
+            return False
+        v = series.get(self.cfg.metric)
+        if v is None or not v > self.cfg.above:
+            self._since.pop(device_id, None)
+            self._limited.discard(device_id)
+            return False
+        since = self._since.setdefault(device_id, now)
+        if now - since < self.cfg.for_seconds or self._running:
+            return False
+        if self._last is not None and now - self._last < self.cfg.min_interval:
+            if device_id not in self._limited:  # once per episode
+                self._limited.add(device_id)
+                self.stats["rate_limited"] += 1
+                log.info("capture rate limited", extra={"device": device_id, "metric": self.cfg.metric})
+            return False
+        self._last = now
+        return True
+
+    def run_capture(self, device_id: str = "", info: dict[str, str] | None = None) -> CaptureResult:
+        """Run the command once (blocking), then move its files into the drop directory."""
+        with self._lock:
+            if self._running:
+                self.stats["busy"] += 1
+                return CaptureResult("busy", "a capture is already running")
+            self._running = True
+        t0 = time.monotonic()
+        try:
+            res = self._run(device_id, info or {})
+        finally:
+            self._running = False
+        res.seconds = time.monotonic() - t0
+        self.stats[res.result] += 1
+        log.log(logging.INFO if res.result == "ok" else logging.WARNING, "capture finished",
+                extra={"device": device_id, "result": res.result, "reason": res.reason,
+                       "files": len(res.files), "trace_id": res.trace_id, "seconds": round(res.seconds, 3)})
+        return res
+
+    def _run(self, device_id: str, info: dict[str, str]) -> CaptureResult:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 1000000:06d}"
+        dev = re.sub(r"[^A-Za-z0-9._-]", "_", device_id)[:40] or "gpu"
+        trace_id = f"capture-{stamp}"
+        staging = self.drop_dir / "capturing" / f"{dev}-{stamp}"
+        staging.mkdir(parents=True, exist_ok=True)
+        subst = {"output": str(staging / f"capture-{dev}-{stamp}"), "output_dir": str(staging),
+                 "device": device_id, "trace_id": trace_id, "vendor": info.get("vendor", ""),
+                 "gpu": info.get("gpu", ""), "uuid": info.get("uuid", "")}
+        try:
+            argv = [a.format(**subst) for a in self.cfg.command]
+        except (KeyError, IndexError, ValueError) as exc:
+            return CaptureResult("failed", f"bad placeholder in command: {exc}", trace_id=trace_id)
+        log.info("capture started", extra={"device": device_id, "argv": " ".join(argv)})
+        try:
+            proc = subprocess.Popen(argv, cwd=staging, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            return CaptureResult("failed", f"cannot start {argv[0]!r}: {exc}", trace_id=trace_id)
+        try:
+            out, _ = proc.communicate(timeout=self.cfg.timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the tool and its children (nsys spawns some)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+            proc.communicate()
+            self._discard(staging)
+            return CaptureResult("timeout", f"killed after {self.cfg.timeout:g}s", trace_id=trace_id)
+        if proc.returncode != 0:
+            tail = (out or b"").decode(errors="replace").strip().splitlines()[-3:]
+            self._discard(staging)
+            return CaptureResult("failed", f"exit status {proc.returncode}: {' | '.join(tail)[:300]}",
+                                 trace_id=trace_id)
+        files = sorted(p for p in staging.iterdir() if p.is_file())
+        if not files:
+            self._discard(staging)
+            return CaptureResult("failed", "the command wrote no file", trace_id=trace_id)
+        moved = []
+        for p in files:
+            dest = self.drop_dir / p.name
+            if dest.exists():
+                dest = dest.with_name(f"{stamp}-{p.name}")
+            # sidecar first, then the file: the drop directory claims both together
+            dest.with_name(dest.name + ".meta.json").write_text(
+                f'{{"trace_id": "{trace_id}", "device": "{dev}"}}\n')
+            os.replace(p, dest)
+            moved.append(dest)
+        self._discard(staging)
+        return CaptureResult("ok", files=moved, trace_id=trace_id)
+
+    @staticmethod
+    def _discard(staging: Path) -> None:
+        try:
+            for p in staging.iterdir():
+                p.unlink()
+            staging.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,187 @@
+"""Profiles source: profiler artifacts dropped in a directory (and triggered captures) as series.
+
+Options (``collectors.profiles.options``)::
+
+    dir: /var/lib/unified-gpu-exporter/profiles   # required: the drop directory
+    top_kernels: 10        # kernels per GPU that keep their name; the rest are kernel="other"
+    max_profiles: 16       # imported artifacts kept exported (oldest dropped first)
+    settle: 1.0            # seconds a file must stay unchanged before it is imported
+    scan_interval: 2.0     # seconds between scans of the directory
+    max_file_bytes: 536870912
+    restore: true          # re-read imported/ at start so series survive a restart
+    trigger: {...}         # triggered deep capture, see exporter/importers/trigger.py
+
+Imports run in a background thread, never in ``poll``: a huge or hostile file cannot stall the
+daemon, and a parser failure only moves the file to ``rejected/``.  ``poll`` returns the series
+of the imported artifacts, which stay exported until a newer import of the same tool, GPUs and
+trace id replaces them: they are profiler results, not live hardware readings.
+
+``provides_identity = False``: an artifact GPU whose UUID a native source knows (nsys exports
+carry it) takes that GPU's vendor/gpu/uuid labels; others keep the tool's device id as ``gpu``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from ..importers.convert import add_profile, allowed_fields
+from ..importers.detect import MAX_BYTES
+from ..importers.dropdir import DropDir
+from ..importers.model import Profile
+from ..importers.trigger import CaptureTrigger, TriggerConfig
+from .base import Device, Reading, Sample, SourceUnavailable
+
+Labels = tuple[tuple[str, str], ...]
+
+log = logging.getLogger("unified_gpu_exporter")
+
+
+class ProfilesSource:
+    name: ClassVar[str] = "profiles"
+    provides_identity = False
+
+    def __init__(self, options: dict[str, Any] | None = None, mappings: Any = None):
+        opts = dict(options or {})
+        self.dir = str(opts.get("dir") or "")
+        self.top_kernels = int(opts.get("top_kernels", 10))
+        self.max_profiles = int(opts.get("max_profiles", 16))
+        self.scan_interval = float(opts.get("scan_interval", 2.0))
+        self.restore_on_open = bool(opts.get("restore", True))
+        self.drop = DropDir(self.dir or ".", settle=float(opts.get("settle", 1.0)),
+                            max_bytes=int(opts.get("max_file_bytes", MAX_BYTES)))
+        self.trigger = CaptureTrigger(TriggerConfig.from_options(opts.get("trigger")), self.drop.root)
+        self._allowed = allowed_fields(mappings) if mappings is not None else None
+        self._lock = threading.Lock()
+        # (tool, trace_id, device keys) -> (devices, readings); newest last
+        self._results: OrderedDict[tuple, tuple[list[Device], list[Reading]]] = OrderedDict()
+        self._devices: dict[str, Device] = {}
+        self._imports: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._scan_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ Source protocol
+    def open(self) -> None:
+        if not self.dir:
+            raise SourceUnavailable("no drop directory: set collectors.profiles.options.dir")
+        try:
+            moved = self.drop.setup()
+        except OSError as exc:
+            raise SourceUnavailable(f"drop directory {self.dir}: {exc}") from None
+        if moved:
+            with self._lock:
+                self._errors["profile_rejected"] += moved
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="profiles-import", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> Sample:
+        sample = Sample()
+        with self._lock:
+            for _devices, readings in reversed(self._results.values()):  # newest first wins
+                sample.readings.extend(readings)
+            for key, n in self._imports.items():
+                sample.readings.append(Reading(key, "profile.imports", float(n)))
+            sample.devices = list(self._devices.values())
+            sample.errors, self._errors = self._errors, Counter()
+        return sample
+
+    def close(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=2.0)
+        self._thread = None
+
+    # ------------------------------------------------------------------ imports
+    def _loop(self) -> None:
+        if self.restore_on_open:
+            try:
+                for prof in self.drop.restore(self.max_profiles):
+                    self.add(prof, count=False)
+            except Exception:  # noqa: BLE001 - never let the import thread die
+                log.exception("restoring imported profiles failed")
+        while not self._stop.is_set():
+            self.scan_once()
+            self._stop.wait(self.scan_interval)
+
+    def scan_once(self) -> int:
+        """Import what is ready in the drop directory; returns the number of imported artifacts."""
+        n = 0
+        with self._scan_lock:
+            try:
+                outcomes = self.drop.scan()
+            except Exception as exc:  # noqa: BLE001
+                log.exception("profile scan failed")
+                with self._lock:
+                    self._errors["exception"] += 1
+                log.debug("scan error", extra={"reason": str(exc)})
+                return 0
+            for o in outcomes:
+                if o.profile is not None:
+                    self.add(o.profile)
+                    n += 1
+                    log.info("profile imported", extra={"file": o.name, "tool": o.profile.tool,
+                                                        "variant": o.profile.variant,
+                                                        "trace_id": o.profile.trace_id})
+                elif not o.companion:
+                    with self._lock:
+                        self._errors["profile_rejected"] += 1
+        return n
+
+    def add(self, prof: Profile, count: bool = True) -> None:
+        """Convert one profile and keep its readings (replacing an older one of the same key)."""
+        sample = Sample()
+        devices = add_profile(sample, prof, self.top_kernels, self._allowed)
+        key = (prof.tool, prof.trace_id, tuple(sorted(d.key for d in devices)))
+        with self._lock:
+            self._results.pop(key, None)
+            self._results[key] = (devices, sample.readings)
+            while len(self._results) > max(self.max_profiles, 1):
+                self._results.popitem(last=False)
+            for d in devices:
+                self._devices[d.key] = d
+                if count:
+                    self._imports[d.key] += 1
+            self._errors.update(sample.errors)
+
+    # ------------------------------------------------------------------ triggered capture
+    def observe_indicators(self, now: float, device_id: str, series: dict[str, float],
+                           info: dict[str, str] | None = None) -> bool:
+        """Current canonical values of one GPU.  Starts a capture in the background when the
+        trigger fires; returns whether it did.  ``info`` fills {vendor} {gpu} {uuid} in the command."""
+        if not self.trigger.observe(now, device_id, series):
+            return False
+        threading.Thread(target=self._capture, args=(device_id, info), name="profiles-capture",
+                         daemon=True).start()
+        return True
+
+    def observe_indicator_output(self, now: float, samples: Iterable[tuple[str, Labels, float]]) -> int:
+        """Daemon hook: the indicator engine's output (name, labels with vendor/gpu/uuid first,
+        value), as IndicatorFeed.update returns it.  Returns the number of captures started."""
+        if not self.trigger.cfg.enabled:
+            return 0
+        by_dev: dict[Labels, dict[str, float]] = {}
+        for name, labels, value in samples:
+            by_dev.setdefault(tuple(labels[:3]), {})[name] = value
+        started = 0
+        for dl, series in by_dev.items():
+            info = dict(dl)
+            dev_id = f"{info.get('vendor', '')}-{info.get('gpu', '')}"
+            started += self.observe_indicators(now, dev_id, series, info)
+        return started
+
+    def _capture(self, device_id: str, info: dict[str, str] | None = None) -> None:
+        res = self.trigger.run_capture(device_id, info=info)
+        if res.result in ("failed", "timeout"):
+            with self._lock:
+                self._errors[f"capture_{res.result}"] += 1
+        elif res.result == "ok":
+            # the command has exited: its files are complete, import them now
+            self.drop.mark_complete(res.files)
+            self.scan_once()

@@ -1,0 +1,61 @@
+"""`unified-gpu-exporter import FILE...` (exporter.importers.cli.main)."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.importers.cli import main
+
+
+def _fx(shared_fixtures, *names):
+    return [str(shared_fixtures / "profilers" / n) for n in names]
+
+
+def test_text_output_is_valid_exposition(shared_fixtures, capsys):
+    rc = main(_fx(shared_fixtures, "rocprofv2-via-omniperf-mi300x-tcc-pmc_perf.csv",
+                  "ncu-raw-gtx1080-cc6.1-legacy-metrics.csv"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    fams = {f.name: f for f in text_string_to_metric_families(out)}
+    assert not any(n.startswith("unified_gpu_exporter_") for n in fams)
+    miss = {(s.labels["source"], s.labels.get("kernel", "")): s.value
+            for s in fams["gpu_l2_cache_miss_rate_percent"].samples}
+    assert abs(miss[("ncu", "vecAdd")] - (100 - (30.77 * 1 + 29.63 + 28.57) / 3)) < 1e-6  # equal durations
+    assert miss[("rocprof", "")] < 67 and miss[("rocprof", "")] > 66
+    assert fams["gpu_info"].samples  # artifact GPUs with their model
+
+
+def test_json_groups_files_by_trace_id(shared_fixtures, capsys):
+    rc = main(_fx(shared_fixtures, "nsys-2026.1.1-schema3.24.14-torch-tiny.sqlite",
+                  "kineto-mi250-rocm6.2.json", "rocprofv3-hip_runtime_trace-sdk-2024-10.csv")
+              + ["--format", "json", "--trace-id", "step-7"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert [p["tool"] for p in out["profiles"]] == ["nsys", "kineto"]
+    assert [t["tool"] for t in out["traces"]["step-7"]] == ["nsys", "kineto"]
+    assert out["companions"][0]["path"].endswith("hip_runtime_trace-sdk-2024-10.csv")
+    nsys = out["profiles"][0]
+    assert nsys["devices"][0]["launch_delay_us"]["p1"] == 184.869
+    assert nsys["timeline"]["wall_zero_unix_ns"] == 1776781226557295056 + 1517727052
+    kineto = out["profiles"][1]
+    assert kineto["devices"][0]["vendor"] == "amd" and kineto["devices"][0]["kernel_executions"] == 14
+    assert kineto["timeline"]["ranges"][0]["name"] == "ProfilerStep#1"
+    assert any(s["name"] == "gpu_kernel_launch_latency_seconds" and s["labels"]["source"] == "kineto"
+               for s in out["series"])
+
+
+def test_rejected_file_sets_exit_status(tmp_path, shared_fixtures, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x,y\n")
+    rc = main(_fx(shared_fixtures, "rocprof-v1-rocm5.3-results.csv") + [str(bad), str(tmp_path / "missing")])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "bad.csv: unrecognised format" in captured.err and "missing: unreadable" in captured.err
+    assert "gpu_kernel_execution_time_quantile_milliseconds" in captured.out
+
+
+def test_usage_errors(capsys):
+    assert main([]) == 2
+    assert main(["x", "--trace-id", "bad id!"]) == 2
