@@ -48,6 +48,24 @@ def rss_bytes(pid: int) -> int:
         return int(fh.read().split()[1]) * PAGE
 
 
+def memory(pid: int) -> dict[str, int]:
+    """RSS, PSS and private (USS) bytes from smaps_rollup; RSS counts shared libraries in full."""
+    out = {"rss_bytes": rss_bytes(pid)}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            roll = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in fh.read().splitlines()[1:]}
+        out["pss_bytes"] = roll.get("Pss", 0)
+        out["uss_bytes"] = roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def loadavg() -> list[float]:
+    with open("/proc/loadavg") as fh:
+        return [float(x) for x in fh.read().split()[:3]]
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); NaN for no values."""
     if not values:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Proc, exporter_cmd, free_port, paced_scrapes, scrape_load  # noqa: E402
+from bench.common import Proc, exporter_cmd, free_port, memory, paced_scrapes, scrape_load  # noqa: E402
 from bench.sysfs_tree import build_tree  # noqa: E402
 
 NODE_EXPORTER = "prometheus-node-exporter"
@@ -101,7 +101,8 @@ def run(tmp: Path, trees: dict[int, Path], load_s: float = 3.0, idle_s: float = 
             res["paced"] = {k: paced[p.name] for k, p in group.items()}
             res["cpu_s_per_100_scrapes"] = {
                 k: paced[p.name]["cpu_s"] / max(paced[p.name]["scrapes"], 1) * 100 for k, p in group.items()}
-            res["rss_bytes"] = {k: p.rss() for k, p in group.items()}
+            res["memory"] = {k: memory(p.pid) for k, p in group.items()}
+            res["rss_bytes"] = {k: m["rss_bytes"] for k, m in res["memory"].items()}
             lo = res["load"]
             res["ratios"] = {
                 **{f"p99_c{c}": lo[f"ours_c{c}"]["p99_ms"] / lo[f"node_c{c}"]["p99_ms"] for c in clients},

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import floor, node_exporter_peer, nvml_fake, simulated  # noqa: E402
-from bench.common import REPO  # noqa: E402
+from bench.common import REPO, loadavg  # noqa: E402
 from bench.sysfs_tree import DUMPS, build_tree  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -268,6 +268,11 @@ def render_table(r: dict) -> str:
                          _f(idle["node"] * 100), "", ""])
             rows.append([n, "RSS MB", _f(rss["ours"] / MB, ".1f"), _f(rss["ours_lean"] / MB, ".1f"),
                          _f(rss["node"] / MB, ".1f"), _f(ratios["rss"]), "ours <= 60"])
+            mem = s.get("memory", {})
+            if all("uss_bytes" in mem.get(k, {}) for k in ("ours", "ours_lean", "node")):
+                rows.append([n, "private (USS) MB", *(_f(mem[k]["uss_bytes"] / MB, ".1f")
+                                                      for k in ("ours", "ours_lean", "node")),
+                             _f(mem["ours"]["uss_bytes"] / mem["node"]["uss_bytes"]), ""])
             se = s["series"]
             rows.append([n, "series (gpu_ / node_drm+hwmon)", se["ours"], se["ours_lean"], se["node"],
                          "", f"node drm cards: {s['drm_cards_node']}"])
@@ -343,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"meta": {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)), "quick": args.quick,
         "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-        "kernel": platform.release(), "config": cfg}}
+        "kernel": platform.release(), "loadavg_start": loadavg(), "config": cfg}}
+    if results["meta"]["loadavg_start"][0] > 0.5 * (os.cpu_count() or 1):
+        print(f"[bench] warning: load average {results['meta']['loadavg_start'][0]:.1f} on "
+              f"{os.cpu_count()} CPUs: other work is running, latency numbers will be noisy",
+              file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="ugx-bench-") as d:
         tmp = Path(d)
         if "simulated" in want:
@@ -360,11 +369,14 @@ def main(argv: list[str] | None = None) -> int:
             _section(results, "indicators", indicators, cfg["indicators_args"])
     results["budgets"] = budgets(results)
     results["meta"]["seconds"] = round(time.time() - started, 1)
+    results["meta"]["loadavg_end"] = loadavg()
     out = args.out or RESULTS / (time.strftime("%Y%m%dT%H%M%S", time.localtime(started)) + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print(render_table(results))
-    print(f"\n{results['meta']['seconds']:.0f} s; results saved to {out}")
+    la0, la1 = results["meta"]["loadavg_start"], results["meta"]["loadavg_end"]
+    print(f"\n{results['meta']['seconds']:.0f} s on {os.cpu_count()} CPUs, load average {la0[0]:.2f} at start, "
+          f"{la1[0]:.2f} at end (the bench itself adds ~1); results saved to {out}")
     failed = [k for k in ("simulated", "fast", "peer", "floor", "nvml", "fdinfo", "indicators")
               if isinstance(results.get(k), dict) and "error" in results[k]]
     if failed:

@@ -28,6 +28,9 @@ TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_PLAIN_0_0_4
 OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
 SELF = "unified_gpu_exporter_"
 
+# error kinds every source can have: exported from 0 so rate() and alerts see the first one
+ALWAYS_COUNTED = ("timeout", "exception")
+
 # Self-metrics: (name, type, help).  Not part of the canonical schema.
 SELF_METRICS: dict[str, tuple[str, str]] = {
     "build_info": ("gauge", "Version of unified-gpu-exporter and the Python running it, value 1."),
@@ -141,7 +144,8 @@ class Renderer:
                 add("source_poll_duration_seconds", s, st.last_duration)
             if st.last_success:
                 add("source_last_success_timestamp_seconds", s, st.last_success)
-            for kind, count in sorted(st.errors.items()):
+            errors = {k: 0 for k in ALWAYS_COUNTED} | dict(st.errors)  # 0 before the first error
+            for kind, count in sorted(errors.items()):
                 add("source_errors_total", {**s, "kind": kind}, float(count))
             add("source_series", s, float(len(st.series)))
             up: dict[tuple[str, str, str], bool] = {}
