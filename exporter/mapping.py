@@ -261,8 +261,12 @@ class Mapper:
         self._totals[key] = (total, self._poll)
         return total
 
-    def _delta(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
-        """Scaled increase of a raw counter since its last reading; None on first sight."""
+    def _step(self, skey: tuple, rule: Rule, raw: float, now: float) -> tuple[float, float] | None:
+        """(raw increase, seconds) since the raw counter's last reading; None on first sight.
+
+        A decrease is a wrap (with ``wrap``) or else a reset (driver reload): the increase is then
+        the new raw value and the seconds are -1, so a rate skips that poll.
+        """
         st = self._raw.get(skey)
         self._raw[skey] = _RawState(raw, now, self._poll)
         if st is None:
@@ -272,25 +276,20 @@ class Mapper:
             if rule.wrap is not None and st.last_raw < rule.wrap and raw < rule.wrap:
                 delta += rule.wrap
             else:
-                delta = raw  # reset (driver reload): the counter restarted from zero
-        return delta * rule.scale
+                return raw, -1.0  # reset (driver reload): the counter restarted from zero
+        return delta, now - st.last_t
+
+    def _delta(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        """Scaled increase of a raw counter since its last reading; None on first sight."""
+        step = self._step(skey, rule, raw, now)
+        return None if step is None else step[0] * rule.scale
 
     def _rate(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
         """Per-second rate of a raw counter between two polls, then scale and offset."""
-        st = self._raw.get(skey)
-        self._raw[skey] = _RawState(raw, now, self._poll)
-        if st is None:
-            return None
-        delta = raw - st.last_raw
-        if delta < 0:
-            if rule.wrap is not None and st.last_raw < rule.wrap and raw < rule.wrap:
-                delta += rule.wrap
-            else:
-                return None  # a counter that went backwards (reset) yields no rate this poll
-        dt = now - st.last_t
-        if dt <= 0:
-            return None
-        return (delta / dt) * rule.scale + rule.offset
+        step = self._step(skey, rule, raw, now)
+        if step is None or step[1] <= 0:
+            return None  # first reading, a reset (no rate this poll) or no time elapsed
+        return (step[0] / step[1]) * rule.scale + rule.offset
 
     def _expire(self) -> None:
         """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls."""
