@@ -39,7 +39,7 @@ bench: install system-deps
 	$(PY) bench/run.py
 
 soak: install system-deps
-	$(PY) -m pytest -m soak $(PYTEST_ARGS)
+	SOAK=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -34,7 +34,8 @@ from .yamlfile import ConfigError
 
 log = logging.getLogger("unified_gpu_exporter")
 
-REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
+REOPEN_INTERVAL = 30.0
+STARTUP_WAIT = 2.0  # seconds start() waits for the first poll of every source  # seconds between retries of an explicitly enabled source that is missing
 
 
 class Worker:
@@ -135,6 +136,8 @@ class Daemon:
         self._polled: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
+        self.feed_version = 0
+        self._rendered_up = False
         self._dirty: asyncio.Event | None = None
         self._render_worker = Worker("render")
         self._static_labels: Labels = ()
@@ -392,6 +395,8 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
                 rt.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
                 continue
+            if not rt.state.up:
+                continue  # the full poll failed meanwhile: its series stay dropped
             rt.state.errors.update(errors)
             rt.state.series = {**rt.state.series, **result.series}  # replaced, never mutated
 
@@ -402,6 +407,9 @@ class Daemon:
                     if callable(getattr(rt.source, "observe_indicator_output", None))]
         while not self._stopping:
             out = self.feed.update(time.monotonic(), self.store)
+            self.feed_version += 1
+            if self._dirty is not None:
+                self._dirty.set()  # serve fresh indicators (the render loop paces itself)
             for source in watchers:  # triggered deep capture (profiles): returns at once
                 source.observe_indicator_output(time.monotonic(), out)  # type: ignore[union-attr]
             if time.monotonic() >= next_save and not self._state_worker.busy:
@@ -411,13 +419,15 @@ class Daemon:
 
     async def _render_loop(self) -> None:
         assert self._dirty is not None
-        last_version = -1
+        last_version: tuple[int, int] = (-1, -1)
         while not self._stopping:
             await self._dirty.wait()
             self._dirty.clear()
-            if self.store.version != last_version or self.rendered is None:
-                last_version = self.store.version
+            version = (self.store.version, self.feed_version)
+            if version != last_version or self.rendered is None:
+                last_version = version
                 await self.render()
+            # at most one render per quarter poll interval, however fast indicators update
             await asyncio.sleep(min(self.poll_interval, 1.0) / 4)
 
     async def render(self) -> Rendered:
@@ -431,6 +441,7 @@ class Daemon:
         per_device = self._pod_labels(snapshot)
         self.rendered = await self._render_worker.submit(
             lambda: self.renderer.render(snapshot, extra, static, per_device))  # type: ignore[union-attr]
+        self._rendered_up = any(st.up for st in snapshot.sources.values())
         return self.rendered
 
     def _pod_labels(self, store: Store) -> dict[tuple[str, str, str], Labels]:
@@ -457,7 +468,8 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        return self.rendered is not None and any(st.up for st in self.store.sources.values())
+        """The bytes being served come from a completed poll of at least one source that is up."""
+        return self.rendered is not None and self._rendered_up
 
     async def start(self) -> None:
         self.load()
@@ -466,8 +478,14 @@ class Daemon:
         self._enrich_tasks = [asyncio.create_task(e.run(), name=type(e).__name__)
                               for e in (self.cloud, self.k8s) if e is not None and e.enabled]
         self._dirty = asyncio.Event()
-        await self.render()  # serve self-metrics from the first moment
         self._start_tasks()
+        # give every source one poll before the server opens, so the first scrape has data;
+        # a slow or hung source does not hold the start beyond STARTUP_WAIT
+        deadline = time.monotonic() + STARTUP_WAIT
+        names = {rt.state.name for rt in self.runtimes}
+        while not names <= self._polled and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await self.render()
 
     def _start_tasks(self) -> None:
         self._stopping = False
@@ -516,7 +534,16 @@ class Daemon:
         await self._stop_tasks()
         if self.feed is not None:
             await self._state_worker.submit(self.feed.save)
+        old_store = self.store
         self.build_runtimes()
+        # keep serving what the sources had (and their error counters) until they poll again
+        for name, st in self.store.sources.items():
+            prev = old_store.sources.get(name)
+            if prev is not None and st.state == "starting":
+                st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
+                st.errors = Counter(prev.errors)
+                st.up, st.state, st.reason = prev.up, prev.state, prev.reason
+                st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
         self.build_feed()  # thresholds may have changed; learned baselines come back from state
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()

@@ -20,7 +20,7 @@ from prometheus_client.samples import Sample
 
 from . import __version__
 from .mapping import Labels
-from .schema import Schema
+from .schema import HISTOGRAM_SUFFIXES, Schema
 from .store import Store
 
 # the classic text format (0.0.4) every Prometheus version parses
@@ -61,6 +61,18 @@ def _family(name: str, typ: str, doc: str, unit: str) -> Metric:
     return Metric(base, doc, "gauge" if typ == "info" else typ, unit)
 
 
+def _histogram_order(sample: Sample) -> tuple:
+    """Group a histogram's samples per label set: buckets by ascending le, then _sum, _count."""
+    labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+    if sample.name.endswith("_bucket"):
+        try:
+            le = float(sample.labels.get("le", "+Inf"))
+        except ValueError:
+            le = float("inf")
+        return (labels, 0, le)
+    return (labels, 1 if sample.name.endswith("_sum") else 2, 0.0)
+
+
 @dataclass
 class Rendered:
     text: bytes
@@ -87,6 +99,8 @@ class Renderer:
         self.render_duration = 0.0
         self.reload_ok = True
         self.reload_ts = time.time()
+        self._parts: dict[str, str] = {}
+        self._parts_for: Schema | None = None
 
     def build(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
               static_labels: Labels = (),
@@ -94,14 +108,16 @@ class Renderer:
         fams: dict[str, Metric] = {}
         metrics = self.schema.metrics
         per_device = per_device or {}
+        histogram_base = self._histogram_parts()
 
         def add(name: str, labels: Labels, value: float) -> None:
-            fam = fams.get(name)
+            family = histogram_base.get(name, name)
+            fam = fams.get(family)
             if fam is None:
-                mdef = metrics.get(name)
+                mdef = metrics.get(family)
                 if mdef is None:
                     return
-                fam = fams[name] = _family(name, mdef.type, mdef.help, mdef.unit)
+                fam = fams[family] = _family(family, mdef.type, mdef.help, mdef.unit)
             if per_device:
                 dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
                 if dev:
@@ -126,8 +142,19 @@ class Renderer:
         for name, labels, value in extra:
             add(name, labels, value)
         ordered = [fams[n] for n in metrics if n in fams]
+        for fam in ordered:
+            if fam.type == "histogram":
+                fam.samples.sort(key=_histogram_order)
         ordered.extend(self._self_metrics(store))
         return ordered
+
+    def _histogram_parts(self) -> dict[str, str]:
+        """x_bucket / x_sum / x_count -> x for every histogram of the schema."""
+        if self._parts_for is not self.schema:
+            self._parts = {name + sfx: name for name, m in self.schema.metrics.items()
+                           if m.type == "histogram" for sfx in HISTOGRAM_SUFFIXES}
+            self._parts_for = self.schema
+        return self._parts
 
     def _self_metrics(self, store: Store) -> list[Metric]:
         fams = {n: _family(SELF + n, t, h, "") for n, (t, h) in SELF_METRICS.items()}

@@ -50,3 +50,20 @@ def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.server").addFilter(_quiet_bad_requests)
+
+
+def _quiet_bad_requests(record: logging.LogRecord) -> bool:
+    """A malformed request is the client's problem: log it at debug, without a traceback, so
+    no client can flood the log."""
+    try:
+        from aiohttp.http_exceptions import HttpProcessingError
+    except ImportError:  # pragma: no cover
+        return True
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, HttpProcessingError):
+        if not logging.getLogger("aiohttp.server").isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+    return True

@@ -36,6 +36,8 @@ class FieldRule(BaseModel):
     clamp: tuple[float, float] | None = None
     # several entries feeding one series in one poll: the first listed wins, or combine them
     combine: Literal["first", "max", "sum"] = "first"
+    # for a histogram metric: which part this raw field is (bucket counts carry an `le` label)
+    histogram: Literal["bucket", "sum", "count"] | None = None
 
     @model_validator(mode="after")
     def _names(self) -> FieldRule:
@@ -71,6 +73,7 @@ class Rule:
     invalid: frozenset[float]
     clamp: tuple[float, float] | None
     combine: str
+    series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
 
 
 @dataclass(slots=True)
@@ -88,6 +91,16 @@ def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
     if mdef.type == "info":
         return f"{rule.metric} is an info metric built from device identity, not mapped"
     produced = set(rule.labels) | set(rule.label_map.values())
+    if mdef.type == "histogram":
+        if rule.histogram is None:
+            return f"{rule.metric} is a histogram: say which part with histogram: bucket|sum|count"
+        if rule.transform != "none":
+            return "a histogram part is mapped as read (no transform)"
+        if (rule.histogram == "bucket") != ("le" in produced):
+            return "the bucket part, and only it, needs the le label (label_map: {<raw>: le})"
+        produced.discard("le")
+    elif rule.histogram is not None:
+        return f"histogram: applies to histogram metrics; {rule.metric} is a {mdef.type}"
     extra = produced - mdef.allowed_labels
     if extra:
         return (f"labels {sorted(extra)} are not allowed on {rule.metric} "
@@ -119,7 +132,8 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             order=i, raw=fr.raw, metric=fr.metric, is_counter=mdef.type == "counter",
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
-            invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine))
+            invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
+            series=fr.metric + (f"_{fr.histogram}" if fr.histogram else "")))
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()})
 
@@ -213,7 +227,7 @@ class Mapper:
                 for raw_name, canon in rule.label_map:
                     if raw_name in raw_labels:
                         extra[canon] = raw_labels[raw_name]
-                key: SeriesKey = (rule.metric, device_labels(dev) + tuple(sorted(extra.items())))
+                key: SeriesKey = (rule.series, device_labels(dev) + tuple(sorted(extra.items())))
                 if rule.is_counter:
                     delta = self._delta((r.device, rule.order, r.labels), rule, value, now)
                     initial = value * rule.scale

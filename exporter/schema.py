@@ -13,6 +13,7 @@ from .yamlfile import ConfigError, load_model
 
 NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 _OPERAND_RE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?$')
 _MATCHER_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"\s*')
 
@@ -61,12 +62,14 @@ class Derive(BaseModel):
 
 class MetricDef(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    type: Literal["gauge", "counter", "info"]
+    type: Literal["gauge", "counter", "info", "histogram"]
     unit: str = ""
     help: str = Field(min_length=1)
     labels: list[str] = []
     optional_labels: list[str] = []
     derive: Derive | None = None
+    # histogram: the bucket upper bounds sources are expected to use (documentation and checks)
+    buckets: list[float] = []
 
     @field_validator("labels", "optional_labels")
     @classmethod
@@ -97,6 +100,15 @@ class Schema(BaseModel):
                 raise ValueError(f"metrics.{name}: counter names must end in _total")
             if m.type != "counter" and name.endswith("_total"):
                 raise ValueError(f"metrics.{name}: only counters may end in _total")
+            if m.type == "histogram":
+                if name.endswith(HISTOGRAM_SUFFIXES):
+                    raise ValueError(f"metrics.{name}: a histogram's name has no _bucket/_sum/_count")
+                if "le" in m.allowed_labels:
+                    raise ValueError(f"metrics.{name}: le is the histogram's own bucket label")
+                if m.derive is not None:
+                    raise ValueError(f"metrics.{name}: a histogram cannot be derived")
+            elif m.buckets:
+                raise ValueError(f"metrics.{name}: buckets apply to histograms only")
             clash = set(self.device_labels) & m.allowed_labels
             if clash:
                 raise ValueError(f"metrics.{name}: labels {sorted(clash)} are device labels")

@@ -37,7 +37,7 @@ def test_json_groups_files_by_trace_id(shared_fixtures, capsys):
     assert [t["tool"] for t in out["traces"]["step-7"]] == ["nsys", "kineto"]
     assert out["companions"][0]["path"].endswith("hip_runtime_trace-sdk-2024-10.csv")
     nsys = out["profiles"][0]
-    assert nsys["devices"][0]["launch_delay_us"]["p1"] == 184.869
+    assert nsys["devices"][0]["launch_delay_us"]["p100"] == 184.869
     assert nsys["timeline"]["wall_zero_unix_ns"] == 1776781226557295056 + 1517727052
     kineto = out["profiles"][1]
     assert kineto["devices"][0]["vendor"] == "amd" and kineto["devices"][0]["kernel_executions"] == 14
@@ -53,7 +53,7 @@ def test_rejected_file_sets_exit_status(tmp_path, shared_fixtures, capsys):
     captured = capsys.readouterr()
     assert rc == 1
     assert "bad.csv: unrecognised format" in captured.err and "missing: unreadable" in captured.err
-    assert "gpu_kernel_execution_time_quantile_milliseconds" in captured.out
+    assert "gpu_kernel_execution_time_percentile_milliseconds" in captured.out
 
 
 def test_usage_errors(capsys):

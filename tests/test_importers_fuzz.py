@@ -92,3 +92,16 @@ def test_every_truncation_of_real_files(shared_fixtures, tmp_path):
         import_file(p)
     p.write_bytes(gzip.compress(gzip.decompress(gz)[: 200_000]))  # truncated SQLite inside gzip
     _check(p)
+
+
+def test_histogram_readings_are_cumulative_and_match_the_schema_buckets():
+    from exporter.importers.convert import BUCKETS_MS, histogram_readings
+    from exporter.schema import load_schema
+
+    assert list(BUCKETS_MS) == load_schema().metrics["gpu_kernel_execution_time_milliseconds"].buckets
+    out = histogram_readings([500.0, 2_000_000.0, 2_000_000.0, 3e10])  # ns: 0.0005 ms, 2 ms x2, 30 s
+    buckets = {dict(lbl)["le"]: v for f, v, lbl in out if f.endswith(".bucket")}
+    assert buckets["0.001"] == 1 and buckets["1"] == 1 and buckets["2.5"] == 3
+    assert buckets["10000"] == 3 and buckets["+Inf"] == 4
+    assert dict((f, v) for f, v, _ in out if not f.endswith(".bucket")) == {
+        "kernel.duration_ms.sum": pytest.approx(0.0005 + 4 + 30000), "kernel.duration_ms.count": 4}

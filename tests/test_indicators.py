@@ -98,7 +98,7 @@ def test_seed_runs_10ms_with_15_percent_at_25ms_is_heavy_tailed():
     # mean 12.25; variance 0.85 x 0.15 x 15^2 = 28.6875
     assert s.mean == pytest.approx(12.25)
     assert s.cov == pytest.approx(math.sqrt(28.6875) / 12.25)
-    assert s.quantiles == {"0.5": 10.0, "0.95": 25.0, "0.99": 25.0}
+    assert s.quantiles == {"50": 10.0, "95": 25.0, "99": 25.0}
     assert s.bimodality == pytest.approx(1.0)  # any two-point mixture
     assert s.tail_to_body == math.inf  # the inter-quartile range is 0
     assert s.heavy_tail

@@ -160,8 +160,8 @@ def test_variability_of_fast_samples_over_the_window():
         return {"gpu_compute_utilization_percent": 25.0 if i % 20 < 3 else 10.0}
     _, out = run(engine, 0.0, 120.0, series)
     # the window at t=120 holds samples at t >= 60, i.e. i = 600 .. 1200: one 99 plus 600 new
-    assert one(out, "gpu_metric_quantile", metric="utilization", quantile="0.5") == 10.0
-    assert one(out, "gpu_metric_quantile", metric="utilization", quantile="0.95") == 25.0
+    assert one(out, "gpu_metric_percentile", metric="utilization", percentile="50") == 10.0
+    assert one(out, "gpu_metric_percentile", metric="utilization", percentile="95") == 25.0
     assert one(out, "gpu_metric_heavy_tail", metric="utilization") == 1.0
     assert one(out, "gpu_metric_cov", metric="utilization") > 0.4
     assert absent([s for s in out if s[1].get("metric") == "bandwidth"], "gpu_metric_cov")
@@ -179,9 +179,9 @@ def test_statistics_are_recomputed_at_the_configured_cadence():
     run(engine, 0.0, 2.0, {"gpu_compute_utilization_percent": 50.0})
     # 2.05 s: last recompute at 2.0 s, the new value is not in the statistics yet
     out = engine.update(2.05, {DEV: {"gpu_compute_utilization_percent": 100.0}})
-    assert one(out, "gpu_metric_quantile", metric="utilization", quantile="0.99") == 50.0
+    assert one(out, "gpu_metric_percentile", metric="utilization", percentile="99") == 50.0
     out = engine.update(3.0, {DEV: {"gpu_compute_utilization_percent": 100.0}})
-    assert one(out, "gpu_metric_quantile", metric="utilization", quantile="0.99") == 100.0
+    assert one(out, "gpu_metric_percentile", metric="utilization", percentile="99") == 100.0
 
 
 # ---------------------------------------------------------------------- baseline deviation
@@ -342,7 +342,7 @@ def test_every_emitted_name_and_label_is_in_the_canonical_schema():
             seen.setdefault(n, set()).update(lab)
     assert set(seen) == {
         "gpu_memory_contention", "gpu_memory_contention_seconds_total", "gpu_metric_cov",
-        "gpu_metric_quantile", "gpu_metric_heavy_tail", "gpu_baseline_mean", "gpu_baseline_stddev",
+        "gpu_metric_percentile", "gpu_metric_heavy_tail", "gpu_baseline_mean", "gpu_baseline_stddev",
         "gpu_baseline_zscore", "gpu_baseline_deviation", "gpu_bandwidth_drop_under_load",
         "gpu_contention_cause", "gpu_contention_cause_info", "gpu_price_dollars_per_hour",
         "gpu_contention_cost_dollars_total",

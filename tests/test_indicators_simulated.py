@@ -92,7 +92,7 @@ def test_variability_of_the_simulated_noise():
     for device, out in nvidia(run_phase("training")).items():
         assert value(out, "gpu_metric_cov", metric="utilization") < 0.05, device
         assert value(out, "gpu_metric_heavy_tail", metric="utilization") == 0.0, device
-        p50 = value(out, "gpu_metric_quantile", metric="utilization", quantile="0.5")
+        p50 = value(out, "gpu_metric_percentile", metric="utilization", percentile="50")
         assert 96.0 <= p50 <= 100.0, device
 
 

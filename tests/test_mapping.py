@@ -199,3 +199,45 @@ fields:
     assert run(m, 2, ("pl1", 1), ("pl2", 0))[key] == 1
     assert run(m, 3, ("pl1", 0), ("pl2", 0))[key] == 0
     assert run(m, 4, ("a", 2), ("b", 3))[("gpu_power_watts", DL)] == 5
+
+
+def test_histogram_parts_map_and_render_in_order(tmp_path, schema):
+    from exporter.exposition import Renderer
+    from exporter.store import SourceState, Store
+
+    ms = make_set(tmp_path, schema, """
+vendor: nvidia
+fields:
+  - {raw: d.bucket, metric: gpu_kernel_execution_time_milliseconds, histogram: bucket, label_map: {kernel: kernel, le: le}}
+  - {raw: d.sum, metric: gpu_kernel_execution_time_milliseconds, histogram: sum, label_map: {kernel: kernel}}
+  - {raw: d.count, metric: gpu_kernel_execution_time_milliseconds, histogram: count, label_map: {kernel: kernel}}
+""")
+    k = (("kernel", "gemm"),)
+    out = run(Mapper(ms), 1, ("d.count", 3, k), ("d.bucket", 3, k + (("le", "+Inf"),)),
+              ("d.sum", 4.5, k), ("d.bucket", 1, k + (("le", "1"),)), ("d.bucket", 2, k + (("le", "2.5"),)))
+    assert out[("gpu_kernel_execution_time_milliseconds_bucket", DL + (("kernel", "gemm"), ("le", "1")))] == 1
+    assert out[("gpu_kernel_execution_time_milliseconds_sum", DL + k)] == 4.5
+    store = Store()
+    st = SourceState("t")
+    st.series = out
+    store.add(st)
+    text = Renderer(schema).render(store).text.decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("gpu_kernel_execution_time_milliseconds")]
+    assert "# TYPE gpu_kernel_execution_time_milliseconds histogram" in text
+    assert [ln.split("{")[0] + (ln.split('le="')[1].split('"')[0] if 'le="' in ln else "") for ln in lines] == [
+        "gpu_kernel_execution_time_milliseconds_bucket1", "gpu_kernel_execution_time_milliseconds_bucket2.5",
+        "gpu_kernel_execution_time_milliseconds_bucket+Inf", "gpu_kernel_execution_time_milliseconds_sum",
+        "gpu_kernel_execution_time_milliseconds_count"]
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("{raw: d, metric: gpu_kernel_execution_time_milliseconds, label_map: {kernel: kernel}}", "say which part"),
+    ("{raw: d, metric: gpu_kernel_execution_time_milliseconds, histogram: bucket, label_map: {kernel: kernel}}",
+     "needs the le label"),
+    ("{raw: d, metric: gpu_power_watts, histogram: sum}", "applies to histogram metrics"),
+])
+def test_histogram_rules_are_validated(tmp_path, schema, rule, message):
+    path = tmp_path / "h.yaml"
+    path.write_text(f"vendor: nvidia\nfields:\n  - {rule}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_mapping(path, schema)

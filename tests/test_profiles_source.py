@@ -75,10 +75,10 @@ def test_dropped_file_becomes_canonical_series(tmp_path, mappings):
         assert _get(series, "gpu_l2_cache_miss_rate_percent", kernel="gemm", **common) == pytest.approx(100 - gemm_hit)
         assert _get(series, "gpu_memory_arbitration_stalls_percent", kernel="copy", **common) == pytest.approx(1.0)
         assert _get(series, "gpu_kernel_executions", kernel="gemm", **common) == 2
-        assert _get(series, "gpu_kernel_execution_time_quantile_milliseconds", kernel="gemm", quantile="1",
+        assert _get(series, "gpu_kernel_execution_time_percentile_milliseconds", kernel="gemm", percentile="100",
                     **common) == pytest.approx(0.110)
         assert _get(series, "gpu_kernel_execution_time_cov", kernel="gemm", **common) == pytest.approx(5 / 105)
-        assert _get(series, "gpu_kernel_launch_latency_seconds", quantile="1", **common) == pytest.approx(5e-6)
+        assert _get(series, "gpu_kernel_launch_latency_seconds", percentile="100", **common) == pytest.approx(5e-6)
         assert _get(series, "gpu_profile_imports_total", vendor="amd", source="rocprof") == 1
         # not live readings: the series stay on every poll
         again, _ = _series(src, mappings)
@@ -160,7 +160,7 @@ def test_real_nsys_export_uses_uuid_and_drops_unmapped_fields(tmp_path, mappings
         series, sample = _series(src, mappings)
         (dev,) = sample.devices
         assert dev.uuid == "GPU-554a6988-03dd-6206-3dd1-f43fb60a3ed0" and dev.mapping == "profiles/nsys"
-        assert _get(series, "gpu_kernel_launch_latency_seconds", quantile="0.5", source="nsys") == \
+        assert _get(series, "gpu_kernel_launch_latency_seconds", percentile="50", source="nsys") == \
             pytest.approx((18982 + 184869) / 2 / 1e9)
         mapped = set(mappings.get("profiles/nsys").rules)
         assert {r.field for r in sample.readings} <= mapped

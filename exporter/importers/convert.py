@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from ..sources.base import Device, Sample
 from .model import DeviceInfo, KernelRecord, Profile, quantile
 
-QUANTILES = (("0.5", 0.5), ("0.95", 0.95), ("0.99", 0.99), ("1", 1.0))
+QUANTILES = (("50", 0.5), ("95", 0.95), ("99", 0.99), ("100", 1.0))  # (percentile label, q)
 MAX_NAME = 120
 OTHER = "other"
 
@@ -70,6 +70,26 @@ def kernel_stats(durations_ns: list[float]) -> dict[str, float]:
     return out
 
 
+# bucket upper bounds of gpu_kernel_execution_time_milliseconds (as in canonical.yaml)
+BUCKETS_MS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100,
+              250, 500, 1000, 2500, 10000)
+
+
+def histogram_readings(durations_ns: list[float]) -> list[tuple[str, float, tuple[tuple[str, str], ...]]]:
+    """Cumulative bucket counts, sum and count of kernel durations in milliseconds."""
+    ms = sorted(d / 1e6 for d in durations_ns)
+    out: list[tuple[str, float, tuple[tuple[str, str], ...]]] = []
+    i = 0
+    for bound in BUCKETS_MS:
+        while i < len(ms) and ms[i] <= bound:
+            i += 1
+        out.append(("kernel.duration_ms.bucket", float(i), (("le", f"{bound:g}"),)))
+    out.append(("kernel.duration_ms.bucket", float(len(ms)), (("le", "+Inf"),)))
+    out.append(("kernel.duration_ms.sum", sum(ms), ()))
+    out.append(("kernel.duration_ms.count", float(len(ms)), ()))
+    return out
+
+
 def group_kernels(recs: list[KernelRecord], top_n: int) -> dict[str, list[KernelRecord]]:
     total: dict[str, float] = defaultdict(float)
     for k in recs:
@@ -110,6 +130,8 @@ def add_profile(sample: Sample, prof: Profile, top_n: int = 10,
                 add(f"{prof.tool}.{name}", value, kl)
             durs = [k.duration_ns for k in group if k.duration_ns and not k.counters_only]
             if durs:
+                for field, value, extra in histogram_readings(durs):
+                    add(field, value, kl + extra)
                 st = kernel_stats(durs)
                 for ql, _ in QUANTILES:
                     add("kernel.duration_ms", st[f"q{ql}"], kl + (("quantile", ql),))
@@ -155,9 +177,9 @@ def summary(prof: Profile, top_n: int = 10) -> dict:
             if durs:
                 st = kernel_stats(durs)
                 entry.update({"executions": int(st["count"]), "total_ms": round(sum(durs) / 1e6, 6),
-                              "mean_ms": round(st["mean"], 6), "p50_ms": round(st["q0.5"], 6),
-                              "p95_ms": round(st["q0.95"], 6), "p99_ms": round(st["q0.99"], 6),
-                              "max_ms": round(st["q1"], 6)})
+                              "mean_ms": round(st["mean"], 6), "p50_ms": round(st["q50"], 6),
+                              "p95_ms": round(st["q95"], 6), "p99_ms": round(st["q99"], 6),
+                              "max_ms": round(st["q100"], 6)})
                 if "cov" in st:
                     entry["cov"] = round(st["cov"], 6)
             kernels.append(entry)

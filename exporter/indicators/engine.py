@@ -190,7 +190,7 @@ class IndicatorEngine:
                 continue
             out.append(("gpu_metric_cov", {"metric": metric}, stats.cov))
             for q, value in stats.quantiles.items():
-                out.append(("gpu_metric_quantile", {"metric": metric, "quantile": q}, value))
+                out.append(("gpu_metric_percentile", {"metric": metric, "percentile": q}, value))
             out.append(("gpu_metric_heavy_tail", {"metric": metric}, 1.0 if stats.heavy_tail else 0.0))
 
         # 3. baselines: compare, then learn while loaded

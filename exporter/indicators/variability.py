@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .config import VariabilityConfig
 from .window import quantile_sorted
 
-EXPORTED_QUANTILES = (("0.5", 0.5), ("0.95", 0.95), ("0.99", 0.99))
+EXPORTED_QUANTILES = (("50", 0.5), ("95", 0.95), ("99", 0.99))  # (percentile label, q)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class VariabilityStats:
     n: int
     mean: float
     cov: float
-    quantiles: dict[str, float]  # "0.5" | "0.95" | "0.99" -> value
+    quantiles: dict[str, float]  # percentile "50" | "95" | "99" -> value
     bimodality: float  # Sarle's coefficient, 0 for a constant window
     tail_to_body: float  # inf when the inter-quartile range is 0 but a tail exists
     heavy_tail: bool
