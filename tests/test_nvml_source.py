@@ -277,3 +277,19 @@ def test_helpers():
     assert mig_profile("NVIDIA A100-SXM4-40GB MIG 1g.5gb") == "1g.5gb"
     assert mig_profile("NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb") == "1c.3g.40gb"
     assert mig_profile("Tesla T4") == ""
+
+
+def test_poll_fast_reads_only_utilization_and_gpm_between_full_polls():
+    fake, clock, src = make([pf.h100(0), pf.t4(1)])
+    try:
+        poll(src, fake, clock, 0.25)                   # full poll: GPM seeded at t=0
+        fast = src.poll_fast()                         # t=0.25: a 0.25 s GPM window
+    finally:
+        src.close()
+    t4_key = next(d.key for d in fast.devices if d.key != H100_KEY)
+    h100 = {f for f, _ in readings(fast, H100_KEY)}
+    t4 = {f for f, _ in readings(fast, t4_key)}
+    assert {"utilization.gpu", "utilization.memory", "gpm.sm_occupancy", "gpm.dram_bw_util"} <= h100
+    assert readings(fast, H100_KEY)[("gpm.dram_bw_util", ())] == 88.5
+    assert not {f for f in h100 if not f.startswith(("utilization.", "gpm."))}  # nothing else
+    assert t4 == {"utilization.gpu", "utilization.memory"}  # no GPM before Hopper

@@ -268,6 +268,31 @@ class NvmlSource:
         self._read_xid(sample)
         return sample
 
+    def poll_fast(self) -> Sample:
+        """Cheap signals for the contention indicators between full polls: utilization and,
+        on Hopper and newer, GPM (SM occupancy, DRAM bandwidth) over the window since the
+        previous GPM read.  MIG GPUs and lost GPUs are left to the full poll."""
+        sample = Sample()
+        if self.nv is None:
+            return sample
+        now = self._clock()
+        for index in sorted(self.gpus):
+            st = self.gpus[index]
+            if st.handle is None or st.mig or not st.up:
+                continue
+            sample.devices.append(st.device)
+            try:
+                util = self.guard.call(sample.errors, st.key, "utilization",
+                                       "nvmlDeviceGetUtilizationRates", st.handle)
+                if util is not None:
+                    sample.add(st.key, "utilization.gpu", util.gpu)
+                    sample.add(st.key, "utilization.memory", util.memory)
+                if st.gpm and self.gpm is not None:
+                    self.gpm.read(sample, st.key, st.handle, now)
+            except DeviceLost:
+                continue  # the next full poll marks it lost and re-discovers
+        return sample
+
     def _read_gpu(self, sample: Sample, st: GpuState, now: float) -> None:
         assert self.reader is not None
         self.reader.read(sample, st)
