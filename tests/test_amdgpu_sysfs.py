@@ -370,3 +370,17 @@ def test_pcie_bw_empty_file_is_malformed_and_apu_enodata_stops_the_thread(tmp_pa
     first = apu.poll()
     apu.close()
     assert first.errors == {"not_supported": 1} and calls == [1]
+
+
+def test_poll_fast_reads_busy_files_and_the_table_only(tmp_path):
+    arrange_mi300x_node(tmp_path)
+    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src.open()
+    try:
+        fast = src.poll_fast()
+    finally:
+        src.close()
+    fields = {r.field for r in fast.readings}
+    assert "gpu_busy_percent" in fields and "gpu_metrics.average_umc_activity" in fields
+    assert not any(f.startswith(("hwmon.", "mem_info_", "pp_dpm_")) for f in fields)
+    assert sorted(int(d.index) for d in fast.devices) == list(MI300X_CARDS)

@@ -72,6 +72,10 @@ _HWMON_PATTERNS = (
 _DPM_LINE = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\.\d+)?)\s*mhz\b[^*]*(\*)?", re.IGNORECASE)
 
 
+# what poll_fast reads: the busy percentages that feed the contention indicators
+FAST_FILES = ("gpu_busy_percent", "mem_busy_percent")
+
+
 def parse_dpm(text: str) -> tuple[float | None, float | None]:
     """``pp_dpm_<clk>`` text -> (current MHz, highest level MHz).
 
@@ -372,6 +376,35 @@ class AmdgpuSysfsSource:
                 sample.add(key, "pcie_bw.sent_bytes", tx_bytes)
         return sample
 
+    def poll_fast(self) -> Sample:
+        """Cheap signals for the contention indicators between full polls: the two busy
+        percentages (one small sysfs read each).  Errors and lost cards are left to poll()."""
+        sample = Sample()
+        scratch: Counter[str] = Counter()
+        for card in self._cards:
+            key = card.device.key
+            sample.devices.append(card.device)
+            for fname in FAST_FILES:
+                if fname in card.files:
+                    sample.add(key, fname, self._int(card.device_dir / fname, scratch))
+            # the table carries the activity averages the mapping prefers over the busy files
+            self._gpu_metrics(card, sample, scratch)
+        return sample
+
+    def _gpu_metrics(self, card: _Card, sample: Sample, errors: Counter[str]) -> None:
+        if not (card.has_gpu_metrics and self.options.get("gpu_metrics", True)):
+            return
+        data = self._read(card.device_dir / "gpu_metrics", errors)
+        if data is None:
+            return
+        try:
+            table = parse_gpu_metrics(data)
+        except GpuMetricsError:
+            errors["parse_error"] += 1
+            return
+        for raw, value, labels in table_readings(table):
+            sample.add(card.device.key, raw, value, labels)
+
     def _poll_card(self, card: _Card, sample: Sample) -> None:
         key, d, errors = card.device.key, card.device_dir, sample.errors
         for fname in card.files:
@@ -396,13 +429,4 @@ class AmdgpuSysfsSource:
                 sample.add(key, f"{fname}.max", highest)
         for path, raw in card.hwmon:
             sample.add(key, raw, self._int(path, errors))
-        if card.has_gpu_metrics and self.options.get("gpu_metrics", True):
-            data = self._read(d / "gpu_metrics", errors)
-            if data is not None:
-                try:
-                    table = parse_gpu_metrics(data)
-                except GpuMetricsError:
-                    errors["parse_error"] += 1
-                else:
-                    for raw, value, labels in table_readings(table):
-                        sample.add(key, raw, value, labels)
+        self._gpu_metrics(card, sample, errors)
