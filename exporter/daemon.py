@@ -136,7 +136,6 @@ class Daemon:
         self._polled: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
-        self.feed_version = 0
         self._rendered_up = False
         self._dirty: asyncio.Event | None = None
         self._render_worker = Worker("render")
@@ -209,8 +208,17 @@ class Daemon:
         self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir,
                                   self.fast_interval, cloud)
 
-    def extra_series(self) -> list[tuple[str, Labels, float]]:
-        return self.feed.latest if self.feed is not None else []
+    def extra_series(self, store: Store | None = None) -> list[tuple[str, Labels, float]]:
+        """The indicators' latest output, only for devices the store still has (a lost GPU's
+        indicators go with its other series)."""
+        if self.feed is None:
+            return []
+        if store is None:
+            return self.feed.latest
+        present = {(d.vendor, d.index, d.uuid) for st in store.sources.values()
+                   for k, d in st.devices.items() if st.device_up.get(k, True)}
+        return [s for s in self.feed.latest
+                if (s[1][0][1], s[1][1][1], s[1][2][1]) in present]
 
     def enabled_collectors(self) -> list[tuple[Collector, bool]]:
         """(collector, explicit) for every collector that should run."""
@@ -406,10 +414,8 @@ class Daemon:
         watchers = [rt.source for rt in self.runtimes
                     if callable(getattr(rt.source, "observe_indicator_output", None))]
         while not self._stopping:
+            # sampled at the fast interval; served with the next render (once per poll cycle)
             out = self.feed.update(time.monotonic(), self.store)
-            self.feed_version += 1
-            if self._dirty is not None:
-                self._dirty.set()  # serve fresh indicators (the render loop paces itself)
             for source in watchers:  # triggered deep capture (profiles): returns at once
                 source.observe_indicator_output(time.monotonic(), out)  # type: ignore[union-attr]
             if time.monotonic() >= next_save and not self._state_worker.busy:
@@ -419,11 +425,11 @@ class Daemon:
 
     async def _render_loop(self) -> None:
         assert self._dirty is not None
-        last_version: tuple[int, int] = (-1, -1)
+        last_version = -1
         while not self._stopping:
             await self._dirty.wait()
             self._dirty.clear()
-            version = (self.store.version, self.feed_version)
+            version = self.store.version
             if version != last_version or self.rendered is None:
                 last_version = version
                 await self.render()
@@ -433,7 +439,7 @@ class Daemon:
     async def render(self) -> Rendered:
         assert self.renderer is not None
         snapshot = self._snapshot()
-        extra = list(self.extra_series())
+        extra = self.extra_series(snapshot)
         static = self._static_labels
         if self.cloud is not None and self.cloud.labels():
             own = {k for k, _ in static}

@@ -12,16 +12,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
 from prometheus_client import exposition as text_format
-from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as om_format
-from prometheus_client.samples import Sample
 
 from . import __version__
 from .mapping import Labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .store import Store
+from .textformat import Family, PrefixCache
+from .textformat import render as write_exposition
 
 # the classic text format (0.0.4) every Prometheus version parses
 TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_PLAIN_0_0_4
@@ -54,23 +53,24 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def _family(name: str, typ: str, doc: str, unit: str) -> Metric:
+def _family(name: str, typ: str, doc: str, unit: str) -> Family:
     base = name[:-6] if typ == "counter" and name.endswith("_total") else name
     if unit and not base.endswith("_" + unit):
         unit = ""
-    return Metric(base, doc, "gauge" if typ == "info" else typ, unit)
+    return Family(base, "gauge" if typ == "info" else typ, doc, unit)
 
 
-def _histogram_order(sample: Sample) -> tuple:
+def _histogram_order(sample: tuple[str, Labels, float]) -> tuple:
     """Group a histogram's samples per label set: buckets by ascending le, then _sum, _count."""
-    labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
-    if sample.name.endswith("_bucket"):
+    name, labels, _ = sample
+    rest = tuple(sorted((k, v) for k, v in labels if k != "le"))
+    if name.endswith("_bucket"):
         try:
-            le = float(sample.labels.get("le", "+Inf"))
+            le = float(dict(labels).get("le", "+Inf"))
         except ValueError:
             le = float("inf")
-        return (labels, 0, le)
-    return (labels, 1 if sample.name.endswith("_sum") else 2, 0.0)
+        return (rest, 0, le)
+    return (rest, 1 if name.endswith("_sum") else 2, 0.0)
 
 
 @dataclass
@@ -83,16 +83,6 @@ class Rendered:
     at: float
 
 
-class _Snapshot:
-    """A collector over families prepared by ``Renderer.build``."""
-
-    def __init__(self, families: list[Metric]):
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
 class Renderer:
     def __init__(self, schema: Schema):
         self.schema = schema
@@ -101,11 +91,12 @@ class Renderer:
         self.reload_ts = time.time()
         self._parts: dict[str, str] = {}
         self._parts_for: Schema | None = None
+        self._prefixes = PrefixCache()
 
     def build(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
               static_labels: Labels = (),
-              per_device: dict[tuple[str, str, str], Labels] | None = None) -> list[Metric]:
-        fams: dict[str, Metric] = {}
+              per_device: dict[tuple[str, str, str], Labels] | None = None) -> list[Family]:
+        fams: dict[str, Family] = {}
         metrics = self.schema.metrics
         per_device = per_device or {}
         histogram_base = self._histogram_parts()
@@ -122,7 +113,7 @@ class Renderer:
                 dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
                 if dev:
                     labels = labels + dev
-            fam.samples.append(Sample(name, dict(labels + static_labels), value, None, None))
+            fam.samples.append((name, labels + static_labels if static_labels else labels, value))
 
         for src, dev in store.info_devices():
             add("gpu_info", (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid),
@@ -156,11 +147,11 @@ class Renderer:
             self._parts_for = self.schema
         return self._parts
 
-    def _self_metrics(self, store: Store) -> list[Metric]:
+    def _self_metrics(self, store: Store) -> list[Family]:
         fams = {n: _family(SELF + n, t, h, "") for n, (t, h) in SELF_METRICS.items()}
 
         def add(n: str, labels: dict[str, str], value: float) -> None:
-            fams[n].samples.append(Sample(SELF + n, labels, value, None, None))
+            fams[n].samples.append((SELF + n, tuple(labels.items()), value))
 
         add("build_info", {"version": __version__, "python_version": platform.python_version()}, 1)
         for st in store.sources.values():
@@ -192,11 +183,9 @@ class Renderer:
                per_device: dict[tuple[str, str, str], Labels] | None = None) -> Rendered:
         t0 = time.perf_counter()
         families = self.build(store, extra, static_labels, per_device)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Snapshot(families))  # type: ignore[arg-type]
-        text = text_format.generate_latest(registry)
-        om = om_format.generate_latest(registry)
-        rendered = Rendered(text, gzip.compress(text, 6), om, gzip.compress(om, 6),
+        text = write_exposition(families, self._prefixes, openmetrics=False)
+        om = write_exposition(families, self._prefixes, openmetrics=True)
+        rendered = Rendered(text, gzip.compress(text, 1), om, gzip.compress(om, 1),
                             sum(len(f.samples) for f in families), time.time())
         self.render_duration = time.perf_counter() - t0
         return rendered

@@ -39,6 +39,8 @@ class IndicatorFeed:
         return k
 
     def update(self, now: float, store: Store) -> list[tuple[str, Labels, float]]:
+        if not self.engine.config.enabled:
+            return []
         devices: dict[tuple[str, str, str], dict[str, float]] = {}
         imported: list[tuple[tuple[str, str, str], str, float]] = []
         for st in store.sources.values():
