@@ -131,13 +131,13 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
     import gzip
 
     from exporter.exposition import Renderer
-    from exporter.textformat import PrefixCache
-    from exporter.textformat import render as write_exposition
     from exporter.mapping import Mapper
     from exporter.schema import default_mappings_dir, load_schema
     from exporter.sources.simulator import SimulatorSource
     from exporter.store import SourceState, Store
     from exporter.testing import load_mappings
+    from exporter.textformat import PrefixCache
+    from exporter.textformat import render as write_exposition
 
     mappings = load_mappings()
     src = SimulatorSource(options={"scenario": str(write_scenario(tmp, devices))}, mappings=mappings)
