@@ -35,7 +35,13 @@ from .yamlfile import ConfigError
 log = logging.getLogger("unified_gpu_exporter")
 
 REOPEN_INTERVAL = 30.0
-STARTUP_WAIT = 2.0  # seconds start() waits for the first poll of every source  # seconds between retries of an explicitly enabled source that is missing
+STARTUP_WAIT = 2.0
+# canonical metrics a fast poll may refresh between full polls: the contention indicators' inputs
+FAST_METRICS = frozenset({
+    "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
+    "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
+    "gpu_l2_cache_miss_rate_percent",
+})  # seconds start() waits for the first poll of every source  # seconds between retries of an explicitly enabled source that is missing
 
 
 class Worker:
@@ -406,7 +412,11 @@ class Daemon:
             if not rt.state.up:
                 continue  # the full poll failed meanwhile: its series stay dropped
             rt.state.errors.update(errors)
-            rt.state.series = {**rt.state.series, **result.series}  # replaced, never mutated
+            # only the indicator inputs: counters and other gauges keep their full-poll values
+            # (a second mapper's counter totals must never replace the full poll's)
+            fast = {k: v for k, v in result.series.items() if k[0] in FAST_METRICS}
+            if fast:
+                rt.state.series = {**rt.state.series, **fast}  # replaced, never mutated
 
     async def _indicator_loop(self) -> None:
         assert self.feed is not None

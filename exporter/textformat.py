@@ -57,7 +57,8 @@ class PrefixCache:
             if len(self._prefix) >= MAX_CACHED:
                 self._prefix.clear()
             if labels:
-                p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels) + "} "
+                # sorted like prometheus-client does, so the text is stable whatever the order
+                p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
             else:
                 p = name + " "
             self._prefix[key] = p

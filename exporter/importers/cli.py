@@ -14,13 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-from prometheus_client import exposition as text_format
-
 from ..exposition import SELF, Renderer
 from ..mapping import Mapper, MappingSet
 from ..schema import default_mappings_dir, load_schema
 from ..store import SourceState, Store
+from ..textformat import PrefixCache
+from ..textformat import render as write_exposition
 from ..yamlfile import ConfigError
 from .convert import allowed_fields, summary, to_sample
 from .detect import MAX_BYTES, import_file, valid_trace_id
@@ -40,13 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-file-bytes", dest="max_bytes", type=int, default=MAX_BYTES)
     return p
 
-
-class _Families:
-    def __init__(self, families):
-        self._f = families
-
-    def collect(self):
-        return self._f
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         st.devices, st.series = devices, result.series
         store.add(st)
         families = [f for f in Renderer(schema).build(store) if not f.name.startswith(SELF)]
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(families))  # type: ignore[arg-type]
-        sys.stdout.buffer.write(text_format.generate_latest(registry))
+        sys.stdout.buffer.write(write_exposition(families, PrefixCache(), openmetrics=False))
     sys.stdout.flush()
     return 1 if rejected else 0

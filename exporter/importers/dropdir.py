@@ -49,6 +49,7 @@ class DropDir:
         self.root = Path(root)
         self.processing = self.root / "processing"
         self.imported = self.root / "imported"
+        self._last_stamp = 0
         self.rejected = self.root / "rejected"
         self.settle = settle
         self.max_bytes = max_bytes
@@ -132,7 +133,7 @@ class DropDir:
             files = [p for p in self.imported.iterdir() if p.is_file() and not p.name.endswith(SIDECAR)]
         except OSError:
             return []
-        files.sort(key=lambda p: p.stat().st_mtime)
+        files.sort(key=lambda p: (p.stat().st_mtime_ns, p.name))
         out = []
         for p in files[-limit:] if limit > 0 else []:
             try:
@@ -147,6 +148,15 @@ class DropDir:
         if side.exists():
             os.replace(side, dest.with_name(dest.name + SIDECAR))
         os.replace(src, dest)
+        if folder == self.imported:
+            # stamp the import order: file times are coarse (a kernel tick), and restore() keeps
+            # the newest files, so two imports in one tick must still be ordered
+            stamp = max(time.time_ns(), self._last_stamp + 1)
+            self._last_stamp = stamp
+            try:
+                os.utime(dest, ns=(stamp, stamp))
+            except OSError:
+                pass
         return dest
 
     def _reject(self, src: Path, reason: str) -> None:

@@ -106,9 +106,9 @@ class ProfilesSource:
                     self.add(prof, count=False)
             except Exception:  # noqa: BLE001 - never let the import thread die
                 log.exception("restoring imported profiles failed")
-        while not self._stop.is_set():
+        # the first scan after one interval: files found at start still get their settle time
+        while not self._stop.wait(self.scan_interval):
             self.scan_once()
-            self._stop.wait(self.scan_interval)
 
     def scan_once(self) -> int:
         """Import what is ready in the drop directory; returns the number of imported artifacts."""
