@@ -394,7 +394,23 @@ class Daemon:
         if not sample.monotonic:
             sample.monotonic = time.monotonic()
         devices = self.store.resolve_devices(rt.state, sample.devices)
+        # map only what can end up in the fast overlay
+        fields = self._fast_fields()
+        sample.readings = [r for r in sample.readings
+                           if (d := devices.get(r.device)) is not None and r.field in fields.get(d.mapping, ())]
         return sample.errors, rt.fast_mapper.map(sample, devices)  # type: ignore[union-attr]
+
+    def _fast_fields(self) -> dict[str, frozenset[str]]:
+        """Per mapping file, the raw fields that feed a FAST_METRICS series (cached per load)."""
+        assert self.mappings is not None
+        cached = getattr(self, "_fast_fields_for", None)
+        if cached is None or cached[0] is not self.mappings:
+            table = {name: frozenset(raw for raw, rules in cm.rules.items()
+                                     if any(r.metric in FAST_METRICS for r in rules))
+                     for name, cm in self.mappings.mappings.items()}
+            cached = (self.mappings, table)
+            self._fast_fields_for = cached
+        return cached[1]
 
     async def _fast_loop(self, rt: Runtime) -> None:
         """Cheap signals between full polls; they update the series the indicators read."""
@@ -507,8 +523,9 @@ class Daemon:
         self._stopping = False
         self._tasks = [asyncio.create_task(self._source_loop(rt), name=f"source-{rt.state.name}")
                        for rt in self.runtimes]
-        self._tasks += [asyncio.create_task(self._fast_loop(rt), name=f"fast-{rt.state.name}")
-                        for rt in self.runtimes if rt.fast_mapper is not None]
+        if self.config.indicators.enabled:  # fast polls exist only to feed the indicators
+            self._tasks += [asyncio.create_task(self._fast_loop(rt), name=f"fast-{rt.state.name}")
+                            for rt in self.runtimes if rt.fast_mapper is not None]
         self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))
         if self.feed is not None:
             self._tasks.append(asyncio.create_task(self._indicator_loop(), name="indicators"))
