@@ -151,6 +151,7 @@ class Daemon:
         self.k8s: PodResourcesEnricher | None = None
         self._enrich_tasks: list[asyncio.Task] = []
         self._state_worker = Worker("state")
+        self._fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
@@ -403,7 +404,7 @@ class Daemon:
     def _fast_fields(self) -> dict[str, frozenset[str]]:
         """Per mapping file, the raw fields that feed a FAST_METRICS series (cached per load)."""
         assert self.mappings is not None
-        cached = getattr(self, "_fast_fields_for", None)
+        cached = self._fast_fields_for
         if cached is None or cached[0] is not self.mappings:
             table = {name: frozenset(raw for raw, rules in cm.rules.items()
                                      if any(r.metric in FAST_METRICS for r in rules))
@@ -476,6 +477,12 @@ class Daemon:
         self._rendered_up = any(st.up for st in snapshot.sources.values())
         return self.rendered
 
+    def _start_enrichers(self) -> None:
+        for t in self._enrich_tasks:
+            t.cancel()
+        self._enrich_tasks = [asyncio.create_task(e.run(), name=type(e).__name__)
+                              for e in (self.cloud, self.k8s) if e is not None and e.enabled]
+
     def _pod_labels(self, store: Store) -> dict[tuple[str, str, str], Labels]:
         """namespace/pod/container of the pod using each GPU (first one when several share it)."""
         if self.k8s is None or not self.k8s.enabled:
@@ -507,8 +514,7 @@ class Daemon:
         self.load()
         self.build_runtimes()
         self.build_feed()
-        self._enrich_tasks = [asyncio.create_task(e.run(), name=type(e).__name__)
-                              for e in (self.cloud, self.k8s) if e is not None and e.enabled]
+        self._start_enrichers()
         self._dirty = asyncio.Event()
         self._start_tasks()
         # give every source one poll before the server opens, so the first scrape has data;
@@ -578,6 +584,7 @@ class Daemon:
                 st.up, st.state, st.reason = prev.up, prev.state, prev.reason
                 st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
         self.build_feed()  # thresholds may have changed; learned baselines come back from state
+        self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()
         log.info("configuration reloaded")
