@@ -31,6 +31,11 @@ NODE_EXPORTER = "prometheus-node-exporter"
 OTHER_COLLECTORS = ("nvml", "dcgm", "amdsmi", "intel", "levelzero", "fdinfo", "upstream")
 
 
+
+def _ratio(ours: float, node: float) -> float | None:
+    """ours / node, or None when node_exporter measured 0 (a too-short --quick window)."""
+    return ours / node if node else None
+
 def node_exporter_binary() -> str | None:
     return shutil.which(NODE_EXPORTER)
 
@@ -105,10 +110,10 @@ def run(tmp: Path, trees: dict[int, Path], load_s: float = 3.0, idle_s: float = 
             res["rss_bytes"] = {k: m["rss_bytes"] for k, m in res["memory"].items()}
             lo = res["load"]
             res["ratios"] = {
-                **{f"p99_c{c}": lo[f"ours_c{c}"]["p99_ms"] / lo[f"node_c{c}"]["p99_ms"] for c in clients},
-                "cpu": res["cpu_s_per_100_scrapes"]["ours"] / res["cpu_s_per_100_scrapes"]["node"],
-                "cpu_lean": res["cpu_s_per_100_scrapes"]["ours_lean"] / res["cpu_s_per_100_scrapes"]["node"],
-                "rss": res["rss_bytes"]["ours"] / res["rss_bytes"]["node"],
+                **{f"p99_c{c}": _ratio(lo[f"ours_c{c}"]["p99_ms"], lo[f"node_c{c}"]["p99_ms"]) for c in clients},
+                "cpu": _ratio(res["cpu_s_per_100_scrapes"]["ours"], res["cpu_s_per_100_scrapes"]["node"]),
+                "cpu_lean": _ratio(res["cpu_s_per_100_scrapes"]["ours_lean"], res["cpu_s_per_100_scrapes"]["node"]),
+                "rss": _ratio(res["rss_bytes"]["ours"], res["rss_bytes"]["node"]),
             }
         out["idle_seconds"], out["paced_seconds"] = idle_s, paced_s
         out["node_exporter_version"] = _version(binary)

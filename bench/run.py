@@ -150,18 +150,21 @@ def budgets(r: dict) -> dict:
     put("issue6_engine_percent", v, 5.0, None if v is None else v < 5.0)
     sizes = r.get("peer", {}).get("sizes", {})
     if sizes:
-        p99 = {n: max(v for k, v in s["ratios"].items() if k.startswith("p99_")) for n, s in sizes.items()}
-        cpu = {n: s["ratios"]["cpu"] for n, s in sizes.items()}
+        # a ratio is None when node_exporter measured 0 in a too-short (--quick) window
+        p99 = {n: max((v for k, v in s["ratios"].items() if k.startswith("p99_") and v is not None),
+                      default=None) for n, s in sizes.items()}
+        p99 = {n: v for n, v in p99.items() if v is not None}
+        cpu = {n: s["ratios"]["cpu"] for n, s in sizes.items() if s["ratios"]["cpu"] is not None}
         rss = {n: s["rss_bytes"]["ours"] / MB for n, s in sizes.items()}
         put("issue10_p99_vs_node", {n: round(x, 3) for n, x in p99.items()}, 1.0,
-            all(x <= 1.0 for x in p99.values()))
+            all(x <= 1.0 for x in p99.values()) if p99 else None)
         put("issue10_cpu_vs_node", {n: round(x, 2) for n, x in cpu.items()}, 1.5,
-            all(x <= 1.5 for x in cpu.values()))
+            all(x <= 1.5 for x in cpu.values()) if cpu else None)
         put("issue10_rss_mb", {n: round(x, 1) for n, x in rss.items()}, 60, all(x <= 60 for x in rss.values()))
         fl = r.get("floor", {}).get("sizes", {})
         if fl:
             mult = {n: sizes[n]["idle_cpu_s_per_s"]["ours"] / fl[n]["floor_cpu_s_per_cycle"]
-                    for n in sizes if n in fl}
+                    for n in sizes if n in fl and fl[n]["floor_cpu_s_per_cycle"]}
             put("issue10_cycle_vs_floor", {n: round(x, 1) for n, x in mult.items()}, 3.0,
                 all(x <= 3.0 for x in mult.values()))
     for key in BUDGETS:
