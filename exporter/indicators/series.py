@@ -16,6 +16,7 @@ _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?
 THROTTLE = "gpu_throttle_active"
 IC_BYTES = "gpu_interconnect_bytes_total"
 IC_UTIL = "gpu_interconnect_utilization_percent"
+PROC_UTIL = "gpu_process_utilization_percent"
 
 
 def parse_key(key: str) -> tuple[str, dict[str, str]]:
@@ -38,6 +39,14 @@ class LabelledSignals:
     interconnect_bytes: float | None = None  # sum over links and directions
     interconnect_series: int = 0  # how many counters were summed
     link_util: float | None = None  # highest link utilization
+    # per-process utilization: pid -> highest value over its engines (None: no per-process data)
+    processes: dict[str, float] | None = None
+
+    def active_clients(self, active_percent: float) -> int | None:
+        """Processes at or above ``active_percent``; None without per-process utilization."""
+        if self.processes is None:
+            return None
+        return sum(1 for v in self.processes.values() if v >= active_percent)
 
 
 class SeriesIndex:
@@ -56,6 +65,8 @@ class SeriesIndex:
                 kind = (THROTTLE, labels["reason"])
             elif name in (IC_BYTES, IC_UTIL):
                 kind = (name, "")
+            elif name == PROC_UTIL and "pid" in labels:
+                kind = (PROC_UTIL, labels["pid"])
             else:
                 kind = None
         if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
@@ -76,6 +87,12 @@ class SeriesIndex:
             family, reason = kind
             if family == THROTTLE:
                 out.throttle[reason] = out.throttle.get(reason, False) or value >= 0.5
+            elif family == PROC_UTIL:
+                procs = out.processes
+                if procs is None:
+                    procs = out.processes = {}
+                if value > procs.get(reason, -1.0):
+                    procs[reason] = value
             elif family == IC_BYTES:
                 ic_sum += value
                 out.interconnect_series += 1
