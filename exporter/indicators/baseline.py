@@ -22,7 +22,6 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -35,39 +34,6 @@ STATE_FILE = "indicator-baselines.json"
 FORMAT = "unified-gpu-exporter/indicator-baselines"
 VERSION = 2
 MAX_BINS = 10080
-
-
-@dataclass(slots=True)
-class Ewma:
-    """Exponentially weighted mean and variance of one signal (kept for the version 1 format's
-    readers and the bench; the engine uses ``RobustBaseline``)."""
-
-    mean: float = 0.0
-    var: float = 0.0
-    n: int = 0
-
-    def update(self, x: float, dt: float, half_life: float) -> None:
-        """Learn sample ``x`` that stands for ``dt`` seconds of signal."""
-        self.n += 1
-        if self.n == 1:
-            self.mean, self.var = x, 0.0
-            return
-        alpha = max(1.0 - 2.0 ** (-dt / half_life), 1.0 / self.n)
-        diff = x - self.mean
-        incr = alpha * diff
-        self.mean += incr
-        self.var = (1.0 - alpha) * (self.var + diff * incr)
-
-    @property
-    def stddev(self) -> float:
-        return math.sqrt(self.var) if self.var > 0 else 0.0
-
-    def zscore(self, x: float, min_relative_stddev: float) -> float | None:
-        """(x - mean) / stddev, the stddev floored at ``min_relative_stddev`` x |mean|; None if 0."""
-        sigma = max(self.stddev, min_relative_stddev * abs(self.mean))
-        if sigma <= 0:
-            return None
-        return (x - self.mean) / sigma
 
 
 def _finite_list(v: list[float]) -> list[float]:

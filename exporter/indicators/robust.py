@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 MAD_TO_SIGMA = 1.4826
 MAX_BIN_SAMPLES = 4096
+EPS = 1e-9  # sums of poll intervals (0.1 x 10 = 0.9999999999999999) still close a span
 
 
 def median(values: Iterable[float]) -> float:
@@ -66,7 +67,7 @@ class RobustBaseline:
             self.cur.append(x)
         self.cur_seconds += dt
         self.learned_seconds += dt
-        if self.cur_seconds >= self.bin_seconds:
+        if self.cur_seconds >= self.bin_seconds - EPS:
             self._close_bin()
 
     def _close_bin(self) -> None:
@@ -148,7 +149,7 @@ class DeviationTracker:
     def update(self, condition: bool, dt: float) -> bool:
         if condition != self.flagged:
             self._since += dt
-            if self._since >= self.persistence:
+            if self._since >= self.persistence - EPS:
                 self.flagged = condition
                 self._since = 0.0
         else:
