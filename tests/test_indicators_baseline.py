@@ -275,3 +275,17 @@ def test_saved_values_round_trip_exactly_and_unseen_devices_are_kept(tmp_path):
     assert list(got.fast) == [0.1 + 0.2, 77.0, 5.0, 6.0]
     assert list(got.long) == [median([1234.5678901234567, 0.1 + 0.2]), median([77.0, 5.0])]
     assert got.learned_seconds == 5.0
+
+
+def test_a_lasting_deviation_is_accepted_as_the_new_normal_after_relearn_after_seconds():
+    cfg = IndicatorConfig.model_validate({"baseline": {**FAST, "relearn_after_seconds": 5.0}})
+    engine = IndicatorEngine(cfg, None, poll_interval=0.1)
+    t = _learn(engine, 100, 1800.0)
+    flags = []
+    for i in range(1, 200):
+        out = engine.update(t + i * 0.1, {DEV: {"gpu_compute_utilization_percent": 95.0,
+                                                "gpu_memory_bandwidth_gbps": 1100.0}})
+        flags.append((_series(out, "gpu_baseline_deviation", metric="bandwidth") or [None])[0])
+    assert 1.0 in flags  # raised after 1 s, held 5 s
+    assert flags[-1] in (None, 0.0)  # then the baseline started over at the new level
+    assert engine.baseline(DEV, "bandwidth").stats()[0] == pytest.approx(1100.0)

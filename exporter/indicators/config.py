@@ -74,6 +74,9 @@ class BaselineConfig(_Strict):
     compare_seconds: float = Field(30.0, gt=0)
     # a deviation is flagged only after it held this long (and cleared after it is gone as long)
     persistence_seconds: float = Field(60.0, ge=0)
+    # a deviation held this long is accepted as the new normal: the baseline starts over
+    # (0: never; a GPU stays flagged until the level comes back)
+    relearn_after_seconds: float = Field(21600.0, ge=0)
     # the long reference flags a decline of at least this fraction (slow drifts the fast one learns)
     long_drop_fraction: float = Field(0.25, gt=0, lt=1)
     # bandwidth and miss-rate baselines learn only while utilization is above this

@@ -81,6 +81,7 @@ class _DeviceState:
     drop: DeviationTracker | None = None  # throughput drop vs the memory-bound reference
     idle_seconds: float = 0.0
     state: str = "unknown"
+    flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
 
 
 @dataclass(slots=True)
@@ -310,6 +311,15 @@ class IndicatorEngine:
             if recent is not None and long_ref is not None and long_ref > 0:
                 cond = cond or recent <= long_ref * (1.0 - bcfg.long_drop_fraction)
             deviating = tracker.update(cond, dt)
+            held = st.flagged_seconds.get(bw_metric, 0.0) + dt if deviating else 0.0
+            st.flagged_seconds[bw_metric] = held
+            if deviating and bcfg.relearn_after_seconds and held >= bcfg.relearn_after_seconds:
+                log.info("bandwidth of %s deviated from its baseline for %.0f s: accepted as the new normal",
+                         key, held)
+                b.reset()
+                tracker.flagged = deviating = cond = False
+                st.flagged_seconds[bw_metric] = 0.0
+                stats = long_ref = None
             self.baselines.set_flag(key, bw_metric, deviating)
             labels = {"metric": bw_metric}
             if stats is not None:
