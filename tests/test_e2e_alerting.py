@@ -67,6 +67,12 @@ NO_DATA_ALLOWED: dict[str, tuple[str, bool]] = {
        for metric in ("latency_nanoseconds",)
        for op in ("avg", "stdvar", "avg1h", "stddev1h", "avg1d", "stddev1d", "avg7d", "stddev7d")},
     "kube_pod_info": ("kube-state-metrics series (pod events); kube-state-metrics is not run here", True),
+    # every simulated GPU is contended in this phase, and contended time is never learned
+    # (docs/detection.md): the node-side baselines stay cold (and so absent) here
+    **{name: ("the saturated node is contended on every GPU: baselines do not learn contended time",
+              False)
+       for name in ("gpu_baseline_mean", "gpu_baseline_stddev", "gpu_baseline_zscore",
+                    "gpu_baseline_deviation", "gpu_bandwidth_drop_under_load")},
     "gpu_metric_heavy_tail": ("the panel shows only flagged metrics (== 1); the simulator's uniform "
                               "noise is neither bimodal nor heavy-tailed, except by chance", False),
 }
