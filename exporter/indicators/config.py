@@ -137,6 +137,8 @@ class StateConfig(_Strict):
     reference_warmup_bins: int = Field(6, ge=1)
     # throughput drop: compute signal below reference x (1 - drop_fraction) ...
     drop_fraction: float = Field(0.30, gt=0, lt=1)
+    # ... the median of the compute signal over this many seconds (noise does not break a drop) ...
+    drop_compare_seconds: float = Field(5.0, gt=0)
     # ... continuously for this long (a persistence window, not a single sample)
     drop_persistence_seconds: float = Field(10.0, ge=0)
     # idle this long: the next job starts a fresh reference

@@ -171,11 +171,12 @@ class IndicatorEngine:
             st.trackers[metric] = tr
         return tr
 
-    def _recent(self, st: _DeviceState, metric: str, now: float, value: float) -> float:
-        """Median of the last ``compare_seconds`` of ``metric`` including ``value``."""
+    def _recent(self, st: _DeviceState, metric: str, now: float, value: float,
+                seconds: float | None = None) -> float:
+        """Median of the last ``seconds`` (default ``compare_seconds``) of ``metric`` with ``value``."""
         ring = st.recent.get(metric)
         if ring is None:
-            seconds = self.config.baseline.compare_seconds
+            seconds = seconds or self.config.baseline.compare_seconds
             ring = RingWindow(seconds, capacity_for(seconds, self.poll_interval, 1024))
             st.recent[metric] = ring
         ring.push(now, value)
@@ -219,7 +220,8 @@ class IndicatorEngine:
             stats = ref.stats() if ref.bins >= scfg.reference_warmup_bins else None
             if stats is not None:
                 ref_median = stats[0]
-                drop_cond = sig and compute < ref_median * (1.0 - scfg.drop_fraction)
+                recent_compute = self._recent(st, "compute_" + basis, now, compute, scfg.drop_compare_seconds)
+                drop_cond = sig and recent_compute < ref_median * (1.0 - scfg.drop_fraction)
         if st.drop is None:
             st.drop = DeviationTracker(scfg.drop_persistence_seconds)
         throughput_drop = st.drop.update(drop_cond, dt)
