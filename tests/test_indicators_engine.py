@@ -118,6 +118,18 @@ def test_surcharge_per_ten_percent_of_loss():
     assert one(out, "gpu_contention_cost_dollars_total") == pytest.approx(1.0 + 0.4, rel=1e-6)
 
 
+def test_busiest_process_names_the_workload_of_last_resort():
+    engine = IndicatorEngine(cfg(), None, POLL)
+    out = engine.update(1.0, {DEV: {"gpu_compute_utilization_percent": 90.0, **TWO,
+                                    'gpu_process_utilization_percent{pid="other",process="other"}': 99.0}})
+    assert one(out, "gpu_top_process_info", process="train") == 1.0
+    assert one(out, "gpu_active_clients") == 3.0
+    out = engine.update(1.1, {DEV: {"gpu_compute_utilization_percent": 90.0,
+                                    'gpu_process_utilization_percent{pid="7",process="x"}': 1.0}})
+    assert one(out, "gpu_active_clients") == 0.0
+    assert absent(out, "gpu_top_process_info")
+
+
 def test_unpriced_gpu_has_no_cost_series():
     engine = IndicatorEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {"gpu_memory_bandwidth_utilization_percent": 92.0,
@@ -379,17 +391,17 @@ def test_coherency_from_interconnect_counters():
 def test_every_emitted_name_and_label_is_in_the_canonical_schema():
     schema = load_schema(Path(__file__).resolve().parent.parent / "mappings" / "canonical.yaml").metrics
     prices = {"prices": [{"dollars_per_hour": 1.0}]}
-    engine = IndicatorEngine(cfg(cost=prices, baseline={**FAST, "long_bin_bins": 2, "long_warmup_bins": 1}),
-                             None, POLL)
+    engine = IndicatorEngine(cfg(cost=prices, baseline={**FAST, "long_bin_bins": 2, "long_warmup_bins": 1},
+                                 state={"reference_bin_seconds": 1.0}), None, POLL)
     engine.set_device_info(DEV, model="x")
     seen: dict[str, set[str]] = {}
     for i in range(300):
         for n, lab, _ in engine.update(i * POLL, {DEV: {
             "gpu_memory_bandwidth_utilization_percent": 90.0,
-            "gpu_compute_occupancy_percent": 60.0 if i < 200 else 30.0,
+            "gpu_compute_occupancy_percent": 60.0 if i < 100 else 30.0,
             "gpu_compute_utilization_percent": 95.0, "gpu_memory_bandwidth_gbps": 1800.0 - i,
             "gpu_l2_cache_miss_rate_percent": 10.0, 'gpu_throttle_active{reason="power_cap"}': 0.0,
-            **(ONE if i < 100 else TWO),
+            **(ONE if i < 200 else TWO),
         }}):
             seen.setdefault(n, set()).update(lab)
     assert set(seen) == {
@@ -399,6 +411,7 @@ def test_every_emitted_name_and_label_is_in_the_canonical_schema():
         "gpu_contention_cause", "gpu_contention_cause_info", "gpu_price_dollars_per_hour",
         "gpu_contention_cost_dollars_total", "gpu_memory_state", "gpu_memory_state_info",
         "gpu_active_clients", "gpu_contention_slowdown_ratio", "gpu_baseline_long_mean",
+        "gpu_top_process_info", "gpu_memory_bound_reference_percent",
     }
     for name, labels in seen.items():
         assert name in schema, name

@@ -248,6 +248,9 @@ class IndicatorEngine:
         out.append(("gpu_memory_state_info", {"state": state, "reason": verdict.reason}, 1.0))
         if clients is not None:
             out.append(("gpu_active_clients", {}, float(clients)))
+            top = labelled.top_process(scfg.client_active_percent)
+            if top:
+                out.append(("gpu_top_process_info", {"process": top[:128]}, 1.0))
         if ref_median is not None:
             out.append(("gpu_memory_bound_reference_percent", {"basis": basis}, ref_median))  # type: ignore[dict-item]
 

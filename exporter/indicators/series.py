@@ -41,6 +41,15 @@ class LabelledSignals:
     link_util: float | None = None  # highest link utilization
     # per-process utilization: pid -> highest value over its engines (None: no per-process data)
     processes: dict[str, float] | None = None
+    names: dict[str, str] = field(default_factory=dict)  # pid -> process name
+
+    def top_process(self, active_percent: float) -> str | None:
+        """Name of the busiest active process (not the pooled pid="other"), if any."""
+        if not self.processes:
+            return None
+        best = max(((v, pid) for pid, v in self.processes.items() if pid != "other" and v >= active_percent),
+                   default=None)
+        return self.names.get(best[1]) or None if best is not None else None
 
     def active_clients(self, active_percent: float) -> int | None:
         """Processes at or above ``active_percent``; None without per-process utilization."""
@@ -54,6 +63,7 @@ class SeriesIndex:
 
     def __init__(self, max_keys: int = 16384) -> None:
         self._kind: dict[str, tuple[str, str] | None] = {}
+        self._names: dict[str, str] = {}  # pid -> process name of the keys seen
         self._max = max_keys
 
     def _classify(self, key: str) -> tuple[str, str] | None:
@@ -67,10 +77,12 @@ class SeriesIndex:
                 kind = (name, "")
             elif name == PROC_UTIL and "pid" in labels:
                 kind = (PROC_UTIL, labels["pid"])
+                self._names[labels["pid"]] = labels.get("process", "")
             else:
                 kind = None
         if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
             self._kind.clear()
+            self._names.clear()
         self._kind[key] = kind
         return kind
 
@@ -93,6 +105,7 @@ class SeriesIndex:
                     procs = out.processes = {}
                 if value > procs.get(reason, -1.0):
                     procs[reason] = value
+                    out.names[reason] = self._names.get(reason, "")
             elif family == IC_BYTES:
                 ic_sum += value
                 out.interconnect_series += 1
