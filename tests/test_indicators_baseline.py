@@ -123,14 +123,14 @@ def test_neighbour_leaving_does_not_make_the_gpu_look_degraded():
         t = i * 0.1
         engine.update(t, {DEV: {"gpu_compute_utilization_percent": 95.0, "gpu_compute_occupancy_percent": 60.0,
                                 "gpu_memory_bandwidth_utilization_percent": 80.0, "gpu_memory_bandwidth_gbps": 1800.0}})
-    for i in range(1, 600):  # 60 s contended: two tenants, 1300 GB/s for this one's view
+    for _ in range(1, 600):  # 60 s contended: two tenants, 1300 GB/s for this one's view
         t += 0.1
         engine.update(t, {DEV: {"gpu_compute_utilization_percent": 95.0, "gpu_compute_occupancy_percent": 30.0,
                                 "gpu_memory_bandwidth_utilization_percent": 95.0, "gpu_memory_bandwidth_gbps": 1300.0,
                                 **two}})
     assert engine.state(DEV) == "contended"
     assert engine.baseline(DEV, "bandwidth").stats()[0] == pytest.approx(1800.0)
-    for i in range(1, 50):
+    for _ in range(1, 50):
         t += 0.1
         out = engine.update(t, {DEV: {"gpu_compute_utilization_percent": 95.0, "gpu_compute_occupancy_percent": 60.0,
                                       "gpu_memory_bandwidth_utilization_percent": 80.0,
