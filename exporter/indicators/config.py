@@ -83,7 +83,7 @@ class BaselineConfig(_Strict):
     # (the seed's baselines are "under normal production load")
     load_utilization_percent: float = Field(85.0, ge=0, le=100)
     # sigma used for z-scores is at least this fraction of the median (constant signals)
-    min_relative_stddev: float = Field(0.01, ge=0)
+    min_relative_stddev: float = Field(0.05, ge=0)
 
 
 class BandwidthDropConfig(_Strict):
