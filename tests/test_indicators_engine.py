@@ -130,6 +130,31 @@ def test_busiest_process_names_the_workload_of_last_resort():
     assert absent(out, "gpu_top_process_info")
 
 
+def test_throughput_drop_without_process_data_is_contended_then_unconfirmed():
+    """GPM only: a second tenant (or a new job) halves occupancy.  Contended after the
+    persistence window; after drop_confirm_seconds without per-process data, unknown."""
+    engine = IndicatorEngine(cfg(state={"drop_confirm_seconds": 60.0}), None, POLL)
+    alone = {"gpu_compute_utilization_percent": 99.0, "gpu_memory_bandwidth_utilization_percent": 92.0,
+             "gpu_compute_occupancy_percent": 40.0}
+    t, out = run(engine, 0.0, 20.0, alone)
+    assert one(out, "gpu_memory_state_info", state="unknown", reason="reference_warming") == 1.0
+    t, out = run(engine, t, 20.0, alone)
+    assert one(out, "gpu_memory_state_info", state="memory_bound", reason="reference_holds") == 1.0
+    squeezed = {**alone, "gpu_memory_bandwidth_utilization_percent": 96.0, "gpu_compute_occupancy_percent": 24.0}
+    t, out = run(engine, t, 5.0, squeezed)  # the 5 s median and 10 s persistence: not yet
+    assert one(out, "gpu_memory_state", state="contended") == 0.0
+    t, out = run(engine, t, 15.0, squeezed)
+    assert one(out, "gpu_memory_state_info", state="contended", reason="throughput_drop") == 1.0
+    assert one(out, "gpu_contention_slowdown_ratio") == pytest.approx(0.4)
+    t, out = run(engine, t, 60.0, squeezed)
+    assert one(out, "gpu_memory_state_info", state="unknown", reason="throughput_drop_unconfirmed") == 1.0
+    # the reference never learned the squeezed level
+    assert one(out, "gpu_memory_bound_reference_percent", basis="occupancy") == pytest.approx(40.0)
+    # the neighbour leaves: memory-bound again
+    _, out = run(engine, t, 15.0, alone)
+    assert one(out, "gpu_memory_state_info", state="memory_bound", reason="reference_holds") == 1.0
+
+
 def test_unpriced_gpu_has_no_cost_series():
     engine = IndicatorEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {"gpu_memory_bandwidth_utilization_percent": 92.0,

@@ -141,6 +141,10 @@ class StateConfig(_Strict):
     drop_compare_seconds: float = Field(5.0, gt=0)
     # ... continuously for this long (a persistence window, not a single sample)
     drop_persistence_seconds: float = Field(10.0, ge=0)
+    # a throughput drop that no per-process data confirms, held this long, may be a job change
+    # as well as a neighbour: the state turns unknown (throughput_drop_unconfirmed) instead of
+    # staying contended indefinitely (0: stays contended)
+    drop_confirm_seconds: float = Field(900.0, ge=0)
     # idle this long: the next job starts a fresh reference
     reference_reset_idle_seconds: float = Field(60.0, ge=0)
 

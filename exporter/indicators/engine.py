@@ -80,6 +80,7 @@ class _DeviceState:
     trackers: dict[str, DeviationTracker] = field(default_factory=dict)
     drop: DeviationTracker | None = None  # throughput drop vs the memory-bound reference
     idle_seconds: float = 0.0
+    drop_seconds: float = 0.0  # throughput drop held without per-process data
     state: str = "unknown"
     flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
 
@@ -225,10 +226,12 @@ class IndicatorEngine:
         if st.drop is None:
             st.drop = DeviationTracker(scfg.drop_persistence_seconds)
         throughput_drop = st.drop.update(drop_cond, dt)
+        st.drop_seconds = st.drop_seconds + dt if throughput_drop and clients is None else 0.0
+        unconfirmed = bool(scfg.drop_confirm_seconds) and st.drop_seconds >= scfg.drop_confirm_seconds
         verdict = classify_state(
             StateInputs(bandwidth_util=bw_util, utilization=util, basis=basis, compute=compute,
                         throttled=throttled, clients=clients, reference_warm=ref_median is not None,
-                        throughput_drop=throughput_drop),
+                        throughput_drop=throughput_drop, drop_unconfirmed=unconfirmed),
             scfg, cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
         state = verdict.state
         st.state = state

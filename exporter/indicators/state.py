@@ -14,7 +14,9 @@ A pure decision over what the GPU reports this poll (see docs/detection.md for t
    the signature, and only evidence decides.
 5. Signature + evidence of interference -> ``contended``: two or more active clients on the GPU
    (per-process utilization), or the compute signal persistently below the GPU's own memory-bound
-   reference (a throughput drop).  Signature + evidence sources that show no interference (one
+   reference (a throughput drop; unconfirmed by per-process data it counts only for
+   ``drop_confirm_seconds``, then the state is ``unknown``: a neighbour and a new job with a
+   lower compute signal look the same).  Signature + evidence sources that show no interference (one
    active client, or a warm reference that holds) -> ``memory_bound``.
 6. Anything else busy -> ``healthy``.
 """
@@ -39,6 +41,7 @@ class StateInputs:
     clients: int | None = None  # active clients (None: no per-process utilization data)
     reference_warm: bool = False  # the memory-bound reference has learned enough
     throughput_drop: bool = False  # compute signal persistently below that reference
+    drop_unconfirmed: bool = False  # that drop has lasted too long without per-process data
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,9 @@ def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float 
         # one active client cannot be crowded out by a co-tenant: trust the process list
         if clients is not None and clients <= 1 and cfg.single_client_vetoes_drop:
             return StateVerdict("memory_bound", "single_client", True)
+        if clients is None and inp.drop_unconfirmed:
+            # a neighbour or a new job with a lower compute signal: cannot tell any more
+            return StateVerdict("unknown", "throughput_drop_unconfirmed", True)
         return StateVerdict("contended", "throughput_drop", True)
     if clients is not None:
         return StateVerdict("memory_bound", "single_client" if clients == 1 else "no_active_client", True)
