@@ -83,7 +83,7 @@ def main() -> None:
     variability = {} if args.recompute is None else {"recompute_seconds": args.recompute}
     config = IndicatorConfig.model_validate({
         "variability": variability,
-        "baseline": {"warmup_samples": 100},
+        "baseline": {"bin_seconds": 1.0, "warmup_bins": 5},
         "cost": {"prices": [{"vendor": "nvidia", "model": "*H100*", "dollars_per_hour": 2.85}]},
     })
     with tempfile.TemporaryDirectory() as state:

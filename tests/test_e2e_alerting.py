@@ -42,13 +42,14 @@ SHORT_FOR = "2s"
 CLOUD = "aws"
 # Workload attribution normally comes from Kubernetes enrichment (namespace/pod/workload labels on
 # the GPU series); here the exporter adds them as static labels so the workload and cost rules
-# have input.  The price table makes the cost indicators appear; a short baseline warm-up (default
-# 300 fast samples, 75 s) makes the node-side baseline, deviation and drop series appear in seconds.
+# have input.  The price table makes the cost indicators appear; short baseline bins (default
+# 5 bins of 60 s) make the node-side baseline, deviation and drop series appear in seconds.
 EXPORTER_CONFIG = f"""\
 labels: {{namespace: ml-training, workload: llm-pretrain}}
 indicators:
   baseline:
-    warmup_samples: 8
+    bin_seconds: 1
+    warmup_bins: 2
   cost:
     cloud: {CLOUD}
     prices:
@@ -66,6 +67,12 @@ NO_DATA_ALLOWED: dict[str, tuple[str, bool]] = {
        for metric in ("latency_nanoseconds",)
        for op in ("avg", "stdvar", "avg1h", "stddev1h", "avg1d", "stddev1d", "avg7d", "stddev7d")},
     "kube_pod_info": ("kube-state-metrics series (pod events); kube-state-metrics is not run here", True),
+    # every simulated GPU is contended in this phase, and contended time is never learned
+    # (docs/detection.md): the node-side baselines stay cold (and so absent) here
+    **{name: ("the saturated node is contended on every GPU: baselines do not learn contended time",
+              False)
+       for name in ("gpu_baseline_mean", "gpu_baseline_stddev", "gpu_baseline_zscore",
+                    "gpu_baseline_deviation", "gpu_bandwidth_drop_under_load")},
     "gpu_metric_heavy_tail": ("the panel shows only flagged metrics (== 1); the simulator's uniform "
                               "noise is neither bimodal nor heavy-tailed, except by chance", False),
 }
@@ -215,7 +222,8 @@ def test_only_memory_contention_is_alerting_on_the_saturated_simulated_node(stac
     alerts = http_get(f"{stack.prom.url}/api/v1/alerts").json()["data"]["alerts"]
     # firing ones only: a pending alert (e.g. a young baseline) is not an alert yet
     firing = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
-    assert firing == {"GPUMemoryContention"}, alerts
+    # the node-side contention fraction (for: 1m) may join it on a slow machine
+    assert "GPUMemoryContention" in firing and firing <= {"GPUMemoryContention", "GPUMemoryContentionFraction"}, alerts
 
 
 # ------------------------------------------------------------------ rules and dashboards

@@ -100,3 +100,19 @@ def test_variability_of_the_simulated_noise():
 def test_contention_phases_raise_memory_contention_on_occupancy(phase):
     for device, out in nvidia(run_phase(phase)).items():
         assert value(out, "gpu_memory_contention", basis="occupancy") == 1.0, device
+
+
+@pytest.mark.parametrize(("phase", "expected"), [
+    ("idle", "idle"), ("training", "healthy"), ("bandwidth_saturation", "contended"),
+    ("memory_pressure", "contended"), ("thermal_throttle", "throttled"),
+])
+def test_every_vendor_reads_the_phase_state(phase, expected):
+    """NVIDIA (occupancy + NVML processes), AMD and Intel (no occupancy; DRM fdinfo clients)."""
+    last = run_phase(phase)
+    assert {d[0] for d in last} == {"nvidia", "amd", "intel"}
+    for device, out in last.items():
+        assert value(out, "gpu_memory_state", state=expected) == 1.0, (device, out)
+        contention = [v for n, _, v in out if n == "gpu_memory_contention"]
+        assert contention == [1.0 if expected == "contended" else 0.0], device
+        if expected in ("idle", "healthy"):
+            assert cause(out) == "none", device

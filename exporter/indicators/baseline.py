@@ -1,15 +1,16 @@
-"""Learned baselines: per GPU and metric EWMA mean and variance, and their state file.
+"""Learned baselines of every GPU and metric, and their state file.
 
-The mean and variance decay with a half-life in seconds (not in samples), so the baseline means
-the same at a 100 ms and a 1 s poll interval.  Until ``1 / n`` falls below the time-based weight,
-each sample weighs ``1 / n`` instead: the first samples give the plain running mean and population
-variance rather than a baseline stuck near the first value.
+The baselines themselves are robust (``robust.py``: medians of time bins, a fast and a long
+reference).  The state file (``<state dir>/indicator-baselines.json``) is versioned JSON written
+atomically (temporary file in the same directory, fsync, rename, fsync of the directory).  It
+holds, per device and metric, the closed bins of both references and the learned seconds, and
+the metrics whose deviation was flagged at save time (a restart keeps them flagged, so it
+neither relearns the problem as normal nor resolves and re-raises the flag).
 
-The state file (``<state dir>/indicator-baselines.json``) is versioned JSON written atomically
-(temporary file in the same directory, fsync, rename, fsync of the directory).  A file that cannot
-be read or parsed is renamed to ``*.corrupt`` and the baselines start fresh with a warning; a file
-from a newer format version is left alone and the baselines start fresh.  No timestamps are
-stored: learning time is counted by samples and monotonic intervals only.
+A file that cannot be read or parsed is renamed to ``*.corrupt`` and the baselines start fresh
+with a warning; a version 1 file (EWMA mean/variance, which cannot seed a median) is renamed to
+``*.v1`` and the baselines start fresh; a file from a newer format version is left alone until
+the next save.  No timestamps are stored: learning time is counted by learned seconds only.
 """
 
 from __future__ import annotations
@@ -20,69 +21,53 @@ import math
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .robust import RobustBaseline
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "indicator-baselines.json"
 FORMAT = "unified-gpu-exporter/indicator-baselines"
-VERSION = 1
+VERSION = 2
+MAX_BINS = 10080
 
 
-@dataclass(slots=True)
-class Ewma:
-    """Exponentially weighted mean and variance of one signal."""
-
-    mean: float = 0.0
-    var: float = 0.0
-    n: int = 0
-
-    def update(self, x: float, dt: float, half_life: float) -> None:
-        """Learn sample ``x`` that stands for ``dt`` seconds of signal."""
-        self.n += 1
-        if self.n == 1:
-            self.mean, self.var = x, 0.0
-            return
-        alpha = max(1.0 - 2.0 ** (-dt / half_life), 1.0 / self.n)
-        diff = x - self.mean
-        incr = alpha * diff
-        self.mean += incr
-        self.var = (1.0 - alpha) * (self.var + diff * incr)
-
-    @property
-    def stddev(self) -> float:
-        return math.sqrt(self.var) if self.var > 0 else 0.0
-
-    def zscore(self, x: float, min_relative_stddev: float) -> float | None:
-        """(x - mean) / stddev, the stddev floored at ``min_relative_stddev`` x |mean|; None if 0."""
-        sigma = max(self.stddev, min_relative_stddev * abs(self.mean))
-        if sigma <= 0:
-            return None
-        return (x - self.mean) / sigma
+def _finite_list(v: list[float]) -> list[float]:
+    if not all(math.isfinite(x) for x in v):
+        raise ValueError("not a finite number")
+    return v
 
 
-class _EwmaV1(BaseModel):
+class _RobustV2(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mean: float
-    var: float = Field(ge=0)
-    n: int = Field(ge=0)
+    fast: list[float] = Field(max_length=MAX_BINS)
+    long: list[float] = Field(default=[], max_length=MAX_BINS)
+    long_cur: list[float] = Field(default=[], max_length=MAX_BINS)
+    learned_seconds: float = Field(ge=0)
 
-    @field_validator("mean", "var")
+    @field_validator("fast", "long", "long_cur")
     @classmethod
-    def _finite(cls, v: float) -> float:
+    def _finite(cls, v: list[float]) -> list[float]:
+        return _finite_list(v)
+
+    @field_validator("learned_seconds")
+    @classmethod
+    def _finite_seconds(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("not a finite number")
         return v
 
 
-class _StateV1(BaseModel):
+class _StateV2(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: str
     version: int
-    devices: dict[str, dict[str, _EwmaV1]]
+    devices: dict[str, dict[str, _RobustV2]]
+    flagged: dict[str, list[str]] = {}
 
 
 class BaselineStore:
@@ -90,30 +75,56 @@ class BaselineStore:
 
     def __init__(self, state_dir: Path | None) -> None:
         self.path = state_dir / STATE_FILE if state_dir is not None else None
-        self._data: dict[str, dict[str, Ewma]] = {}
+        self._data: dict[str, dict[str, RobustBaseline]] = {}
+        self._restored: dict[str, dict[str, _RobustV2]] = {}
+        self.flagged: dict[str, set[str]] = {}
         # save() may run in a worker thread while the poll loop adds baselines
         self._lock = threading.Lock()
 
-    def get(self, device: str, metric: str) -> Ewma:
-        """The baseline of ``metric`` on ``device``, created empty on first use."""
-        ewma = self._data.get(device, {}).get(metric)
-        if ewma is None:
+    def get(self, device: str, metric: str, factory: Callable[[], RobustBaseline]) -> RobustBaseline:
+        """The baseline of ``metric`` on ``device``, created by ``factory`` (and filled from the
+        state file when it held one) on first use."""
+        b = self._data.get(device, {}).get(metric)
+        if b is None:
+            b = factory()
+            saved = self._restored.get(device, {}).pop(metric, None)
+            if saved is not None:
+                b.restore(saved.fast, saved.long, saved.long_cur, saved.learned_seconds)
             with self._lock:
-                ewma = self._data.setdefault(device, {}).setdefault(metric, Ewma())
-        return ewma
+                b = self._data.setdefault(device, {}).setdefault(metric, b)
+        return b
 
-    def peek(self, device: str, metric: str) -> Ewma | None:
+    def peek(self, device: str, metric: str) -> RobustBaseline | None:
         return self._data.get(device, {}).get(metric)
+
+    def set_flag(self, device: str, metric: str, flagged: bool) -> None:
+        have = self.flagged.get(device)
+        if flagged:
+            if have is None or metric not in have:
+                with self._lock:
+                    self.flagged.setdefault(device, set()).add(metric)
+        elif have is not None and metric in have:
+            with self._lock:
+                have.discard(metric)
+
+    def was_flagged(self, device: str, metric: str) -> bool:
+        return metric in self.flagged.get(device, ())
 
     def to_json(self) -> dict:
         with self._lock:
+            devices: dict[str, dict[str, dict]] = {}
+            for dev, metrics in sorted(self._restored.items()):  # not (yet) seen since the restart
+                if metrics:
+                    devices[dev] = {m: r.model_dump() for m, r in metrics.items()}
+            for dev, metrics in sorted(self._data.items()):
+                kept = {m: b.to_json() for m, b in metrics.items() if b.fast or b.long or b.long_cur}
+                if kept:
+                    devices.setdefault(dev, {}).update(kept)
             return {
                 "format": FORMAT,
                 "version": VERSION,
-                "devices": {
-                    dev: {m: {"mean": e.mean, "var": e.var, "n": e.n} for m, e in metrics.items() if e.n > 0}
-                    for dev, metrics in sorted(self._data.items())
-                },
+                "devices": devices,
+                "flagged": {dev: sorted(ms) for dev, ms in sorted(self.flagged.items()) if ms},
             }
 
     def load(self) -> bool:
@@ -131,24 +142,31 @@ class BaselineStore:
                             "starting with fresh baselines and leaving the file alone until the next save",
                             self.path, version, VERSION)
                 return False
-            state = _StateV1.model_validate(raw)
+            if version == 1:
+                self._set_aside(None, ".v1")
+                return False
+            state = _StateV2.model_validate(raw)
         except (OSError, ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
-            self._set_aside(exc)
+            self._set_aside(exc, ".corrupt")
             return False
-        self._data = {dev: {m: Ewma(e.mean, e.var, e.n) for m, e in metrics.items()}
-                      for dev, metrics in state.devices.items()}
-        log.info("restored baselines of %d devices from %s", len(self._data), self.path)
+        self._restored = {dev: dict(metrics) for dev, metrics in state.devices.items()}
+        self.flagged = {dev: set(ms) for dev, ms in state.flagged.items()}
+        log.info("restored baselines of %d devices from %s", len(self._restored), self.path)
         return True
 
-    def _set_aside(self, exc: Exception) -> None:
+    def _set_aside(self, exc: Exception | None, suffix: str) -> None:
         assert self.path is not None
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        aside = self.path.with_name(self.path.name + ".corrupt")
+        aside = self.path.with_name(self.path.name + suffix)
         try:
             os.replace(self.path, aside)
             where = f"moved to {aside}"
         except OSError:
             where = "left in place"
+        if exc is None:
+            log.warning("baseline state %s is format version 1 (EWMA), which the robust baselines "
+                        "cannot start from: %s, starting with fresh baselines", self.path, where)
+            return
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.warning("baseline state %s is unreadable (%s): %s, starting with fresh baselines",
                     self.path, reason, where)
 

@@ -54,17 +54,36 @@ class VariabilityConfig(_Strict):
 
 
 class BaselineConfig(_Strict):
-    """Per GPU and metric EWMA baseline, learned while the GPU is loaded."""
+    """Per GPU and metric robust baseline (median / MAD of binned medians), learned under load.
 
-    half_life_seconds: float = Field(3600.0, gt=0)
-    # samples learned before z-scores, deviation and drop flags are exported
-    warmup_samples: int = Field(300, ge=1)
+    Samples are grouped into bins of ``bin_seconds`` of learned signal; each bin's median enters
+    the fast reference (the last ``fast_bins`` bins) and, ``long_bin_bins`` at a time, the long
+    reference (the last ``long_bins`` medians of those).  Learning stops while the GPU is
+    contended, throttled or the metric is flagged, so a problem is not learned as normal.
+    """
+
+    bin_seconds: float = Field(60.0, gt=0)
+    fast_bins: int = Field(60, ge=2, le=10080)
+    # bins learned before z-scores, deviation and drop flags are exported
+    warmup_bins: int = Field(5, ge=1)
+    long_bin_bins: int = Field(60, ge=1, le=10080)
+    long_bins: int = Field(168, ge=1, le=10080)
+    long_warmup_bins: int = Field(3, ge=1)
     deviation_sigma: float = Field(2.0, gt=0)
+    # the value compared with the baseline is the median of the last compare_seconds of samples
+    compare_seconds: float = Field(30.0, gt=0)
+    # a deviation is flagged only after it held this long (and cleared after it is gone as long)
+    persistence_seconds: float = Field(60.0, ge=0)
+    # a deviation held this long is accepted as the new normal: the baseline starts over
+    # (0: never; a GPU stays flagged until the level comes back)
+    relearn_after_seconds: float = Field(21600.0, ge=0)
+    # the long reference flags a decline of at least this fraction (slow drifts the fast one learns)
+    long_drop_fraction: float = Field(0.25, gt=0, lt=1)
     # bandwidth and miss-rate baselines learn only while utilization is above this
     # (the seed's baselines are "under normal production load")
     load_utilization_percent: float = Field(85.0, ge=0, le=100)
-    # stddev used for z-scores is at least this fraction of the mean (constant signals)
-    min_relative_stddev: float = Field(0.01, ge=0)
+    # sigma used for z-scores is at least this fraction of the median (constant signals)
+    min_relative_stddev: float = Field(0.05, ge=0)
 
 
 class BandwidthDropConfig(_Strict):
@@ -99,6 +118,37 @@ class RootCauseConfig(_Strict):
         return self
 
 
+class StateConfig(_Strict):
+    """The per-GPU memory state (state.py, docs/detection.md): idle bars and evidence rules."""
+
+    # below both bars (and the compute signal below the utilization bar) the GPU is idle
+    idle_utilization_percent: float = Field(5.0, ge=0, le=100)
+    idle_bandwidth_percent: float = Field(5.0, ge=0, le=100)
+    # a process is an active client while its utilization is at least this
+    client_active_percent: float = Field(5.0, ge=0, le=100)
+    # active clients that make the memory-bound signature contention
+    min_clients: int = Field(2, ge=2)
+    # per-process data showing one active client overrides a throughput drop
+    single_client_vetoes_drop: bool = True
+    # memory-bound reference (the compute signal while memory-bound without interference):
+    # robust median over bins of this many seconds, warm after warmup_bins bins
+    reference_bin_seconds: float = Field(5.0, gt=0)
+    reference_bins: int = Field(24, ge=2, le=4096)
+    reference_warmup_bins: int = Field(6, ge=1)
+    # throughput drop: compute signal below reference x (1 - drop_fraction) ...
+    drop_fraction: float = Field(0.30, gt=0, lt=1)
+    # ... the median of the compute signal over this many seconds (noise does not break a drop) ...
+    drop_compare_seconds: float = Field(5.0, gt=0)
+    # ... continuously for this long (a persistence window, not a single sample)
+    drop_persistence_seconds: float = Field(10.0, ge=0)
+    # a throughput drop that no per-process data confirms, held this long, may be a job change
+    # as well as a neighbour: the state turns unknown (throughput_drop_unconfirmed) instead of
+    # staying contended indefinitely (0: stays contended)
+    drop_confirm_seconds: float = Field(900.0, ge=0)
+    # idle this long: the next job starts a fresh reference
+    reference_reset_idle_seconds: float = Field(60.0, ge=0)
+
+
 class PriceEntry(_Strict):
     """One row of the price table. Empty fields match anything; model is a case-insensitive glob."""
 
@@ -112,6 +162,12 @@ class CostConfig(_Strict):
     # cloud of this node when the daemon does not pass one (aws, gcp, azure, onprem, ...)
     cloud: str = ""
     prices: tuple[PriceEntry, ...] = ()
+    # seed: (baseline time - actual time) x price, + surcharge_dollars per surcharge_step of loss
+    # (e.g. $0.20 per 10 %), booked per hour of contended time; 0 disables the surcharge
+    surcharge_dollars: float = Field(0.0, ge=0)
+    surcharge_step: float = Field(0.10, gt=0, le=1)
+    # slowdown assumed while contended when no memory-bound reference measures it
+    default_slowdown: float = Field(0.0, ge=0, le=1)
 
 
 class IndicatorConfig(_Strict):
@@ -122,3 +178,4 @@ class IndicatorConfig(_Strict):
     bandwidth_drop: BandwidthDropConfig = BandwidthDropConfig()
     rootcause: RootCauseConfig = RootCauseConfig()
     cost: CostConfig = CostConfig()
+    state: StateConfig = StateConfig()

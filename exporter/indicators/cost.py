@@ -35,5 +35,19 @@ def match_price(prices: Iterable[PriceEntry], vendor: str, model: str, cloud: st
 
 
 def contention_cost(dollars_per_hour: float, contended_seconds: float) -> float:
-    """Dollars spent during ``contended_seconds`` of contended time."""
+    """Dollars spent during ``contended_seconds`` of contended time (the whole price)."""
     return dollars_per_hour * contended_seconds / 3600.0
+
+
+def slowdown_cost(dollars_per_hour: float, slowdown: float, seconds: float,
+                  surcharge_dollars: float = 0.0, surcharge_step: float = 0.10) -> float:
+    """Cost of ``seconds`` of contended time at ``slowdown`` (fraction of throughput lost).
+
+    The seed: (baseline time - actual time) x price.  Work that takes ``T`` seconds at the lost
+    throughput takes ``T x (1 - slowdown)`` without contention, so each contended second wastes
+    ``slowdown`` seconds of the GPU's price.  The surcharge adds ``surcharge_dollars`` per full
+    ``surcharge_step`` of loss (the seed's $0.20 per 10 %) per hour of contended time.
+    """
+    slowdown = min(max(slowdown, 0.0), 1.0)
+    steps = int(slowdown / surcharge_step + 1e-9) if surcharge_dollars > 0 else 0
+    return (dollars_per_hour * slowdown + surcharge_dollars * steps) * seconds / 3600.0

@@ -5,14 +5,20 @@ series of each device, and ``save_state()`` periodically and on shutdown.  Every
 on monotonic time; windows are fixed-size rings, so memory does not grow with uptime.
 
 Per device and update:
-1. memory contention (``contention.py``) -> gauge and seconds/dollars counters advanced by the
-   time since the previous update (capped at 2 poll intervals, so a stalled poll is not credited
-   in full);
+1. the memory state (``state.py``, docs/detection.md): idle, healthy, memory_bound, contended,
+   throttled or unknown, from the seed's signature (bandwidth high, compute starved) and the
+   evidence of interference (active clients from per-process series; the compute signal
+   persistently below the GPU's own memory-bound reference).  ``gpu_memory_contention`` and
+   the seconds / dollars counters follow ``contended`` only, advanced by the time since the
+   previous update (capped at 2 poll intervals, so a stalled poll is not credited in full);
 2. the fast samples enter the variability windows; CoV, quantiles and the heavy-tail flag are
    recomputed at most every ``variability.recompute_seconds``;
-3. baselines (bandwidth for export; L2 miss rate and interconnect throughput for attribution)
-   are compared with the sample, then learn it when the GPU is loaded;
-4. bandwidth drop under load, root-cause flags and the dominant cause.
+3. robust baselines (bandwidth for export; L2 miss rate and interconnect throughput for
+   attribution) compare the recent median with their fast and long references, flag after a
+   persistence window, and learn only while the GPU is loaded, not contended or throttled, and
+   not flagged;
+4. bandwidth drop under load, root-cause flags and the dominant cause (``none`` unless the GPU
+   is contended, throttled or deviating).
 """
 
 from __future__ import annotations
@@ -22,17 +28,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .baseline import BaselineStore, Ewma
+from .baseline import BaselineStore
 from .config import IndicatorConfig
 from .contention import (
     BANDWIDTH_UTIL,
     bandwidth_drop_under_load,
     compute_signal,
-    memory_contended,
 )
-from .cost import match_price
-from .rootcause import RootCauseInputs, classify, dominant_cause
+from .cost import match_price, slowdown_cost
+from .robust import DeviationTracker, RobustBaseline, median
+from .rootcause import RootCauseInputs, classify, dominant_cause, miss_rate_risen
 from .series import SeriesIndex
+from .state import STARVATION_BASES, STATES, StateInputs, classify_state, signature
 from .variability import VariabilityStats, window_stats
 from .window import RingWindow, capacity_for
 
@@ -54,6 +61,8 @@ VARIABILITY_SERIES = (
 # internal baselines (persisted, not exported)
 MISS_BASELINE = "l2_miss_rate"
 INTERCONNECT_BASELINE = "interconnect_throughput"
+REFERENCE_PREFIX = "memory_bound_"  # + basis: the compute signal while memory-bound, alone
+THROTTLE_CAUSES = ("thermal_throttle", "power_throttle")
 
 
 @dataclass(slots=True)
@@ -67,6 +76,13 @@ class _DeviceState:
     interconnect_anchored: bool = False
     contention_seconds: dict[str, float] = field(default_factory=dict)
     cost_dollars: float = 0.0
+    recent: dict[str, RingWindow] = field(default_factory=dict)  # metric -> last compare_seconds
+    trackers: dict[str, DeviationTracker] = field(default_factory=dict)
+    drop: DeviationTracker | None = None  # throughput drop vs the memory-bound reference
+    idle_seconds: float = 0.0
+    drop_seconds: float = 0.0  # throughput drop held without per-process data
+    state: str = "unknown"
+    flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
 
 
 @dataclass(slots=True)
@@ -138,6 +154,35 @@ class IndicatorEngine:
         vendor, gpu, uuid = device_id
         return uuid or f"{vendor}:{gpu}"
 
+    def _baseline(self, key: str, metric: str) -> RobustBaseline:
+        b = self.config.baseline
+        return self.baselines.get(key, metric, lambda: RobustBaseline(
+            b.bin_seconds, b.fast_bins, b.long_bin_bins, b.long_bins))
+
+    def _reference(self, key: str, basis: str) -> RobustBaseline:
+        s = self.config.state
+        return self.baselines.get(key, REFERENCE_PREFIX + basis, lambda: RobustBaseline(
+            s.reference_bin_seconds, s.reference_bins, s.reference_bins, 1))
+
+    def _tracker(self, st: _DeviceState, key: str, metric: str) -> DeviationTracker:
+        tr = st.trackers.get(metric)
+        if tr is None:
+            tr = DeviationTracker(self.config.baseline.persistence_seconds,
+                                  flagged=self.baselines.was_flagged(key, metric))
+            st.trackers[metric] = tr
+        return tr
+
+    def _recent(self, st: _DeviceState, metric: str, now: float, value: float,
+                seconds: float | None = None) -> float:
+        """Median of the last ``seconds`` (default ``compare_seconds``) of ``metric`` with ``value``."""
+        ring = st.recent.get(metric)
+        if ring is None:
+            seconds = seconds or self.config.baseline.compare_seconds
+            ring = RingWindow(seconds, capacity_for(seconds, self.poll_interval, 1024))
+            st.recent[metric] = ring
+        ring.push(now, value)
+        return median(ring.values(now))
+
     def _update_device(self, now: float, device_id: DeviceId, series: Mapping[str, float],
                        out: list[Sample]) -> None:
         cfg = self.config
@@ -149,30 +194,92 @@ class IndicatorEngine:
         st.last_update = now
         info = self._info.get(device_id)
         price = info.price if info is not None else None
+        key = self._baseline_key(device_id)
+        bcfg = cfg.baseline
+        scfg = cfg.state
 
         bw_util = series.get(BANDWIDTH_UTIL)
         util = series.get(UTILIZATION)
         bw_gbps = series.get(BANDWIDTH_GBPS)
         miss = series.get(MISS_RATE)
+        labelled = self._index.gather(series)
+        flags_throttle = classify(RootCauseInputs(throttle=labelled.throttle), cfg.rootcause)
+        throttled = any(flags_throttle.get(c) for c in THROTTLE_CAUSES)
+        clients = labelled.active_clients(scfg.client_active_percent)
 
-        # 1. memory contention, seconds and dollars counters
-        contended = False
-        evaluated = False
+        # 1. memory state: signature, evidence, verdict
         signal = compute_signal(series, cfg.contention.basis_order)
-        if bw_util is not None and signal is not None:
-            basis, compute = signal
-            contended = memory_contended(bw_util, compute, cfg.contention)
-            evaluated = True
+        basis, compute = signal if signal is not None else (None, None)
+        inp = StateInputs(bandwidth_util=bw_util, utilization=util, basis=basis, compute=compute,
+                          throttled=throttled, clients=clients)
+        sig = signature(inp, cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+        ref: RobustBaseline | None = None
+        ref_median: float | None = None
+        drop_cond = False
+        if basis in STARVATION_BASES and compute is not None:
+            ref = self._reference(key, basis)
+            stats = ref.stats() if ref.bins >= scfg.reference_warmup_bins else None
+            if stats is not None:
+                ref_median = stats[0]
+                recent_compute = self._recent(st, "compute_" + basis, now, compute, scfg.drop_compare_seconds)
+                drop_cond = sig and recent_compute < ref_median * (1.0 - scfg.drop_fraction)
+        if st.drop is None:
+            st.drop = DeviationTracker(scfg.drop_persistence_seconds)
+        throughput_drop = st.drop.update(drop_cond, dt)
+        st.drop_seconds = st.drop_seconds + dt if throughput_drop and clients is None else 0.0
+        unconfirmed = bool(scfg.drop_confirm_seconds) and st.drop_seconds >= scfg.drop_confirm_seconds
+        verdict = classify_state(
+            StateInputs(bandwidth_util=bw_util, utilization=util, basis=basis, compute=compute,
+                        throttled=throttled, clients=clients, reference_warm=ref_median is not None,
+                        throughput_drop=throughput_drop, drop_unconfirmed=unconfirmed),
+            scfg, cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+        state = verdict.state
+        st.state = state
+        contended = state == "contended"
+        if ref is not None and dt > 0:
+            if state == "idle":
+                st.idle_seconds += dt
+                if scfg.reference_reset_idle_seconds and st.idle_seconds >= scfg.reference_reset_idle_seconds \
+                        and ref.learned_seconds > 0:
+                    ref.reset()  # the next job gets its own reference
+            else:
+                st.idle_seconds = 0.0
+            if sig and state in ("memory_bound", "unknown") and not drop_cond and not throughput_drop:
+                ref.learn(compute, dt)  # type: ignore[arg-type]
+        for name in STATES:
+            out.append(("gpu_memory_state", {"state": name}, 1.0 if name == state else 0.0))
+        out.append(("gpu_memory_state_info", {"state": state, "reason": verdict.reason}, 1.0))
+        if clients is not None:
+            out.append(("gpu_active_clients", {}, float(clients)))
+            top = labelled.top_process(scfg.client_active_percent)
+            if top:
+                out.append(("gpu_top_process_info", {"process": top[:128]}, 1.0))
+        if ref_median is not None:
+            out.append(("gpu_memory_bound_reference_percent", {"basis": basis}, ref_median))  # type: ignore[dict-item]
+
+        # contention seconds and the slowdown-based cost
+        slowdown = 0.0
+        if contended:
+            if ref_median and compute is not None:
+                slowdown = min(max(1.0 - compute / ref_median, 0.0), 1.0)
+            else:
+                slowdown = cfg.cost.default_slowdown
+        if basis is not None and bw_util is not None:
             seconds = st.contention_seconds.get(basis, 0.0)
             if contended:
                 seconds += dt
-                if price is not None:
-                    st.cost_dollars += price * dt / 3600.0
             st.contention_seconds[basis] = seconds
             out.append(("gpu_memory_contention", {"basis": basis}, 1.0 if contended else 0.0))
-        for basis, seconds in st.contention_seconds.items():
-            out.append(("gpu_memory_contention_seconds_total", {"basis": basis}, seconds))
+        for b_name, seconds in st.contention_seconds.items():
+            out.append(("gpu_memory_contention_seconds_total", {"basis": b_name}, seconds))
+        if contended:
+            out.append(("gpu_contention_slowdown_ratio", {}, slowdown))
+        elif state != "unknown":
+            out.append(("gpu_contention_slowdown_ratio", {}, 0.0))
         if price is not None:
+            if contended:
+                st.cost_dollars += slowdown_cost(price, slowdown, dt, cfg.cost.surcharge_dollars,
+                                                 cfg.cost.surcharge_step)
             out.append(("gpu_price_dollars_per_hour", {}, price))
             out.append(("gpu_contention_cost_dollars_total", {}, st.cost_dollars))
 
@@ -193,49 +300,78 @@ class IndicatorEngine:
                 out.append(("gpu_metric_percentile", {"metric": metric, "percentile": q}, value))
             out.append(("gpu_metric_heavy_tail", {"metric": metric}, 1.0 if stats.heavy_tail else 0.0))
 
-        # 3. baselines: compare, then learn while loaded
-        bcfg = cfg.baseline
-        key = self._baseline_key(device_id)
+        # 3. robust baselines: compare the recent median, flag after persistence, learn when clean
         loaded = util is None or util > bcfg.load_utilization_percent
-        learn = loaded and dt > 0
+        clean_state = state not in ("contended", "throttled")
         deviating = False
         drop: bool | None = None
         bw_metric, bw_value = ("bandwidth", bw_gbps) if bw_gbps is not None else ("bandwidth_utilization", bw_util)
         if bw_value is not None:
-            b = self.baselines.get(key, bw_metric)
-            if b.n >= bcfg.warmup_samples:
-                z = b.zscore(bw_value, bcfg.min_relative_stddev)
-                deviating = loaded and z is not None and z < -bcfg.deviation_sigma
-                labels = {"metric": bw_metric}
-                out.append(("gpu_baseline_mean", labels, b.mean))
-                out.append(("gpu_baseline_stddev", dict(labels), b.stddev))
-                if loaded and z is not None:
-                    out.append(("gpu_baseline_zscore", dict(labels), z))
+            b = self._baseline(key, bw_metric)
+            tracker = self._tracker(st, key, bw_metric)
+            stats = b.stats() if b.bins >= bcfg.warmup_bins else None
+            long_ref = b.long_median() if len(b.long) >= bcfg.long_warmup_bins else None
+            cond = False
+            recent = self._recent(st, bw_metric, now, bw_value) if loaded else None
+            if recent is not None and stats is not None:
+                z = b.zscore(recent, bcfg.min_relative_stddev)
+                cond = z is not None and z < -bcfg.deviation_sigma
+            if recent is not None and long_ref is not None and long_ref > 0:
+                cond = cond or recent <= long_ref * (1.0 - bcfg.long_drop_fraction)
+            deviating = tracker.update(cond, dt)
+            held = st.flagged_seconds.get(bw_metric, 0.0) + dt if deviating else 0.0
+            st.flagged_seconds[bw_metric] = held
+            if deviating and bcfg.relearn_after_seconds and held >= bcfg.relearn_after_seconds:
+                log.info("bandwidth of %s deviated from its baseline for %.0f s: accepted as the new normal",
+                         key, held)
+                b.reset()
+                tracker.flagged = deviating = cond = False
+                st.flagged_seconds[bw_metric] = 0.0
+                stats = long_ref = None
+            self.baselines.set_flag(key, bw_metric, deviating)
+            labels = {"metric": bw_metric}
+            if stats is not None:
+                center, sigma = stats
+                out.append(("gpu_baseline_mean", labels, center))
+                out.append(("gpu_baseline_stddev", dict(labels), sigma))
+                if loaded:
+                    z_now = b.zscore(bw_value, bcfg.min_relative_stddev)
+                    if z_now is not None:
+                        out.append(("gpu_baseline_zscore", dict(labels), z_now))
+            if long_ref is not None:
+                out.append(("gpu_baseline_long_mean", dict(labels), long_ref))
+            if stats is not None or long_ref is not None:
                 out.append(("gpu_baseline_deviation", dict(labels), 1.0 if deviating else 0.0))
-                if util is not None:
-                    drop = bandwidth_drop_under_load(bw_value, b.mean, util, cfg.bandwidth_drop)
-                    out.append(("gpu_bandwidth_drop_under_load", {}, 1.0 if drop else 0.0))
-            if learn:
-                b.update(bw_value, dt, bcfg.half_life_seconds)
+            if stats is not None and util is not None:
+                drop = bandwidth_drop_under_load(recent if recent is not None else bw_value, stats[0],
+                                                 util, cfg.bandwidth_drop)
+                out.append(("gpu_bandwidth_drop_under_load", {}, 1.0 if drop else 0.0))
+            if loaded and clean_state and not cond and not deviating and not drop and dt > 0:
+                b.learn(bw_value, dt)
 
         miss_baseline: float | None = None
         if miss is not None:
-            mb = self.baselines.get(key, MISS_BASELINE)
-            if mb.n >= bcfg.warmup_samples:
-                miss_baseline = mb.mean
-            if learn:
-                mb.update(miss, dt, bcfg.half_life_seconds)
+            mb = self._baseline(key, MISS_BASELINE)
+            mstats = mb.stats() if mb.bins >= bcfg.warmup_bins else None
+            if mstats is not None:
+                miss_baseline = mstats[0]
+            risen = miss > cfg.rootcause.pressure_miss_percent or miss_rate_risen(miss, miss_baseline, cfg.rootcause)
+            if loaded and clean_state and not risen and dt > 0:
+                mb.learn(miss, dt)
 
         # 4. root cause
-        labelled = self._index.gather(series)
         throughput = self._interconnect_rate(now, st, labelled.interconnect_bytes, labelled.interconnect_series)
         ic_baseline: float | None = None
         if throughput is not None and labelled.link_util is not None:
-            ib = self.baselines.get(key, INTERCONNECT_BASELINE)
-            if ib.n >= bcfg.warmup_samples:
-                ic_baseline = ib.mean
-            if dt > 0 and labelled.link_util >= cfg.rootcause.coherency_link_utilization_percent:
-                ib.update(throughput, dt, bcfg.half_life_seconds)
+            ib = self._baseline(key, INTERCONNECT_BASELINE)
+            istats = ib.stats() if ib.bins >= bcfg.warmup_bins else None
+            if istats is not None:
+                ic_baseline = istats[0]
+            degraded = ic_baseline is not None and \
+                throughput <= ic_baseline * (1.0 - cfg.rootcause.coherency_throughput_drop_fraction)
+            if dt > 0 and labelled.link_util >= cfg.rootcause.coherency_link_utilization_percent \
+                    and not degraded and not contended and not throttled:
+                ib.learn(throughput, dt)
         flags = classify(RootCauseInputs(
             bandwidth_util=bw_util, miss_rate=miss, miss_baseline=miss_baseline,
             link_util=labelled.link_util, interconnect_throughput=throughput,
@@ -243,9 +379,13 @@ class IndicatorEngine:
         ), cfg.rootcause)
         for cause, active in flags.items():
             out.append(("gpu_contention_cause", {"cause": cause}, 1.0 if active else 0.0))
-        any_contention = contended or deviating or bool(drop)
-        out.append(("gpu_contention_cause_info",
-                    {"cause": dominant_cause(flags, any_contention, cfg.rootcause.priority, evaluated)}, 1.0))
+        if state == "unknown":
+            cause = "unknown"
+        elif contended or state == "throttled" or deviating or drop:
+            cause = dominant_cause(flags, True, cfg.rootcause.priority)
+        else:
+            cause = "none"
+        out.append(("gpu_contention_cause_info", {"cause": cause}, 1.0))
 
     def _interconnect_rate(self, now: float, st: _DeviceState, total: float | None,
                            n_series: int) -> float | None:
@@ -285,5 +425,9 @@ class IndicatorEngine:
 
     # -- introspection for tests and the bench --------------------------------------------
 
-    def baseline(self, device_id: DeviceId, metric: str) -> Ewma | None:
+    def state(self, device_id: DeviceId) -> str | None:
+        st = self._devices.get(device_id)
+        return st.state if st is not None else None
+
+    def baseline(self, device_id: DeviceId, metric: str) -> RobustBaseline | None:
         return self.baselines.peek(self._baseline_key(device_id), metric)

@@ -16,6 +16,7 @@ _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?
 THROTTLE = "gpu_throttle_active"
 IC_BYTES = "gpu_interconnect_bytes_total"
 IC_UTIL = "gpu_interconnect_utilization_percent"
+PROC_UTIL = "gpu_process_utilization_percent"
 
 
 def parse_key(key: str) -> tuple[str, dict[str, str]]:
@@ -38,6 +39,23 @@ class LabelledSignals:
     interconnect_bytes: float | None = None  # sum over links and directions
     interconnect_series: int = 0  # how many counters were summed
     link_util: float | None = None  # highest link utilization
+    # per-process utilization: pid -> highest value over its engines (None: no per-process data)
+    processes: dict[str, float] | None = None
+    names: dict[str, str] = field(default_factory=dict)  # pid -> process name
+
+    def top_process(self, active_percent: float) -> str | None:
+        """Name of the busiest active process (not the pooled pid="other"), if any."""
+        if not self.processes:
+            return None
+        best = max(((v, pid) for pid, v in self.processes.items() if pid != "other" and v >= active_percent),
+                   default=None)
+        return self.names.get(best[1]) or None if best is not None else None
+
+    def active_clients(self, active_percent: float) -> int | None:
+        """Processes at or above ``active_percent``; None without per-process utilization."""
+        if self.processes is None:
+            return None
+        return sum(1 for v in self.processes.values() if v >= active_percent)
 
 
 class SeriesIndex:
@@ -45,6 +63,7 @@ class SeriesIndex:
 
     def __init__(self, max_keys: int = 16384) -> None:
         self._kind: dict[str, tuple[str, str] | None] = {}
+        self._names: dict[str, str] = {}  # pid -> process name of the keys seen
         self._max = max_keys
 
     def _classify(self, key: str) -> tuple[str, str] | None:
@@ -56,10 +75,14 @@ class SeriesIndex:
                 kind = (THROTTLE, labels["reason"])
             elif name in (IC_BYTES, IC_UTIL):
                 kind = (name, "")
+            elif name == PROC_UTIL and "pid" in labels:
+                kind = (PROC_UTIL, labels["pid"])
+                self._names[labels["pid"]] = labels.get("process", "")
             else:
                 kind = None
         if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
             self._kind.clear()
+            self._names.clear()
         self._kind[key] = kind
         return kind
 
@@ -76,6 +99,13 @@ class SeriesIndex:
             family, reason = kind
             if family == THROTTLE:
                 out.throttle[reason] = out.throttle.get(reason, False) or value >= 0.5
+            elif family == PROC_UTIL:
+                procs = out.processes
+                if procs is None:
+                    procs = out.processes = {}
+                if value > procs.get(reason, -1.0):
+                    procs[reason] = value
+                    out.names[reason] = self._names.get(reason, "")
             elif family == IC_BYTES:
                 ic_sum += value
                 out.interconnect_series += 1

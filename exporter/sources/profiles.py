@@ -9,12 +9,15 @@ Options (``collectors.profiles.options``)::
     scan_interval: 2.0     # seconds between scans of the directory
     max_file_bytes: 536870912
     restore: true          # re-read imported/ at start so series survive a restart
+    ttl: 600               # seconds an import stays exported (0: until replaced); restored
+                           # imports count from the restart
     trigger: {...}         # triggered deep capture, see exporter/importers/trigger.py
 
 Imports run in a background thread, never in ``poll``: a huge or hostile file cannot stall the
 daemon, and a parser failure only moves the file to ``rejected/``.  ``poll`` returns the series
 of the imported artifacts, which stay exported until a newer import of the same tool, GPUs and
-trace id replaces them: they are profiler results, not live hardware readings.
+trace id replaces them or until they are ``ttl`` seconds old: they are profiler results, not
+live hardware readings, and a stale one must not keep driving live indicators and alerts.
 
 ``provides_identity = False``: an artifact GPU whose UUID a native source knows (nsys exports
 carry it) takes that GPU's vendor/gpu/uuid labels; others keep the tool's device id as ``gpu``.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -51,13 +55,17 @@ class ProfilesSource:
         self.max_profiles = int(opts.get("max_profiles", 16))
         self.scan_interval = float(opts.get("scan_interval", 2.0))
         self.restore_on_open = bool(opts.get("restore", True))
+        self.ttl = float(opts.get("ttl", 600.0))
+        if not self.ttl >= 0:  # also rejects NaN
+            raise ValueError(f"profiles ttl must be >= 0 seconds, got {opts.get('ttl')!r}")
+        self.clock = time.monotonic
         self.drop = DropDir(self.dir or ".", settle=float(opts.get("settle", 1.0)),
                             max_bytes=int(opts.get("max_file_bytes", MAX_BYTES)))
         self.trigger = CaptureTrigger(TriggerConfig.from_options(opts.get("trigger")), self.drop.root)
         self._allowed = allowed_fields(mappings) if mappings is not None else None
         self._lock = threading.Lock()
-        # (tool, trace_id, device keys) -> (devices, readings); newest last
-        self._results: OrderedDict[tuple, tuple[list[Device], list[Reading]]] = OrderedDict()
+        # (tool, trace_id, device keys) -> (devices, readings, import time); newest last
+        self._results: OrderedDict[tuple, tuple[list[Device], list[Reading], float]] = OrderedDict()
         self._devices: dict[str, Device] = {}
         self._imports: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
@@ -83,7 +91,12 @@ class ProfilesSource:
     def poll(self) -> Sample:
         sample = Sample()
         with self._lock:
-            for _devices, readings in reversed(self._results.values()):  # newest first wins
+            if self.ttl > 0:
+                cutoff = self.clock() - self.ttl
+                for key in [k for k, (_, _, at) in self._results.items() if at < cutoff]:
+                    del self._results[key]
+                    self._errors["profile_expired"] += 1
+            for _devices, readings, _at in reversed(self._results.values()):  # newest first wins
                 sample.readings.extend(readings)
             for key, n in self._imports.items():
                 sample.readings.append(Reading(key, "profile.imports", float(n)))
@@ -141,7 +154,7 @@ class ProfilesSource:
         key = (prof.tool, prof.trace_id, tuple(sorted(d.key for d in devices)))
         with self._lock:
             self._results.pop(key, None)
-            self._results[key] = (devices, sample.readings)
+            self._results[key] = (devices, sample.readings, self.clock())
             while len(self._results) > max(self.max_profiles, 1):
                 self._results.popitem(last=False)
             for d in devices:

@@ -31,6 +31,7 @@ _REF_RE = re.compile(r"^=\s*([^*]+?)\s*(?:\*\s*([-+0-9.eE]+))?\s*$")
 class SimDevice(BaseModel):
     model_config = ConfigDict(extra="forbid")
     vendor: Literal["nvidia", "amd", "intel"]
+    case: str = ""  # what this device stands for in a detection scenario
     mapping: str
     model: str
     count: int = Field(default=1, ge=1, le=4096)
@@ -51,6 +52,23 @@ class Phase(BaseModel):
     devices: dict[str, dict[str, Value]] = {}
 
 
+class ExpectWindow(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    start: Duration = Field(alias="from")
+    end: Duration = Field(alias="to")
+    state: Literal["idle", "healthy", "memory_bound", "contended", "throttled", "unknown"]
+
+
+class Expect(BaseModel):
+    """What the detection suite expects of one device: its memory state within time windows
+    (seconds since the start) and the bounds of its contended seconds at the end."""
+
+    model_config = ConfigDict(extra="forbid")
+    case: str = ""
+    states: list[ExpectWindow] = []
+    contended_seconds: tuple[float, float] | None = None
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -59,6 +77,8 @@ class Scenario(BaseModel):
     loop: bool = True
     devices: list[SimDevice] = Field(min_length=1)
     phases: list[Phase] = Field(min_length=1)
+    # per device ("vendor:index"): expected indicator behaviour (tests/test_detection_scenarios.py)
+    expect: dict[str, Expect] = {}
 
     @field_validator("devices", "phases")
     @classmethod

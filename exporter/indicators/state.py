@@ -1,0 +1,107 @@
+"""The memory state of one GPU: one of idle, healthy, memory_bound, contended, throttled, unknown.
+
+A pure decision over what the GPU reports this poll (see docs/detection.md for the table):
+
+1. ``throttled``: a thermal or power throttle reason is active while the GPU is busy.
+2. ``idle``: every load signal the GPU reports (compute utilization, bandwidth utilization,
+   the compute signal) is below its idle bar.
+3. ``unknown``: busy, but without a bandwidth signal, or with the memory-bound signature and no
+   evidence source at all (no per-process data and no warm reference of its own).  The reason
+   is exported; a GPU that cannot be evaluated is never reported healthy.
+4. The memory-bound signature: bandwidth utilization above the seed's 85 %, and, where the GPU
+   reports a compute-starvation signal (occupancy or SM active), that signal below the seed's
+   50 %.  Without a starvation signal (AMD, Intel, NVIDIA without GPM/DCGM) bandwidth alone is
+   the signature, and only evidence decides.
+5. Signature + evidence of interference -> ``contended``: two or more active clients on the GPU
+   (per-process utilization), or the compute signal persistently below the GPU's own memory-bound
+   reference (a throughput drop; unconfirmed by per-process data it counts only for
+   ``drop_confirm_seconds``, then the state is ``unknown``: a neighbour and a new job with a
+   lower compute signal look the same).  Signature + evidence sources that show no interference (one
+   active client, or a warm reference that holds) -> ``memory_bound``.
+6. Anything else busy -> ``healthy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import StateConfig
+
+STATES = ("idle", "healthy", "memory_bound", "contended", "throttled", "unknown")
+STARVATION_BASES = ("occupancy", "sm_active")
+
+
+@dataclass(frozen=True, slots=True)
+class StateInputs:
+    bandwidth_util: float | None = None
+    utilization: float | None = None
+    basis: str | None = None  # occupancy | sm_active | utilization
+    compute: float | None = None  # value of the compute signal named by basis
+    throttled: bool = False  # a thermal/power throttle reason is active
+    clients: int | None = None  # active clients (None: no per-process utilization data)
+    reference_warm: bool = False  # the memory-bound reference has learned enough
+    throughput_drop: bool = False  # compute signal persistently below that reference
+    drop_unconfirmed: bool = False  # that drop has lasted too long without per-process data
+
+
+@dataclass(frozen=True, slots=True)
+class StateVerdict:
+    state: str
+    reason: str  # why: the evidence (contended), what is missing (unknown), ...
+    signature: bool  # the memory-bound signature holds
+
+
+def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
+    """Whether any load signal is above its idle bar; None when the GPU reports none."""
+    seen = False
+    for value, bar in ((inp.utilization, cfg.idle_utilization_percent),
+                       (inp.bandwidth_util, cfg.idle_bandwidth_percent),
+                       (inp.compute if inp.basis in STARVATION_BASES else None, cfg.idle_utilization_percent)):
+        if value is None:
+            continue
+        seen = True
+        if value >= bar:
+            return True
+    return False if seen else None
+
+
+def signature(inp: StateInputs, bandwidth_percent: float, compute_percent: float) -> bool:
+    """Bandwidth above the bar and, where a starvation signal exists, compute below its bar."""
+    if inp.bandwidth_util is None or inp.bandwidth_util <= bandwidth_percent:
+        return False
+    if inp.basis in STARVATION_BASES and inp.compute is not None:
+        return inp.compute < compute_percent
+    return True
+
+
+def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float = 85.0,
+                   compute_percent: float = 50.0) -> StateVerdict:
+    is_busy = busy(inp, cfg)
+    if is_busy is None:
+        return StateVerdict("unknown", "no_load_signal", False)
+    if inp.throttled and is_busy:
+        return StateVerdict("throttled", "throttle_reason_active", False)
+    if not is_busy:
+        return StateVerdict("idle", "below_idle_bars", False)
+    if inp.bandwidth_util is None:
+        return StateVerdict("unknown", "no_bandwidth_signal", False)
+    sig = signature(inp, bandwidth_percent, compute_percent)
+    if not sig:
+        return StateVerdict("healthy", "no_memory_bound_signature", False)
+    clients = inp.clients
+    if clients is not None and clients >= cfg.min_clients:
+        return StateVerdict("contended", "clients" if not inp.throughput_drop else "clients_and_throughput_drop", True)
+    if inp.throughput_drop:
+        # one active client cannot be crowded out by a co-tenant: trust the process list
+        if clients is not None and clients <= 1 and cfg.single_client_vetoes_drop:
+            return StateVerdict("memory_bound", "single_client", True)
+        if clients is None and inp.drop_unconfirmed:
+            # a neighbour or a new job with a lower compute signal: cannot tell any more
+            return StateVerdict("unknown", "throughput_drop_unconfirmed", True)
+        return StateVerdict("contended", "throughput_drop", True)
+    if clients is not None:
+        return StateVerdict("memory_bound", "single_client" if clients == 1 else "no_active_client", True)
+    if inp.reference_warm:
+        return StateVerdict("memory_bound", "reference_holds", True)
+    starving = inp.basis in STARVATION_BASES
+    return StateVerdict("unknown", "reference_warming" if starving else "no_starvation_signal_no_process_data", True)

@@ -1,0 +1,87 @@
+"""The memory-state decision table (docs/detection.md), row by row, as a pure function."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.indicators.config import StateConfig
+from exporter.indicators.state import StateInputs, busy, classify_state
+
+CFG = StateConfig()
+
+
+def occ(bw, compute, **kw) -> StateInputs:
+    return StateInputs(bandwidth_util=bw, utilization=kw.pop("util", 99.0), basis="occupancy",
+                       compute=compute, **kw)
+
+
+def util_only(bw, **kw) -> StateInputs:
+    return StateInputs(bandwidth_util=bw, utilization=kw.pop("util", 99.0), basis="utilization",
+                       compute=kw.pop("util_c", 99.0), **kw)
+
+
+ROWS = [
+    # (case, inputs, state, reason)
+    ("nothing reported", StateInputs(), "unknown", "no_load_signal"),
+    ("idle", occ(1.0, 0.5, util=1.0), "idle", "below_idle_bars"),
+    ("thermal throttle while busy", occ(50.0, 55.0, throttled=True), "throttled", "throttle_reason_active"),
+    ("throttle reason on an idle GPU", occ(1.0, 0.5, util=1.0, throttled=True), "idle", "below_idle_bars"),
+    ("busy, no bandwidth signal", StateInputs(utilization=95.0, basis="utilization", compute=95.0),
+     "unknown", "no_bandwidth_signal"),
+    ("compute-bound training", occ(60.0, 60.0, clients=1), "healthy", "no_memory_bound_signature"),
+    ("bandwidth high, compute fed (dense GEMM)", occ(92.0, 70.0, clients=2), "healthy",
+     "no_memory_bound_signature"),
+    ("low-occupancy GEMM, modest bandwidth", occ(40.0, 20.0), "healthy", "no_memory_bound_signature"),
+    ("single memory-bound tenant", occ(92.0, 40.0, clients=1), "memory_bound", "single_client"),
+    ("memory-bound, no active client listed", occ(92.0, 40.0, clients=0), "memory_bound", "no_active_client"),
+    ("memory-bound, warm reference holds", occ(92.0, 40.0, reference_warm=True), "memory_bound",
+     "reference_holds"),
+    ("memory-bound, reference still warming", occ(92.0, 40.0), "unknown", "reference_warming"),
+    ("two tenants saturating (occupancy)", occ(95.0, 30.0, clients=2), "contended", "clients"),
+    ("throughput drop, no process data", occ(95.0, 25.0, reference_warm=True, throughput_drop=True),
+     "contended", "throughput_drop"),
+    ("throughput drop held too long, no process data",
+     occ(95.0, 25.0, reference_warm=True, throughput_drop=True, drop_unconfirmed=True),
+     "unknown", "throughput_drop_unconfirmed"),
+    ("long throughput drop confirmed by two clients",
+     occ(95.0, 25.0, clients=2, throughput_drop=True, drop_unconfirmed=True),
+     "contended", "clients_and_throughput_drop"),
+    ("throughput drop and two clients", occ(95.0, 25.0, clients=3, throughput_drop=True), "contended",
+     "clients_and_throughput_drop"),
+    ("throughput drop but one client (job change)", occ(95.0, 25.0, clients=1, throughput_drop=True),
+     "memory_bound", "single_client"),
+    ("AMD/Intel: two tenants at 95 % bandwidth", util_only(95.0, clients=2), "contended", "clients"),
+    ("AMD/Intel: one tenant at 95 % bandwidth", util_only(95.0, clients=1), "memory_bound", "single_client"),
+    ("AMD/Intel: 95 % bandwidth, no process data", util_only(95.0), "unknown",
+     "no_starvation_signal_no_process_data"),
+    ("AMD/Intel: co-tenants below the bandwidth bar", util_only(60.0, clients=2), "healthy",
+     "no_memory_bound_signature"),
+]
+
+
+@pytest.mark.parametrize(("case", "inp", "state", "reason"), ROWS, ids=[r[0] for r in ROWS])
+def test_decision_table(case, inp, state, reason):
+    verdict = classify_state(inp, CFG)
+    assert (verdict.state, verdict.reason) == (state, reason), case
+
+
+def test_seed_thresholds_are_the_signature_and_configurable():
+    assert classify_state(occ(85.0, 40.0, clients=2), CFG).state == "healthy"  # > 85, not >=
+    assert classify_state(occ(85.1, 49.9, clients=2), CFG).state == "contended"
+    assert classify_state(occ(85.1, 50.0, clients=2), CFG).state == "healthy"
+    assert classify_state(occ(80.0, 40.0, clients=2), CFG, bandwidth_percent=75.0).state == "contended"
+
+
+def test_min_clients_and_veto_are_configurable():
+    three = StateConfig(min_clients=3)
+    assert classify_state(occ(95.0, 30.0, clients=2), three).state == "memory_bound"
+    no_veto = StateConfig(single_client_vetoes_drop=False)
+    assert classify_state(occ(95.0, 25.0, clients=1, throughput_drop=True), no_veto).state == "contended"
+
+
+def test_busy_uses_whatever_signals_exist():
+    assert busy(StateInputs(), CFG) is None
+    assert busy(StateInputs(bandwidth_util=30.0), CFG) is True
+    assert busy(StateInputs(utilization=2.0, bandwidth_util=1.0), CFG) is False
+    # utilization alone low but occupancy high: busy
+    assert busy(StateInputs(utilization=1.0, basis="occupancy", compute=20.0), CFG) is True
