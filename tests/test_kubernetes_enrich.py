@@ -443,7 +443,7 @@ def test_two_pods_sharing_a_gpu_and_a_mig_pod_each_get_their_own_labels(sock_dir
     assert e.labeler(shared, ["1001", "1002", "1004", "other"]) is None
     assert e._pids.reads == 0
     e.labeler(mig, ["1003"])
-    assert e.resolve_pids() == 3  # background task: the three pod processes resolved
+    assert e.resolve_pids() == 4  # background task: three pod processes and one host process
     lab = e.labeler(shared, ["1001", "1002", "1004", "other"])
     h = head(shared)
     a = dict(lab(h + (("pid", "1001"), ("process", "python"))))
@@ -461,6 +461,15 @@ def test_two_pods_sharing_a_gpu_and_a_mig_pod_each_get_their_own_labels(sock_dir
     want_m1 = {"namespace": "serve", "pod": "infer-1", "container": "server", "workload": "ranker"}
     assert dict(mlab(hm + (("gpu_instance", "1"), ("pid", "1003")))) == want_m1
     assert dict(mlab(hm + (("gpu_instance", "1"), ("mig_profile", "1g.10gb")))) == want_m1
+    # a host process on a GPU allocated to one pod is not that pod's
+    exclusive = dev("nvidia", "0", uuid=NV_UUID)
+    e.labeler(exclusive, ["1004", "1005"])
+    e.resolve_pids()
+    xlab = e.labeler(exclusive, ["1004", "1005"])
+    hx = head(exclusive)
+    assert xlab(hx + (("pid", "1004"),)) == ()
+    assert dict(xlab(hx + (("pid", "1005"),)))["pod"] == "train-0"  # gone / unreadable: the GPU's pod
+    assert dict(xlab(hx))["workload"] == "bert"
     assert dict(mlab(hm + (("gpu_instance", "2"),))) == {
         "namespace": "serve", "pod": "infer-2", "container": "server", "workload": "batch-7"}
     # gpu_pod_info lists both pods of the shared GPU with their workloads

@@ -45,6 +45,8 @@ class ContainerRef:
     runtime: str       # containerd, cri-o, docker or "" (cgroupfs paths do not say)
 
 
+NOT_IN_POD = ContainerRef("", "", "")  # the cgroup file was read: a host process, no pod
+
 _RUNTIME = {"cri-containerd": "containerd", "containerd": "containerd", "crio": "cri-o",
             "docker": "docker", None: ""}
 
@@ -80,7 +82,8 @@ def parse_proc_cgroup(text: str) -> ContainerRef | None:
 
 
 def read_pid(procfs: str, pid: int) -> ContainerRef | None:
-    """Read and parse one process's cgroup file; None when gone, unreadable or not in a pod."""
+    """Read and parse one process's cgroup file: None when gone or unreadable, ``NOT_IN_POD``
+    for a process outside every pod."""
     try:
         fd = os.open(f"{procfs}/{int(pid)}/cgroup", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -91,7 +94,7 @@ def read_pid(procfs: str, pid: int) -> ContainerRef | None:
         return None
     finally:
         os.close(fd)
-    return parse_proc_cgroup(data.decode("ascii", "replace"))
+    return parse_proc_cgroup(data.decode("ascii", "replace")) or NOT_IN_POD
 
 
 class PidCache:

@@ -20,8 +20,11 @@ Device IDs per device plugin (matched case-insensitively):
 * AMD (``amd.com/gpu``): the PCI address ``0000:03:00.0``.
 * Intel (``gpu.intel.com/i915``, ``gpu.intel.com/xe``): ``card<N>-<share>``.
 * DRA claims: the claim's ``device_name`` (and ``pool/device``); a GPU/MIG UUID or a PCI address
-  written with dashes inside it (``gpu-0000-3b-00-0``) is recognised; NVIDIA's ``gpu-<N>`` names
-  the GPU with index N. Drivers are matched by ``dra_drivers`` patterns.
+  written with dashes inside it (``0000-3b-00-0``) is recognised; NVIDIA's driver names a GPU
+  ``gpu-<minor>`` (the /dev/nvidia<minor> number, matched like the device plugin's ``nvidia<N>``
+  against the NVML index, which equals it on usual systems). NVIDIA's DRA MIG devices
+  (``gpu-<minor>-mig-<profile>-<start>-<size>``) carry no MIG UUID or instance id and are not
+  attributed. Drivers are matched by ``dra_drivers`` patterns.
 
 MIG instances are matched by their MIG UUIDs (``Device.partitions``, filled by the NVML source).
 
@@ -445,7 +448,9 @@ class PodResourcesEnricher:
     def resolve_pids(self) -> int:
         """Blocking: resolve the PIDs the series name to pods (cgroup + pod list). Returns how many
         PIDs now have labels. PIDs whose pod cannot be named yet keep the GPU-level fallback."""
-        wanted, self._wanted = self._wanted, set()
+        # swap first, then copy at C level: the render thread may still add to the old set
+        old, self._wanted = self._wanted, set()
+        wanted = frozenset(old)
         if not wanted:
             return len(self._pid_labels)
         out: dict[str, Labels] = {}
@@ -460,7 +465,9 @@ class PodResourcesEnricher:
 
     def _pid_to_labels(self, ref: ContainerRef | None, by_uid: dict[str, PodMeta]) -> Labels | None:
         if ref is None:
-            return None  # gone, no host /proc, or not in a pod: keep the fallback
+            return None  # gone, or no host /proc: keep the GPU-level fallback
+        if not ref.pod_uid:
+            return ()  # a host process: none of the GPU's pods
         meta = by_uid.get(ref.pod_uid)
         if meta is None:
             return None
