@@ -201,6 +201,8 @@ CGROUP_SHAPES = {
 
 
 def write_proc(root: Path, pid: int, cgroup: str, start: int = 1000, comm: str = "python") -> None:
+    if pid != 1 and not (root / "1").exists():  # the host's init: a host PID namespace
+        write_proc(root, 1, "0::/init.scope\n", start=1, comm="systemd")
     d = root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     (d / "cgroup").write_text(cgroup)
@@ -613,3 +615,25 @@ def test_nvml_source_reports_mig_uuids_that_attribution_matches(sock_dir):
     others = [g for g in parts if g != gi]
     assert lab(h + (("gpu_instance", others[0]),)) == ()
     assert lab(h) == ()
+
+
+def test_no_pid_attribution_in_a_containers_own_pid_namespace(sock_dir, tmp_path):
+    """Without hostPID, /proc is the exporter's own PID namespace: host PIDs from the driver would
+    name unrelated processes there, so none is attributed."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    api = FakeApiServer("t", PODS, page=10)
+    proc = tmp_path / "proc"
+    write_proc(proc, 1, CGROUP_SHAPES["containerd-v2-systemd"][0])  # PID 1 inside a pod
+    write_proc(proc, 1002, CGROUP_SHAPES["crio-v2-systemd"][0])
+    try:
+        e = PodResourcesEnricher({"socket": str(sock_dir / "none"), "api": "on", "api_server": api.url,
+                                  "node_name": "node-1", "token_file": str(token)}, procfs=proc)
+        assert e.refresh_pods()
+    finally:
+        api.stop()
+    shared = dev("nvidia", "3", uuid=SHARED_UUID)
+    e.labeler(shared, ["1", "1002"])
+    assert e.resolve_pids() == 0
+    assert e.labeler(shared, ["1", "1002"]) is None
+    assert e._pids.reads == 0

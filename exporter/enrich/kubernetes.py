@@ -336,6 +336,7 @@ class PodResourcesEnricher:
         self._pid_labels: dict[str, Labels] = {}          # pid -> labels (() = not in a pod)
         self._wanted: set[str] = set()                    # PIDs the series name, set by the renderer
         self._pids = PidCache(str(procfs), o.pid_cache_size)
+        self._host_pids: bool | None = None  # procfs shows the host's PID namespace
         self.last_success: float = 0.0  # unix time of the last good List
         self.errors = 0
         self.api_errors = 0
@@ -453,6 +454,8 @@ class PodResourcesEnricher:
         wanted = frozenset(old)
         if not wanted:
             return len(self._pid_labels)
+        if not self._host_pid_namespace():
+            return 0
         out: dict[str, Labels] = {}
         by_uid = self._by_uid
         for pid in sorted(wanted, key=int)[: self.options.pid_cache_size]:
@@ -462,6 +465,22 @@ class PodResourcesEnricher:
                 out[pid] = labels
         self._pid_labels = out
         return len(out)
+
+    def _host_pid_namespace(self) -> bool:
+        """GPU drivers report host PIDs: look them up only in a procfs that shows the host's PID
+        namespace (hostPID, or the host's /proc mounted). In a container's own namespace PID 1
+        is the container's entrypoint, inside a pod cgroup, and PID numbers name other processes."""
+        if self._host_pids is None:
+            from .cgroup_pods import read_pid
+
+            init = read_pid(self._pids.procfs, 1)
+            self._host_pids = init is not None and not init.pod_uid
+            if not self._host_pids:
+                log.warning("%s is not the host's PID namespace (PID 1 is %s): processes are not "
+                            "attributed to pods; run with hostPID or mount the host's /proc "
+                            "(--path.procfs)", self._pids.procfs,
+                            "unreadable" if init is None else "in a pod")
+        return self._host_pids
 
     def _pid_to_labels(self, ref: ContainerRef | None, by_uid: dict[str, PodMeta]) -> Labels | None:
         if ref is None:
