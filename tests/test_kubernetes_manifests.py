@@ -264,7 +264,11 @@ def test_monitors_structure(target):
         (e,) = m["spec"].get("endpoints") or m["spec"]["podMetricsEndpoints"]
         assert e["port"] == "metrics" and e["path"] == "/metrics"
         assert int(e["scrapeTimeout"].rstrip("s")) < int(e["interval"].rstrip("s"))
-        assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in e["relabelings"]
+        rl = e["relabelings"]
+        assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in rl
+        # the exporter's own pod labels must not collide with the workload's pod attribution
+        assert {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "exporter_pod"} in rl
+        assert rl[-1] == {"action": "labeldrop", "regex": "pod|namespace|container"}
     for sm in sms:
         svc = one(docs, "Service")
         assert svc["metadata"]["labels"] == sm["spec"]["selector"]["matchLabels"]
@@ -386,3 +390,26 @@ def test_base_config_is_accepted_by_the_exporter(tmp_path):
         out = subprocess.run([str(exe), "--check-config", f"--config.file={cfg}"], capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0, f"{cfg}: {out.stdout}{out.stderr}"
+
+
+def _snake(key: str) -> str:
+    return {"sourceLabels": "source_labels", "targetLabel": "target_label"}.get(key, key)
+
+
+@pytest.mark.parametrize("target", ["overlays/nvidia", "overlays/per-process"])
+def test_monitor_relabelings_are_valid_prometheus_relabel_configs(target, tmp_path):
+    """The monitors' relabelings, as the operator passes them on, pass promtool's config check."""
+    promtool = shutil.which("promtool")
+    _need("promtool", promtool is not None, "Debian package prometheus")
+    docs = render(target)
+    (m,) = by_kind(docs, "ServiceMonitor") + by_kind(docs, "PodMonitor")
+    (e,) = m["spec"].get("endpoints") or m["spec"]["podMetricsEndpoints"]
+    cfg = {"scrape_configs": [{
+        "job_name": "gpu", "scrape_interval": e["interval"], "scrape_timeout": e["scrapeTimeout"],
+        "kubernetes_sd_configs": [{"role": "pod"}],
+        "relabel_configs": [{_snake(k): v for k, v in r.items()} for r in e["relabelings"]]}]}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([promtool, "check", "config", "--syntax-only", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
