@@ -406,7 +406,7 @@ def test_monitor_relabelings_are_valid_prometheus_relabel_configs(target, tmp_pa
     (e,) = m["spec"].get("endpoints") or m["spec"]["podMetricsEndpoints"]
     cfg = {"scrape_configs": [{
         "job_name": "gpu", "scrape_interval": e["interval"], "scrape_timeout": e["scrapeTimeout"],
-        "kubernetes_sd_configs": [{"role": "pod"}],
+        "static_configs": [{"targets": ["gpu-node:9632"]}],  # Debian builds lack kubernetes_sd
         "relabel_configs": [{_snake(k): v for k, v in r.items()} for r in e["relabelings"]]}]}
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(cfg))
