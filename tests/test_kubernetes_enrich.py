@@ -637,3 +637,54 @@ def test_no_pid_attribution_in_a_containers_own_pid_namespace(sock_dir, tmp_path
     assert e.resolve_pids() == 0
     assert e.labeler(shared, ["1", "1002"]) is None
     assert e._pids.reads == 0
+
+
+@pytest.mark.asyncio
+async def test_daemon_serves_pod_labels_from_the_kubelet(sock_dir, tmp_path):
+    """The whole path: config -> daemon -> background refresh from the gRPC kubelet -> /metrics."""
+    import time
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from exporter.daemon import Daemon, Settings
+    from exporter.server import make_app
+
+    h100_0 = "GPU-e83a26b1-dd84-2087-3e89-7d02f2fba7c1"  # the demo scenario's NVIDIA GPUs
+    h100_1 = "GPU-474dcc28-3f72-57ea-fc0e-d51d7ee377ac"
+    path = str(sock_dir / "kubelet.sock")
+    kubelet = FakeKubelet(path)
+    r = pb.ListPodResourcesResponse()
+    for name, ids in (("solo", [h100_0]), ("ts-a", [h100_1 + "::0"]), ("ts-b", [h100_1 + "::1"])):
+        p = r.pod_resources.add(name=name, namespace="ml")
+        p.containers.add(name="main").devices.add(resource_name="nvidia.com/gpu", device_ids=ids)
+    kubelet.response = r
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(f"enrich:\n  cloud: {{enabled: false}}\n  kubernetes: {{socket: {path}, api: 'off', "
+                   f"refresh_seconds: 0.2}}\n")
+    daemon = Daemon(Settings(config_path=cfg, simulate="demo", procfs=tmp_path))
+    await daemon.start()
+    server = TestServer(make_app(daemon))
+    await server.start_server()
+    body = ""
+    try:
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                async with session.get(str(server.make_url("/metrics"))) as resp:
+                    body = await resp.text()
+                if "gpu_pod_info{" in body and 'pod="solo"' in body:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        await server.close()
+        await daemon.stop()
+        kubelet.stop()
+    lines = body.splitlines()
+    solo = [ln for ln in lines if ln.startswith("gpu_memory_used_bytes{") and h100_0 in ln]
+    assert solo and all('namespace="ml"' in ln and 'pod="solo"' in ln and 'container="main"' in ln
+                        for ln in solo)
+    shared = [ln for ln in lines if ln.startswith("gpu_memory_used_bytes{") and h100_1 in ln]
+    assert shared and not any("pod=" in ln for ln in shared)  # two pods: GPU-level series name neither
+    info = sorted(ln.split('pod="')[1].split('"')[0] for ln in lines if ln.startswith("gpu_pod_info{"))
+    assert info == ["solo", "ts-a", "ts-b"]
