@@ -18,7 +18,7 @@ COPY exporter ./exporter
 COPY mappings ./mappings
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install /dist/*.whl grpcio \
+ && /opt/venv/bin/pip install "$(ls /dist/*.whl)[nvidia,kubernetes]" \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 
 # ---- runtime: slim, non-root, read-only root file system compatible -------------------------

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 EXPORTER := $(VENV)/bin/unified-gpu-exporter
 ARGS   ?=
 
-.PHONY: run test install system-deps docs check-docs bench soak lint clean
+.PHONY: run test install system-deps docs check-docs bench soak lint clean kubernetes
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ system-deps:
 
 docs: install
 	$(PY) -m exporter.docs > docs/metrics.md
+
+## make kubernetes: regenerate what deploy/kubernetes derives from other files (the
+## PrometheusRule from deploy/prometheus/rules, dashboard ConfigMaps from deploy/grafana) and
+## the kubelet pod-resources protobuf module from its vendored .proto.
+kubernetes: install
+	$(PY) scripts/gen-kubernetes-monitoring.py
+	cd exporter/enrich && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. podresources_v1.proto
 
 bench: install system-deps
 	$(PY) bench/run.py

@@ -192,7 +192,7 @@ class Daemon:
         # on by default only where the kubelet's pod-resources socket exists (a Kubernetes node)
         opts.setdefault("enabled", Path(opts.get("socket", DEFAULT_SOCKET)).exists())
         try:
-            k8s = PodResourcesEnricher(opts)
+            k8s = PodResourcesEnricher(opts, procfs=self.settings.procfs)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{where}: enrich.kubernetes: {exc}") from None
         unknown = set(config.enrich) - {"cloud", "kubernetes"}
@@ -471,9 +471,13 @@ class Daemon:
         if self.cloud is not None and self.cloud.labels():
             own = {k for k, _ in static}
             static = static + tuple(sorted((k, v) for k, v in self.cloud.labels().items() if k not in own))
-        per_device = self._pod_labels(snapshot)
-        self.rendered = await self._render_worker.submit(
-            lambda: self.renderer.render(snapshot, extra, static, per_device))  # type: ignore[union-attr]
+
+        def build() -> Rendered:  # pod attribution reads only cached dicts; off the event loop
+            per_device, pods = self._pod_labels(snapshot)
+            return self.renderer.render(snapshot, [*extra, *pods] if pods else extra,  # type: ignore[union-attr]
+                                        static, per_device)
+
+        self.rendered = await self._render_worker.submit(build)
         self._rendered_up = any(st.up for st in snapshot.sources.values())
         return self.rendered
 
@@ -483,16 +487,28 @@ class Daemon:
         self._enrich_tasks = [asyncio.create_task(e.run(), name=type(e).__name__)
                               for e in (self.cloud, self.k8s) if e is not None and e.enabled]
 
-    def _pod_labels(self, store: Store) -> dict[tuple[str, str, str], Labels]:
-        """namespace/pod/container of the pod using each GPU (first one when several share it)."""
+    def _pod_labels(self, store: Store) -> tuple[dict, list[tuple[str, Labels, float]]]:
+        """Per GPU, what pod attribution adds to its series (by series: its process's pod, its MIG
+        instance's pod, or the GPU's one pod), and a gpu_pod_info series per allocation."""
         if self.k8s is None or not self.k8s.enabled:
-            return {}
-        out: dict[tuple[str, str, str], Labels] = {}
+            return {}, []
+        pids: dict[tuple[str, str, str], set[str]] = {}
+        for st in store.sources.values():
+            for name, labels in st.series:
+                if len(labels) > 3 and name.startswith("gpu_process_"):
+                    for k, v in labels[3:]:
+                        if k == "pid":
+                            pids.setdefault((labels[0][1], labels[1][1], labels[2][1]), set()).add(v)
+        out: dict = {}
+        info: list[tuple[str, Labels, float]] = []
         for _, dev in store.info_devices():
-            found = self.k8s.labels_for(dev)
-            if found:
-                out[(dev.vendor, dev.index, dev.uuid)] = tuple(sorted(found[0].items()))
-        return out
+            key = (dev.vendor, dev.index, dev.uuid)
+            labeler = self.k8s.labeler(dev, pids.get(key, ()))
+            if labeler is not None:
+                out[key] = labeler
+            head = (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid))
+            info.extend(("gpu_pod_info", head + ls, 1.0) for ls in self.k8s.info_series(dev))
+        return out, info
 
     def _snapshot(self) -> Store:
         """A copy of the store the render thread can read while sources keep updating."""

@@ -111,6 +111,8 @@ class Renderer:
                 fam = fams[family] = _family(family, mdef.type, mdef.help, mdef.unit)
             if per_device:
                 dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
+                if dev and callable(dev):  # pod attribution: the labels depend on the series
+                    dev = dev(labels)
                 if dev:
                     labels = labels + dev
             fam.samples.append((name, labels + static_labels if static_labels else labels, value))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages the test suite uses (promtool, amtool, a real Prometheus and
-# Alertmanager, node_exporter for the benchmark peer, systemd-analyze, openssl).  As root with apt
+# Alertmanager, node_exporter for the benchmark peer, systemd-analyze, openssl, kubectl for
+# `kubectl kustomize`).  As root with apt
 # (CI, containers) they are installed; otherwise the missing ones are listed and the tests that
 # need them are skipped, each naming its package.
 set -u
@@ -12,6 +13,7 @@ need=(
   "prometheus-node-exporter:prometheus-node-exporter"
   "systemd-analyze:systemd"
   "openssl:openssl"
+  "kubectl:kubectl"
 )
 missing=()
 for entry in "${need[@]}"; do

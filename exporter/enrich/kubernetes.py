@@ -1,27 +1,39 @@
-"""Pod / namespace / container of each GPU from the kubelet pod-resources API (v1 ``List``).
+"""Pod attribution: which namespace / pod / container (and workload) uses each GPU, MIG device
+and GPU process.
 
-The kubelet serves ``v1.PodResourcesLister`` (gRPC) on the unix socket
-``/var/lib/kubelet/pod-resources/kubelet.sock``.  ``List`` returns, per pod and container, the
-device IDs that device plugins allocated, by resource name.  We keep an index of those IDs that
-a background task refreshes every ``refresh_seconds``; lookups (``labels_for``) are dict reads,
-so the scrape path never calls the kubelet (dcgm-exporter calls it on every scrape, which users
-see as CPU spikes and empty labels under load).
+Three inputs, all read by background tasks; the scrape path only reads dicts they swap in:
 
-Device IDs per device plugin (what we match, case-insensitively):
+* the kubelet pod-resources API (``v1.PodResourcesLister/List`` over the unix socket
+  ``/var/lib/kubelet/pod-resources/kubelet.sock``), decoded with the protobuf code generated from
+  the vendored ``podresources_v1.proto`` (``podresources_v1_pb2``): device-plugin allocations per
+  container, and dynamic-resource (DRA) claims where the kubelet reports them;
+* ``<procfs>/<pid>/cgroup`` for every PID that per-process series name (``cgroup_pods``):
+  the pod UID and container ID, so every pod on a shared (time-sliced) GPU gets its own processes;
+* optionally the API server's list of this node's pods (``kube_pods``): UID -> pod, container ID
+  -> container name, the pod labels copied onto series (an allow-list) and the ``workload`` label.
+
+Device IDs per device plugin (matched case-insensitively):
 
 * NVIDIA (``nvidia.com/gpu``, ``nvidia.com/mig-<profile>``): GPU UUID ``GPU-…`` or MIG UUID
   ``MIG-…``; time-slicing replicas and AWS add ``::<n>``; with ``deviceIDStrategy=index`` or on
   GKE the device name ``nvidia<N>`` (GKE MIG: ``nvidia<N>/gi<M>``).
 * AMD (``amd.com/gpu``): the PCI address ``0000:03:00.0``.
 * Intel (``gpu.intel.com/i915``, ``gpu.intel.com/xe``): ``card<N>-<share>``.
+* DRA claims: the claim's ``device_name`` (and ``pool/device``); a GPU/MIG UUID or a PCI address
+  written with dashes inside it (``0000-3b-00-0``) is recognised; NVIDIA's driver names a GPU
+  ``gpu-<minor>`` (the /dev/nvidia<minor> number, matched like the device plugin's ``nvidia<N>``
+  against the NVML index, which equals it on usual systems). NVIDIA's DRA MIG devices
+  (``gpu-<minor>-mig-<profile>-<start>-<size>``) carry no MIG UUID or instance id and are not
+  attributed. Drivers are matched by ``dra_drivers`` patterns.
 
-So a GPU is found by UUID, by device name (``nvidia<index>`` / ``card<index>``) or by PCI address
-(normalised to a 4-digit domain, lower case).  MIG UUIDs are not derivable from the parent GPU's
-identity; pass them as ``extra_ids`` (the NVIDIA source knows them).
+MIG instances are matched by their MIG UUIDs (``Device.partitions``, filled by the NVML source).
 
-The protobuf messages are decoded by a small wire-format reader below (the request is empty and
-the response uses only strings, nested messages and packed ints), so only ``grpcio`` is needed,
-not ``protobuf`` and generated stubs.  Dynamic resources (DRA claims) are not read yet.
+Labels: a series of a GPU (or MIG instance) allocated to exactly one container gets
+``namespace``, ``pod``, ``container`` (+ ``workload`` and the allow-listed pod labels as
+``label_<name>``). A GPU shared by several containers gets them only on its per-process series
+(each process's own pod, from its cgroup); its device-level series stay unlabelled because they
+belong to no single pod. ``gpu_pod_info`` (one series per GPU and container) lists every
+allocation either way.
 """
 
 from __future__ import annotations
@@ -30,13 +42,19 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from exporter.sources.base import Device
+
+from .cgroup_pods import ContainerRef, PidCache
+from .kube_pods import PodLister, PodMeta, in_cluster_server, workload_name
 
 log = logging.getLogger(__name__)
 
@@ -44,66 +62,43 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
 DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu",
                      "gpu.intel.com/i915", "gpu.intel.com/xe")
+DEFAULT_DRA_DRIVERS = ("gpu.nvidia.com", "*.nvidia.com", "gpu.amd.com", "*.amd.com", "gpu.intel.com",
+                       "*.intel.com")
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_LABEL_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class KubernetesOptions(BaseModel):
+    """``enrich.kubernetes`` in the configuration file."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    socket: str = DEFAULT_SOCKET
+    refresh_seconds: float = Field(30.0, gt=0, le=3600)
+    timeout_seconds: float = Field(5.0, gt=0, le=120)
+    resource_names: list[str] = list(DEFAULT_RESOURCES)
+    dra_drivers: list[str] = list(DEFAULT_DRA_DRIVERS)
+    # pod labels copied onto attributed series as label_<name> (sanitised), exact keys
+    pod_labels: list[str] = Field(default_factory=list, max_length=32)
+    # the pod label whose value becomes the `workload` label; without it the owning controller
+    workload_label: str = "app.kubernetes.io/name"
+    # API server pod list (labels, workload, PID -> pod): auto = where in-cluster credentials exist
+    api: Literal["auto", "on", "off"] = "auto"
+    api_server: str | None = None  # default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    node_name: str | None = None  # default: $NODE_NAME (downward API)
+    max_pods: int = Field(1000, ge=1, le=100000)
+    # how often new per-process PIDs are resolved to pods; the cache of PID -> pod is bounded
+    pid_refresh_seconds: float = Field(2.0, gt=0, le=600)
+    pid_cache_size: int = Field(8192, ge=16, le=1_000_000)
 
 
 # ----------------------------------------------------------------------------------------------
-# Protobuf wire format (only what ListPodResourcesResponse needs)
+# What the kubelet reports, decoded with the generated protobuf module
 # ----------------------------------------------------------------------------------------------
-
-
-class WireError(ValueError):
-    """The bytes are not a valid protobuf message."""
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise WireError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 64:
-            raise WireError("varint too long")
-
-
-def iter_fields(buf: bytes) -> Iterable[tuple[int, int, Any]]:
-    """Yield ``(field number, wire type, value)``; value is int or bytes (length-delimited)."""
-    pos = 0
-    n = len(buf)
-    while pos < n:
-        key, pos = _varint(buf, pos)
-        number, wtype = key >> 3, key & 7
-        if number == 0:
-            raise WireError("field number 0")
-        if wtype == 0:
-            value, pos = _varint(buf, pos)
-        elif wtype == 1:
-            if pos + 8 > n:
-                raise WireError("truncated fixed64")
-            value, pos = int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
-        elif wtype == 2:
-            length, pos = _varint(buf, pos)
-            if pos + length > n:
-                raise WireError("truncated length-delimited field")
-            value, pos = buf[pos:pos + length], pos + length
-        elif wtype == 5:
-            if pos + 4 > n:
-                raise WireError("truncated fixed32")
-            value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
-        else:
-            raise WireError(f"unsupported wire type {wtype}")
-        yield number, wtype, value
-
-
-def _text(v: Any) -> str:
-    if not isinstance(v, bytes):
-        raise WireError("expected a string field")
-    return v.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +108,18 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    driver: str
+    pool: str
+    device: str
+    claim: str  # namespace/name of the ResourceClaim
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...]
+    claims: tuple[ClaimDevice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,43 +129,42 @@ class PodResources:
     containers: tuple[ContainerResources, ...]
 
 
-def _container_devices(buf: bytes) -> ContainerDevices:
-    name, ids = "", []
-    for num, wt, v in iter_fields(buf):
-        if num == 1 and wt == 2:
-            name = _text(v)
-        elif num == 2 and wt == 2:
-            ids.append(_text(v))
-        # 3: TopologyInfo (ignored)
-    return ContainerDevices(name, tuple(ids))
-
-
-def _container_resources(buf: bytes) -> ContainerResources:
-    name, devices = "", []
-    for num, wt, v in iter_fields(buf):
-        if num == 1 and wt == 2:
-            name = _text(v)
-        elif num == 2 and wt == 2:
-            devices.append(_container_devices(v))
-        # 3: cpu_ids, 4: memory, 5: dynamic_resources (ignored)
-    return ContainerResources(name, tuple(devices))
-
-
-def _pod_resources(buf: bytes) -> PodResources:
-    name, namespace, containers = "", "", []
-    for num, wt, v in iter_fields(buf):
-        if num == 1 and wt == 2:
-            name = _text(v)
-        elif num == 2 and wt == 2:
-            namespace = _text(v)
-        elif num == 3 and wt == 2:
-            containers.append(_container_resources(v))
-    return PodResources(name, namespace, tuple(containers))
-
-
 def decode_list_response(buf: bytes) -> list[PodResources]:
-    """Decode a ``v1.ListPodResourcesResponse``."""
-    return [_pod_resources(v) for num, wt, v in iter_fields(buf) if num == 1 and wt == 2]
+    """Decode a serialized ``v1.ListPodResourcesResponse`` (raises ``google.protobuf``'s
+    ``DecodeError`` on garbage)."""
+    from . import podresources_v1_pb2 as pb
+
+    return from_message(pb.ListPodResourcesResponse.FromString(buf))
+
+
+def from_message(msg: Any) -> list[PodResources]:
+    out = []
+    for p in msg.pod_resources:
+        containers = []
+        for c in p.containers:
+            devs = tuple(ContainerDevices(d.resource_name, tuple(d.device_ids)) for d in c.devices)
+            claims = tuple(ClaimDevice(r.driver_name, r.pool_name, r.device_name,
+                                       f"{dr.claim_namespace}/{dr.claim_name}")
+                           for dr in c.dynamic_resources for r in dr.claim_resources)
+            containers.append(ContainerResources(c.name, devs, claims))
+        out.append(PodResources(p.name, p.namespace, tuple(containers)))
+    return out
+
+
+def list_pod_resources(socket_path: str, timeout: float) -> list[PodResources]:
+    """One blocking ``List`` call over the unix socket (run it in a thread)."""
+    import grpc  # optional dependencies: pip install '.[kubernetes]' (grpcio, protobuf)
+
+    from . import podresources_v1_pb2 as pb
+
+    target = f"unix://{socket_path}"
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    with grpc.insecure_channel(target, options=options) as channel:
+        call = channel.unary_unary(LIST_METHOD,
+                                   request_serializer=pb.ListPodResourcesRequest.SerializeToString,
+                                   response_deserializer=pb.ListPodResourcesResponse.FromString)
+        msg = call(pb.ListPodResourcesRequest(), timeout=timeout)
+    return from_message(msg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,8 +172,11 @@ def decode_list_response(buf: bytes) -> list[PodResources]:
 # ----------------------------------------------------------------------------------------------
 
 _PCI_RE = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$")
+_PCI_DASHED_RE = re.compile(r"(?:^|[^0-9a-f])([0-9a-f]{4})-([0-9a-f]{2})-([0-9a-f]{2})-([0-7])(?:$|[^0-9a-f])")
+_UUID_IN_RE = re.compile(r"((?:gpu|mig)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 _INTEL_SHARE_RE = re.compile(r"^(card\d+)-\d+$")
 _GKE_MIG_RE = re.compile(r"^(nvidia\d+)/gi\d+(?:/vgpu\d+)?$")
+_NV_DRA_GPU_RE = re.compile(r"^gpu-(\d+)$")
 
 
 def normalize_pci(addr: str) -> str | None:
@@ -183,7 +189,7 @@ def normalize_pci(addr: str) -> str | None:
 
 
 def id_keys(device_id: str) -> set[str]:
-    """Keys under which one allocated device ID is indexed."""
+    """Keys under which one device-plugin device ID is indexed."""
     d = device_id.strip().lower()
     keys = {d}
     base = d.split("::", 1)[0]  # NVIDIA time-slicing replicas, AWS
@@ -194,6 +200,21 @@ def id_keys(device_id: str) -> set[str]:
         keys.add(m.group(1))
     if (pci := normalize_pci(base)) is not None:
         keys.add(pci)
+    return keys
+
+
+def claim_keys(c: ClaimDevice) -> set[str]:
+    """Keys under which one DRA-allocated device is indexed."""
+    name = c.device.strip().lower()
+    if not name:
+        return set()
+    keys = {name, f"{c.pool.lower()}/{name}"}
+    if (m := _UUID_IN_RE.search(name)) is not None:
+        keys.add(m.group(1))
+    if (m := _PCI_DASHED_RE.search(name)) is not None:
+        keys.add(f"{m.group(1)}:{m.group(2)}:{m.group(3)}.{m.group(4)}")
+    if "nvidia" in c.driver.lower() and (m := _NV_DRA_GPU_RE.match(name)) is not None:
+        keys.add(f"nvidia{m.group(1)}")
     return keys
 
 
@@ -225,8 +246,9 @@ class PodRef:
         return {"namespace": self.namespace, "pod": self.pod, "container": self.container}
 
 
-def build_index(pods: Iterable[PodResources], patterns: Iterable[str]) -> dict[str, tuple[PodRef, ...]]:
-    pats = tuple(patterns)
+def build_index(pods: Iterable[PodResources], patterns: Iterable[str],
+                dra_drivers: Iterable[str] = DEFAULT_DRA_DRIVERS) -> dict[str, tuple[PodRef, ...]]:
+    pats, drivers = tuple(patterns), tuple(dra_drivers)
     acc: dict[str, set[PodRef]] = {}
     for pod in pods:
         for c in pod.containers:
@@ -237,7 +259,48 @@ def build_index(pods: Iterable[PodResources], patterns: Iterable[str]) -> dict[s
                 for device_id in dev.device_ids:
                     for k in id_keys(device_id):
                         acc.setdefault(k, set()).add(ref)
+            for claim in c.claims:
+                if not any(fnmatch.fnmatchcase(claim.driver, p) for p in drivers):
+                    continue
+                ref = PodRef(pod.namespace, pod.name, c.name, f"dra:{claim.driver}")
+                for k in claim_keys(claim):
+                    acc.setdefault(k, set()).add(ref)
     return {k: tuple(sorted(v)) for k, v in acc.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Labels for the renderer
+# ----------------------------------------------------------------------------------------------
+
+
+def label_name(pod_label: str) -> str:
+    return "label_" + _LABEL_NAME_RE.sub("_", pod_label)
+
+
+class SeriesLabeler:
+    """Extra labels for one GPU's series, chosen by the series' own labels: a per-process series
+    (``pid``) gets its process's pod, a MIG series (``gpu_instance``) its instance's pod, any other
+    series the GPU's pod when exactly one container holds it."""
+
+    __slots__ = ("device", "by_gi", "by_pid")
+
+    def __init__(self, device: Labels, by_gi: dict[str, Labels], by_pid: dict[str, Labels]) -> None:
+        self.device = device
+        self.by_gi = by_gi
+        self.by_pid = by_pid
+
+    def __call__(self, labels: Labels) -> Labels:
+        gi = None
+        for k, v in labels[3:]:
+            if k == "pod":
+                return ()  # already attributed (gpu_pod_info)
+            if k == "pid" and v in self.by_pid:
+                return self.by_pid[v]
+            if k == "gpu_instance":
+                gi = v
+        if gi is not None and gi in self.by_gi:
+            return self.by_gi[gi]
+        return self.device
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,63 +308,206 @@ def build_index(pods: Iterable[PodResources], patterns: Iterable[str]) -> dict[s
 # ----------------------------------------------------------------------------------------------
 
 
-def list_pod_resources(socket_path: str, timeout: float) -> list[PodResources]:
-    """One blocking ``List`` call over the unix socket (run it in a thread)."""
-    import grpc  # optional dependency: pip install grpcio
-
-    target = f"unix://{socket_path}"
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-    with grpc.insecure_channel(target, options=options) as channel:
-        call = channel.unary_unary(LIST_METHOD, request_serializer=lambda _req: b"",
-                                   response_deserializer=lambda b: b)
-        raw = call(b"", timeout=timeout)
-    return decode_list_response(raw)
+def parse_options(options: Mapping[str, Any] | None) -> KubernetesOptions:
+    try:
+        return KubernetesOptions.model_validate(dict(options or {}))
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
+            parts.append(f"{loc}: {msg}")
+        raise ValueError("; ".join(parts)) from None
 
 
 class PodResourcesEnricher:
-    """Cached GPU -> pods index; ``run()`` refreshes it in the background."""
+    """Cached GPU -> pods index and PID -> pod cache; ``run()`` refreshes both in the background."""
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        o = dict(options or {})
-        unknown = set(o) - {"enabled", "socket", "refresh_seconds", "timeout_seconds", "resource_names"}
-        if unknown:
-            raise ValueError(f"kubernetes: unknown option(s) {', '.join(sorted(unknown))}")
-        self.enabled = bool(o.get("enabled", True))
-        self.socket = str(o.get("socket", DEFAULT_SOCKET))
-        self.refresh = float(o.get("refresh_seconds", 30.0))
-        self.timeout = float(o.get("timeout_seconds", 5.0))
-        self.resource_names = tuple(o.get("resource_names", DEFAULT_RESOURCES))
+    def __init__(self, options: Mapping[str, Any] | None = None, procfs: str | os.PathLike = "/proc") -> None:
+        o = self.options = parse_options(options)
+        self.enabled = o.enabled
+        self.socket = o.socket
+        self.refresh = o.refresh_seconds
+        self.timeout = o.timeout_seconds
+        self.resource_names = tuple(o.resource_names)
         self._index: dict[str, tuple[PodRef, ...]] = {}
+        self._meta: dict[tuple[str, str], PodMeta] = {}   # (namespace, pod) -> metadata
+        self._by_uid: dict[str, PodMeta] = {}
+        self._pid_labels: dict[str, Labels] = {}          # pid -> labels (() = not in a pod)
+        self._wanted: set[str] = set()                    # PIDs the series name, set by the renderer
+        self._pids = PidCache(str(procfs), o.pid_cache_size)
+        self._host_pids: bool | None = None  # procfs shows the host's PID namespace
         self.last_success: float = 0.0  # unix time of the last good List
         self.errors = 0
+        self.api_errors = 0
         self._warned = False
+        self._api_warned = False
+        self._lister = self._make_lister()
 
-    def pods_for(self, device: Device, extra_ids: Iterable[str] = ()) -> tuple[PodRef, ...]:
+    # -- API server pod list -------------------------------------------------------------------
+    def _make_lister(self) -> PodLister | None:
+        o = self.options
+        if o.api == "off":
+            return None
+        server = o.api_server or in_cluster_server()
+        node = o.node_name or os.environ.get("NODE_NAME", "")
+        if o.api == "auto" and (server is None or not node or not os.path.exists(o.token_file)):
+            return None
+        if server is None or not node:
+            raise ValueError("api: on needs api_server (or KUBERNETES_SERVICE_HOST/PORT) and "
+                             "node_name (or NODE_NAME)")
+        return PodLister(server, node, token_file=o.token_file, ca_file=o.ca_file,
+                         timeout=o.timeout_seconds, max_pods=o.max_pods)
+
+    def refresh_pods(self) -> bool:
+        if self._lister is None:
+            return False
+        try:
+            pods = self._lister.list()
+        except Exception as e:  # URLError, HTTPError, PodListError, JSON errors: never fatal
+            self.api_errors += 1
+            if not self._api_warned:
+                log.warning("pod list from the API server failed (%s); pod labels stay as they were",
+                            _short(e))
+                self._api_warned = True
+            return False
+        self._meta = {(p.namespace, p.name): p for p in pods}
+        self._by_uid = {p.uid: p for p in pods}
+        self._api_warned = False
+        return True
+
+    # -- label sets ------------------------------------------------------------------------------
+    def _labels(self, namespace: str, pod: str, container: str, meta: PodMeta | None) -> Labels:
+        out = {"namespace": namespace, "pod": pod, "container": container}
+        if meta is not None:
+            out["workload"] = workload_name(meta, self.options.workload_label)
+            for key in self.options.pod_labels:
+                if key in meta.labels:
+                    out[label_name(key)] = meta.labels[key]
+        return tuple(sorted(out.items()))
+
+    def _refs(self, keys: Iterable[str]) -> tuple[PodRef, ...]:
         index = self._index  # one reference: the refresh swaps the dict, never mutates it
         found: set[PodRef] = set()
-        for k in device_keys(device, extra_ids):
+        for k in keys:
             found.update(index.get(k, ()))
         return tuple(sorted(found))
 
-    def labels_for(self, device: Device, extra_ids: Iterable[str] = ()) -> list[dict[str, str]]:
-        """One label set per (namespace, pod, container) using the GPU; empty when unallocated."""
-        seen: dict[tuple[str, str, str], dict[str, str]] = {}
-        for ref in self.pods_for(device, extra_ids):
-            seen.setdefault((ref.namespace, ref.pod, ref.container), ref.labels())
+    def pods_for(self, device: Device, extra_ids: Iterable[str] = ()) -> tuple[PodRef, ...]:
+        return self._refs(device_keys(device, extra_ids))
+
+    def _sets(self, refs: Iterable[PodRef]) -> list[Labels]:
+        meta = self._meta
+        seen: dict[tuple[str, str, str], Labels] = {}
+        for ref in refs:
+            key = (ref.namespace, ref.pod, ref.container)
+            if key not in seen:
+                seen[key] = self._labels(*key, meta.get((ref.namespace, ref.pod)))
         return list(seen.values())
 
+    def label_sets(self, device: Device, extra_ids: Iterable[str] = ()) -> list[Labels]:
+        """One label set per (namespace, pod, container) using the GPU; empty when unallocated."""
+        return self._sets(self.pods_for(device, extra_ids))
+
+    def mig_label_sets(self, mig_uuid: str) -> list[Labels]:
+        return self._sets(self._refs(id_keys(mig_uuid)))
+
+    def labels_for(self, device: Device, extra_ids: Iterable[str] = ()) -> list[dict[str, str]]:
+        return [dict(ls) for ls in self.label_sets(device, extra_ids)]
+
+    def labeler(self, device: Device, pids: Iterable[str] = ()) -> SeriesLabeler | None:
+        """What the renderer adds to this GPU's series; None when nothing applies. Only dict
+        reads: PIDs not resolved yet are queued for the background task."""
+        by_gi: dict[str, Labels] = {}
+        for gi, mig_uuid in device.partitions:
+            sets = self.mig_label_sets(mig_uuid)
+            if len(sets) == 1:  # a MIG instance shared by several containers names none of them
+                by_gi[gi] = sets[0]
+        by_pid: dict[str, Labels] = {}
+        known, wanted = self._pid_labels, self._wanted
+        for pid in pids:
+            if pid.isdigit() and len(wanted) < self.options.pid_cache_size:
+                wanted.add(pid)
+            if pid in known:
+                by_pid[pid] = known[pid]
+        whole = self.label_sets(device)
+        device_labels = whole[0] if len(whole) == 1 else ()
+        if not device_labels and not by_gi and not by_pid:
+            return None
+        return SeriesLabeler(device_labels, by_gi, by_pid)
+
+    def info_series(self, device: Device) -> list[Labels]:
+        """Label sets (after the device labels) of one ``gpu_pod_info`` series per container
+        holding the GPU or one of its MIG instances."""
+        out = list(self.label_sets(device))
+        for gi, mig_uuid in device.partitions:
+            for ls in self.mig_label_sets(mig_uuid):
+                out.append(tuple(sorted((*ls, ("gpu_instance", gi)))))
+        return out
+
+    # -- PID -> pod ------------------------------------------------------------------------------
+    def resolve_pids(self) -> int:
+        """Blocking: resolve the PIDs the series name to pods (cgroup + pod list). Returns how many
+        PIDs now have labels. PIDs whose pod cannot be named yet keep the GPU-level fallback."""
+        # swap first, then copy at C level: the render thread may still add to the old set
+        old, self._wanted = self._wanted, set()
+        wanted = frozenset(old)
+        if not wanted:
+            return len(self._pid_labels)
+        if not self._host_pid_namespace():
+            return 0
+        out: dict[str, Labels] = {}
+        by_uid = self._by_uid
+        for pid in sorted(wanted, key=int)[: self.options.pid_cache_size]:
+            ref = self._pids.lookup(int(pid))
+            labels = self._pid_to_labels(ref, by_uid)
+            if labels is not None:
+                out[pid] = labels
+        self._pid_labels = out
+        return len(out)
+
+    def _host_pid_namespace(self) -> bool:
+        """GPU drivers report host PIDs: look them up only in a procfs that shows the host's PID
+        namespace (hostPID, or the host's /proc mounted). In a container's own namespace PID 1
+        is the container's entrypoint, inside a pod cgroup, and PID numbers name other processes."""
+        if self._host_pids is None:
+            from .cgroup_pods import read_pid
+
+            init = read_pid(self._pids.procfs, 1)
+            self._host_pids = init is not None and not init.pod_uid
+            if not self._host_pids:
+                log.warning("%s is not the host's PID namespace (PID 1 is %s): processes are not "
+                            "attributed to pods; run with hostPID or mount the host's /proc "
+                            "(--path.procfs)", self._pids.procfs,
+                            "unreadable" if init is None else "in a pod")
+        return self._host_pids
+
+    def _pid_to_labels(self, ref: ContainerRef | None, by_uid: dict[str, PodMeta]) -> Labels | None:
+        if ref is None:
+            return None  # gone, or no host /proc: keep the GPU-level fallback
+        if not ref.pod_uid:
+            return ()  # a host process: none of the GPU's pods
+        meta = by_uid.get(ref.pod_uid)
+        if meta is None:
+            return None
+        container = meta.containers.get(ref.container_id, "")
+        return self._labels(meta.namespace, meta.name, container, meta)
+
+    # -- refresh loops ---------------------------------------------------------------------------
     def refresh_once(self) -> bool:
-        """Blocking refresh; keeps the previous index on failure. Returns success."""
+        """Blocking refresh of the pod-resources index (and the pod list); keeps the previous
+        index on failure. Returns success of the pod-resources call."""
+        self.refresh_pods()
         try:
             pods = list_pod_resources(self.socket, self.timeout)
-        except Exception as e:  # grpc.RpcError, WireError, ImportError: never fatal
+        except Exception as e:  # grpc.RpcError, DecodeError, ImportError: never fatal
             self.errors += 1
             if not self._warned:
                 log.warning("kubelet pod-resources %s unavailable (%s); GPUs keep their last pod "
                             "labels", self.socket, _short(e))
                 self._warned = True
             return False
-        self._index = build_index(pods, self.resource_names)
+        self._index = build_index(pods, self.resource_names, self.options.dra_drivers)
         self.last_success = time.time()
         if self._warned:
             log.info("kubelet pod-resources %s reachable again", self.socket)
@@ -309,13 +515,25 @@ class PodResourcesEnricher:
         return True
 
     async def run(self) -> None:
-        """Background task: refresh now and then every ``refresh_seconds`` in a worker thread."""
+        """Background tasks: the index every ``refresh_seconds``, PIDs every ``pid_refresh_seconds``
+        (in worker threads)."""
         if not self.enabled:
             return
-        while True:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.refresh_once)
-            await asyncio.sleep(self.refresh)
+
+        async def index_loop() -> None:
+            while True:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.refresh_once)
+                await asyncio.sleep(self.refresh)
+
+        async def pid_loop() -> None:
+            while True:
+                await asyncio.sleep(self.options.pid_refresh_seconds)
+                if self._wanted:
+                    with contextlib.suppress(Exception):
+                        await asyncio.to_thread(self.resolve_pids)
+
+        await asyncio.gather(index_loop(), pid_loop())
 
 
 def _short(e: BaseException) -> str:

@@ -44,6 +44,8 @@ class Device:
     driver: str = ""
     serial: str = ""
     simulated: bool = False
+    # (gpu_instance, MIG UUID) of each MIG instance: pod attribution matches MIG devices by these
+    partitions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)

@@ -22,6 +22,8 @@ Options (the ``nvml`` section of the config; all optional):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import re
 import time
@@ -213,12 +215,15 @@ class NvmlSource:
         nv, g = self.nv, self.guard
         st.mig = []
         st.polls_since_mig_scan = 0
+        if st.device.partitions:
+            st.device = dataclasses.replace(st.device, partitions=())
         if not self.options.get("mig", True):
             return
         mode = g.call(errors, st.key, "mig_mode", "nvmlDeviceGetMigMode", st.handle)
         if not mode or mode[0] != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
             return
         n = g.call(errors, st.key, "mig_count", "nvmlDeviceGetMaxMigDeviceCount", st.handle) or 0
+        uuids: dict[str, str] = {}  # gpu_instance -> MIG UUID (pod attribution)
         for i in range(int(n)):
             try:
                 mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(st.handle, i)
@@ -230,6 +235,9 @@ class NvmlSource:
                     raise DeviceLost(exc.value) from None
                 continue  # NotFound: an empty MIG slot
             st.mig.append(MigInstance(mh, gi, ci, mig_profile(name)))
+            with contextlib.suppress(nv.NVMLError):
+                uuids.setdefault(str(gi), _text(nv.nvmlDeviceGetUUID(mh)))
+        st.device = dataclasses.replace(st.device, partitions=tuple(sorted(uuids.items())))
 
     def _lose(self, errors: Counter[str], st: GpuState) -> None:
         if st.up:
