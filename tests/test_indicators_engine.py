@@ -91,7 +91,7 @@ def test_contention_cost_counts_only_contended_time():
     engine.set_device_info(DEV, model="NVIDIA H100 80GB HBM3", vendor="nvidia")
     alone = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 40.0, **ONE}
     contended = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 30.0, **TWO}
-    healthy = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 80.0, **TWO}
+    healthy = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 80.0, **ONE}
     t, out = run(engine, 0.0, 60.0, alone)  # memory-bound alone: no cost, reference 40 %
     assert one(out, "gpu_memory_state", state="memory_bound") == 1.0
     assert one(out, "gpu_contention_cost_dollars_total") == 0.0

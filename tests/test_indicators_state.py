@@ -29,7 +29,7 @@ ROWS = [
     ("busy, no bandwidth signal", StateInputs(utilization=95.0, basis="utilization", compute=95.0),
      "unknown", "no_bandwidth_signal"),
     ("compute-bound training", occ(60.0, 60.0, clients=1), "healthy", "no_memory_bound_signature"),
-    ("bandwidth high, compute fed (dense GEMM)", occ(92.0, 70.0, clients=2), "healthy",
+    ("bandwidth high, compute fed (dense GEMM)", occ(92.0, 70.0, clients=1), "healthy",
      "no_memory_bound_signature"),
     ("low-occupancy GEMM, modest bandwidth", occ(40.0, 20.0), "healthy", "no_memory_bound_signature"),
     ("single memory-bound tenant", occ(92.0, 40.0, clients=1), "memory_bound", "single_client"),
@@ -66,10 +66,33 @@ def test_decision_table(case, inp, state, reason):
 
 
 def test_seed_thresholds_are_the_signature_and_configurable():
-    assert classify_state(occ(85.0, 40.0, clients=2), CFG).state == "healthy"  # > 85, not >=
-    assert classify_state(occ(85.1, 49.9, clients=2), CFG).state == "contended"
-    assert classify_state(occ(85.1, 50.0, clients=2), CFG).state == "healthy"
-    assert classify_state(occ(80.0, 40.0, clients=2), CFG, bandwidth_percent=75.0).state == "contended"
+    seed_only = StateConfig(shared_bandwidth_percent=100.0)
+    assert classify_state(occ(85.0, 40.0, clients=2), seed_only).state == "healthy"  # > 85, not >=
+    assert classify_state(occ(85.1, 49.9, clients=2), seed_only).state == "contended"
+    assert classify_state(occ(85.1, 50.0, clients=2), seed_only).state == "healthy"
+    assert classify_state(occ(80.0, 40.0, clients=2), seed_only, bandwidth_percent=75.0).state == "contended"
+
+
+# Medians measured on a real H200 (deploy/device-check/colocation_probe.py, driver 580.159.04):
+# GPM DRAM bandwidth, GPM occupancy, active clients.
+H200 = [
+    ("one copy job alone", occ(87.0, 79.3, clients=1), "healthy"),
+    ("two copy jobs, time-sliced", occ(77.6, 70.6, clients=2), "contended"),
+    ("bf16 matmul alone", occ(17.2, 13.7, clients=1), "healthy"),
+    ("matmul plus copy job", occ(43.7, 38.9, clients=2), "healthy"),
+]
+
+
+@pytest.mark.parametrize(("case", "inp", "state"), H200, ids=[c[0] for c in H200])
+def test_states_on_what_an_h200_reported(case, inp, state):
+    assert classify_state(inp, CFG).state == state, case
+
+
+def test_shared_bandwidth_bar_needs_clients_and_is_configurable():
+    assert classify_state(occ(77.6, 70.6, clients=2), CFG).reason == "clients_sharing_bandwidth"
+    assert classify_state(occ(77.6, 70.6, clients=1), CFG).state == "healthy"
+    assert classify_state(occ(70.0, 70.6, clients=2), CFG).state == "healthy"  # > 70, not >=
+    assert classify_state(occ(77.6, 70.6, clients=2), StateConfig(shared_bandwidth_percent=80.0)).state == "healthy"
 
 
 def test_min_clients_and_veto_are_configurable():

@@ -128,6 +128,12 @@ class StateConfig(_Strict):
     client_active_percent: float = Field(5.0, ge=0, le=100)
     # active clients that make the memory-bound signature contention
     min_clients: int = Field(2, ge=2)
+    # with min_clients or more active clients, bandwidth utilization above this is contention
+    # whatever the compute signal.  Measured on an H200 (docs/detection.md): two time-sliced copy
+    # jobs each lost 55 % of their throughput while the GPU's DRAM utilization FELL from 87 % to
+    # 78 % and occupancy stayed at 71 %, so the 85 %/50 % signature never matched real
+    # co-location.  100 keeps the seed's signature as the only route to "contended".
+    shared_bandwidth_percent: float = Field(70.0, ge=0, le=100)
     # per-process data showing one active client overrides a throughput drop
     single_client_vetoes_drop: bool = True
     # memory-bound reference (the compute signal while memory-bound without interference):

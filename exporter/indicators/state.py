@@ -12,13 +12,16 @@ A pure decision over what the GPU reports this poll (see docs/detection.md for t
    reports a compute-starvation signal (occupancy or SM active), that signal below the seed's
    50 %.  Without a starvation signal (AMD, Intel, NVIDIA without GPM/DCGM) bandwidth alone is
    the signature, and only evidence decides.
-5. Signature + evidence of interference -> ``contended``: two or more active clients on the GPU
+5. Two or more active clients and bandwidth above ``shared_bandwidth_percent`` (70 %) ->
+   ``contended`` even without the signature: time-sliced tenants lower the aggregate bandwidth
+   and keep occupancy up (measured on an H200, docs/detection.md).
+6. Signature + evidence of interference -> ``contended``: two or more active clients on the GPU
    (per-process utilization), or the compute signal persistently below the GPU's own memory-bound
    reference (a throughput drop; unconfirmed by per-process data it counts only for
    ``drop_confirm_seconds``, then the state is ``unknown``: a neighbour and a new job with a
    lower compute signal look the same).  Signature + evidence sources that show no interference (one
    active client, or a warm reference that holds) -> ``memory_bound``.
-6. Anything else busy -> ``healthy``.
+7. Anything else busy -> ``healthy``.
 """
 
 from __future__ import annotations
@@ -86,9 +89,13 @@ def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float 
     if inp.bandwidth_util is None:
         return StateVerdict("unknown", "no_bandwidth_signal", False)
     sig = signature(inp, bandwidth_percent, compute_percent)
-    if not sig:
-        return StateVerdict("healthy", "no_memory_bound_signature", False)
     clients = inp.clients
+    if not sig:
+        if (clients is not None and clients >= cfg.min_clients
+                and inp.bandwidth_util > cfg.shared_bandwidth_percent):
+            # time-sliced tenants: the aggregate signature hides them (see shared_bandwidth_percent)
+            return StateVerdict("contended", "clients_sharing_bandwidth", False)
+        return StateVerdict("healthy", "no_memory_bound_signature", False)
     if clients is not None and clients >= cfg.min_clients:
         return StateVerdict("contended", "clients" if not inp.throughput_drop else "clients_and_throughput_drop", True)
     if inp.throughput_drop:
