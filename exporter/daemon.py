@@ -24,10 +24,10 @@ from .config import Config, load_config
 from .enrich.cloud import CloudEnricher
 from .enrich.kubernetes import DEFAULT_SOCKET, PodResourcesEnricher
 from .exposition import SELF_METRICS, Rendered, Renderer
-from .seriesfilter import SeriesFilter
 from .indicator_feed import IndicatorFeed
 from .mapping import Labels, Mapper, MappingSet
 from .schema import Schema, default_mappings_dir, load_schema
+from .seriesfilter import SeriesFilter
 from .sources.base import Sample, Source, SourceUnavailable
 from .sources.registry import COLLECTORS, Collector, create_source, source_kwargs
 from .store import SourceState, Store
