@@ -9,6 +9,7 @@ so the test waits seconds, not the production 15 minutes; everything else is the
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -124,11 +125,22 @@ def test_every_dashboard_query_returns_data_on_the_simulated_fleet(fleet):
                 if metric_names(target["expr"]) & NO_DATA_ON_THE_SIMULATED_FLEET:
                     continue
                 expr = grafana_expr_to_promql(target["expr"]).replace("[1h]", "[5m]")
-                queries.append((f"{path.name} {panel['title']!r} {target['refId']}: {target['expr']}", expr))
+                queries.append((f"{path.name} {panel['title']!r} {target['refId']}: {target['expr']}", expr, None))
+        for var in dash["templating"]["list"]:
+            if var["type"] != "query" or metric_names(var["query"]) & NO_DATA_ON_THE_SIMULATED_FLEET:
+                continue
+            q = re.sub(r"^query_result\((.*)\)$", r"\1", var["query"], flags=re.S)
+            m = re.match(r"^label_values\((.*),\s*([A-Za-z_]\w*)\)$", q, re.S)
+            expr, label = (m.group(1), m.group(2)) if m else (q, None)
+            queries.append((f"{path.name} variable {var['name']}", grafana_expr_to_promql(expr), label))
     assert len(queries) > 50
 
+    def has_data(expr, label):
+        rows = fleet.query(expr)
+        return any(r["metric"].get(label) for r in rows) if label else bool(rows)
+
     def empty():
-        return [where for where, expr in queries if not fleet.query(expr)]
+        return [where for where, expr, label in queries if not has_data(expr, label)]
 
     # recorded series chain over several evaluations (gpu_info -> model_cloud -> 1h/1d/7d)
     deadline = time.monotonic() + 120
