@@ -244,7 +244,6 @@ def test_histogram_rules_are_validated(tmp_path, schema, rule, message):
 
 
 def test_values_lookup_is_for_gauges_mapped_as_read(tmp_path):
-
     schema = load_schema()
     good = tmp_path / "good.yaml"
     good.write_text("vendor: nvidia\nfields:\n  - raw: gen\n    metric: gpu_pcie_link_speed_gts\n"

@@ -116,3 +116,15 @@ def test_filter_decisions():
 def test_invalid_filters_are_rejected(conf, message):
     with pytest.raises((ValidationError, ValueError), match=message):
         SeriesFilter(ExpositionConfig(**conf), load_schema())
+
+
+def test_a_glob_matching_no_metric_is_a_config_error_naming_the_file(tmp_path):
+    from exporter.yamlfile import ConfigError
+
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("exposition:\n  exclude: [gpu_procss_*]\n")  # typo
+    with pytest.raises(ConfigError, match=rf"{cfg}.*exposition.exclude.*matches no metric"):
+        Daemon(Settings(config_path=cfg, simulate="demo")).load()
+    cfg.write_text("exposition:\n  profle: minimal\n")
+    with pytest.raises(ConfigError, match="profle"):
+        Daemon(Settings(config_path=cfg, simulate="demo")).load()
