@@ -188,6 +188,8 @@ def _gpu(**kw: Any) -> dict[str, Any]:
         "fan": None, "power_mw": 0, "power_limit_mw": 0, "power_limits_mw": (0, 0), "energy_mj": 0,
         "clocks": {0: 0, 1: 0, 2: 0, 3: 0}, "max_clocks": {0: 0, 1: 0, 2: 0, 3: 0}, "bus_width": 0,
         "reasons_supported": 0x1FF, "reasons": 0, "pcie_width": 16,
+        # link generation and width are plain ints (a real H200, driver 580: Curr/MaxPcieLinkGeneration
+        # 5, Curr/MaxPcieLinkWidth 16, nvidia-smi pcie.link.gen.current/max 5/5)
         "pcie_gen": 4, "pcie_max_gen": 4, "pcie_max_width": 16,
         "fields": {}, "rates": {}, "nvlink_links": 0, "ecc": None, "remapped": None,
         "gpm_supported": False, "gpm": {}, "mig": None, "processes": [], "xid_supported": True,
