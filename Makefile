@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 EXPORTER := $(VENV)/bin/unified-gpu-exporter
 ARGS   ?=
 
-.PHONY: run test install system-deps docs check-docs bench soak lint clean kubernetes
+.PHONY: run test install system-deps docs check-docs bench soak lint clean kubernetes fleet
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ run: install
 ## make test: install (system packages too where possible) and run the whole suite.
 test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make fleet: the reference fleet on this machine (deploy/fleet, docs/fleet.md): simulated nodes in
+## four clusters on three clouds, Prometheus agents, VictoriaMetrics, vmalert, Alertmanager.
+## Prints where to look; Ctrl-C stops it all.  FLEET_ARGS=--real-timing keeps the rules' for:.
+fleet: install system-deps
+	$(PY) deploy/fleet/fleet.py $(FLEET_ARGS)
 
 system-deps:
 	@scripts/install-system-deps.sh

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from .indicators.config import IndicatorConfig
+from .seriesfilter import ExpositionConfig
 from .yamlfile import load_model
 
 _DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -54,6 +55,8 @@ class Config(BaseModel):
     mappings_dir: Path | None = None
     indicators: IndicatorConfig = IndicatorConfig()
     simulate: dict[str, Any] = {}
+    # cardinality control: profile, include/exclude globs, label allow-list (exporter/seriesfilter.py)
+    exposition: ExpositionConfig = ExpositionConfig()
     enrich: dict[str, Any] = {}
 
     @model_validator(mode="after")

@@ -23,10 +23,11 @@ from typing import Any
 from .config import Config, load_config
 from .enrich.cloud import CloudEnricher
 from .enrich.kubernetes import DEFAULT_SOCKET, PodResourcesEnricher
-from .exposition import Rendered, Renderer
+from .exposition import SELF_METRICS, Rendered, Renderer
 from .indicator_feed import IndicatorFeed
 from .mapping import Labels, Mapper, MappingSet
 from .schema import Schema, default_mappings_dir, load_schema
+from .seriesfilter import SeriesFilter
 from .sources.base import Sample, Source, SourceUnavailable
 from .sources.registry import COLLECTORS, Collector, create_source, source_kwargs
 from .store import SourceState, Store
@@ -160,6 +161,7 @@ class Daemon:
         mdir = self.settings.mappings_dir or config.mappings_dir or default_mappings_dir()
         schema = load_schema(mdir / "canonical.yaml")
         mappings = MappingSet.load_dir(mdir, schema)
+        series_filter = self._series_filter(config, schema)
         cloud, k8s = self._enrichers(config)
         if self.settings.simulate is not None:
             self._check_scenario(mappings)
@@ -167,7 +169,15 @@ class Daemon:
         self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)
         self.renderer.schema = schema
+        self.renderer.series_filter = series_filter
         self._static_labels = tuple(sorted(config.labels.items()))
+
+    def _series_filter(self, config: Config, schema: Schema) -> SeriesFilter | None:
+        try:
+            filt = SeriesFilter(config.exposition, schema, tuple(SELF_METRICS))
+        except ValueError as exc:
+            raise ConfigError(f"{self.settings.config_path or 'configuration'}: {exc}") from None
+        return filt if filt.active else None
 
     def _check_scenario(self, mappings: MappingSet) -> None:
         """A bad scenario is a configuration error at start, not a source that stays down."""

@@ -18,6 +18,7 @@ from prometheus_client.openmetrics import exposition as om_format
 from . import __version__
 from .mapping import Labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
+from .seriesfilter import SeriesFilter
 from .store import Store
 from .textformat import Family, PrefixCache
 from .textformat import render as write_exposition
@@ -92,6 +93,8 @@ class Renderer:
         self._parts: dict[str, str] = {}
         self._parts_for: Schema | None = None
         self._prefixes = PrefixCache()
+        # cardinality control (config `exposition`): None serves every series
+        self.series_filter: SeriesFilter | None = None
 
     def build(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
               static_labels: Labels = (),
@@ -100,9 +103,15 @@ class Renderer:
         metrics = self.schema.metrics
         per_device = per_device or {}
         histogram_base = self._histogram_parts()
+        filt = self.series_filter
+        if filt is not None:
+            static_labels = filt.extra(static_labels)
+            per_device = {k: filt.extra(v) for k, v in per_device.items()}
 
         def add(name: str, labels: Labels, value: float) -> None:
             family = histogram_base.get(name, name)
+            if filt is not None and not (filt.family(family) and filt.labels_ok(family, labels)):
+                return
             fam = fams.get(family)
             if fam is None:
                 mdef = metrics.get(family)
@@ -178,7 +187,8 @@ class Renderer:
         add("render_duration_seconds", {}, self.render_duration)
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
-        return [f for f in fams.values() if f.samples]
+        filt = self.series_filter
+        return [f for n, f in fams.items() if f.samples and (filt is None or filt.family(SELF + n))]
 
     def render(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
                static_labels: Labels = (),

@@ -33,6 +33,9 @@ class FieldRule(BaseModel):
     transform: Literal["none", "rate"] = "none"
     wrap: float | None = Field(default=None, gt=0)
     invalid: list[float] = []
+    # a lookup applied to the raw value before scale/offset (e.g. PCIe generation -> GT/s); a raw
+    # value not listed is malformed
+    values: dict[float, float] = {}
     clamp: tuple[float, float] | None = None
     # several entries feeding one series in one poll: the first listed wins, or combine them
     combine: Literal["first", "max", "sum"] = "first"
@@ -74,6 +77,7 @@ class Rule:
     clamp: tuple[float, float] | None
     combine: str
     series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
+    values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
 
 
 @dataclass(slots=True)
@@ -110,6 +114,8 @@ def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
         return f"{rule.metric} requires labels {sorted(missing)}"
     if mdef.type == "counter" and rule.transform == "rate":
         return f"transform: rate makes a gauge, but {rule.metric} is a counter"
+    if rule.values and (mdef.type != "gauge" or rule.transform != "none"):
+        return "values: (a lookup table) applies to gauges mapped as read"
     if rule.wrap is not None and mdef.type != "counter" and rule.transform != "rate":
         return "wrap applies only to raw counters (a counter metric or transform: rate)"
     return None
@@ -133,7 +139,8 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
             invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
-            series=fr.metric + (f"_{fr.histogram}" if fr.histogram else "")))
+            series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
+            values=tuple(sorted(fr.values.items()))))
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()})
 
@@ -223,6 +230,12 @@ class Mapper:
                 if value in rule.invalid:
                     out.malformed += 1
                     break
+                if rule.values:
+                    looked_up = dict(rule.values).get(value)
+                    if looked_up is None:
+                        out.malformed += 1
+                        continue
+                    value = looked_up
                 extra = dict(rule.fixed)
                 for raw_name, canon in rule.label_map:
                     if raw_name in raw_labels:

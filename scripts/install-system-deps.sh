@@ -10,6 +10,9 @@ need=(
   "promtool:prometheus"
   "prometheus-alertmanager:prometheus-alertmanager"
   "amtool:prometheus-alertmanager"
+  "victoria-metrics:victoria-metrics"
+  "vmagent:victoria-metrics"
+  "vmalert:victoria-metrics"
   "prometheus-node-exporter:prometheus-node-exporter"
   "systemd-analyze:systemd"
   "openssl:openssl"
@@ -28,7 +31,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null \
     || echo "warning: apt-get install failed; tests needing ${pkgs[*]} will be skipped" >&2
   # the Debian packages start services on install in some environments; tests start their own
-  for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
+  for svc in prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics; do
     (command -v systemctl >/dev/null && systemctl stop "$svc") >/dev/null 2>&1 || true
   done
 else

@@ -120,7 +120,7 @@ PENDING_INDICATOR_NAMES: frozenset[str] = frozenset()
 
 # Labels that Prometheus target relabeling or the exporter's enrichment may add to any GPU series.
 TARGET_LABELS = frozenset({
-    "instance", "job", "node", "cloud", "region", "zone", "instance_type", "instance_id",
+    "instance", "job", "node", "cluster", "cloud", "region", "zone", "instance_type", "instance_id",
     "namespace", "pod", "container", "workload", "exporter_namespace", "exporter_pod",
 })
 

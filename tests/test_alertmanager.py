@@ -44,6 +44,13 @@ ROUTES = [
      ["platform-team"]),
     ({"alertname": "GPUExporterSourceDown", "category": "exporter", "severity": "warning",
       "source": "nvml"}, ["platform-team"]),
+    # hardware health (rules/unified-gpu-exporter.health.yml) and the fleet (deploy/fleet/rules)
+    ({"alertname": "GPUDeviceLost", "category": "hardware", "severity": "critical", "cloud": "azure",
+      "cluster": "c1", "instance": "n:9632", "gpu": "0"}, ["platform-team"]),
+    ({"alertname": "GPUPcieLinkDegraded", "category": "hardware", "severity": "warning",
+      "degraded": "width"}, ["platform-team"]),
+    ({"alertname": "GPUClusterNotReporting", "category": "exporter", "severity": "critical",
+      "cluster": "c1", "cloud": "gcp"}, ["platform-team"]),
 ]
 
 

@@ -4,6 +4,7 @@ on names that exist."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -52,8 +53,9 @@ def _variable_queries(dash) -> list[tuple[str, str]]:
     return [(v["name"], v["query"]) for v in dash["templating"]["list"] if v["type"] == "query"]
 
 
-def test_three_dashboards_ship():
-    assert set(DASHBOARDS) == {"gpu-memory-contention.json", "gpu-fleet-contention.json", "gpu-cost.json"}
+def test_four_dashboards_ship():
+    assert set(DASHBOARDS) == {"gpu-memory-contention.json", "gpu-fleet-contention.json", "gpu-cost.json",
+                               "gpu-health.json"}
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
@@ -100,12 +102,43 @@ def test_datasource_variable_and_query_variables_use_it(name):
             assert var["includeAll"] and var["allValue"] == ".*"
 
 
-@pytest.mark.parametrize("name", ["gpu-memory-contention.json", "gpu-fleet-contention.json"])
-def test_gpu_dashboards_have_node_cloud_vendor_gpu_variables(name):
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_dashboard_has_a_cluster_variable_that_filters_the_others(name):
+    variables = DASHBOARDS[name]["templating"]["list"]
+    assert [v["name"] for v in variables][:3] == ["datasource", "cluster", "cloud"]
+    assert variables[1]["query"] == "label_values(gpu_info, cluster)"
+    for var in variables[2:]:
+        assert 'cluster=~"$cluster"' in var["query"], var["name"]
+
+
+@pytest.mark.parametrize("name", ["gpu-memory-contention.json", "gpu-fleet-contention.json", "gpu-health.json"])
+def test_gpu_dashboards_select_a_gpu_by_vendor_and_index_together(name):
+    """The gpu variable lists "<node> <vendor> <index>" and its value is the GPU's uuid, so
+    picking NVIDIA 0 does not also pick AMD 0 and Intel 0."""
     names = [v["name"] for v in DASHBOARDS[name]["templating"]["list"]]
-    assert names[:5] == ["datasource", "cloud", "node", "vendor", "gpu"]
+    assert names[:6] == ["datasource", "cluster", "cloud", "node", "vendor", "gpu"]
     gpu = next(v for v in DASHBOARDS[name]["templating"]["list"] if v["name"] == "gpu")
-    assert gpu["query"] == 'label_values(gpu_info{cloud=~"$cloud", node=~"$node", vendor=~"$vendor"}, gpu)'
+    assert gpu["query"] == ('query_result(label_join(gpu_info{cluster=~"$cluster", cloud=~"$cloud", node=~"$node", '
+                            'vendor=~"$vendor"}, "device", " ", "node", "vendor", "gpu"))')
+    pattern = re.compile(gpu["regex"].strip("/").replace("?<", "?P<"))
+    line = ('gpu_info{cloud="aws", cluster="c1", device="n1 amd 0", gpu="0", instance="n1:9632", '
+            'model="MI300X", node="n1", uuid="0xabc", vendor="amd"}')
+    m = pattern.search(line)
+    assert m and m.group("text") == "n1 amd 0" and m.group("value") == "0xabc"
+    for where, expr in _queries(DASHBOARDS[name]):
+        assert 'gpu=~"$gpu"' not in expr, where
+        if "$vendor" in expr and "gpu_info" not in expr and "device_up" not in expr:
+            assert 'uuid=~"$gpu"' in expr, where
+
+
+def test_health_dashboard_panels_cover_the_health_signals():
+    names = set().union(*(metric_names(e) for _, e in _queries(DASHBOARDS["gpu-health.json"])))
+    assert {"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_memory_used_bytes",
+            "gpu_clock_mhz", "gpu_throttle_active", "gpu_ecc_errors_total", "gpu_memory_remapped_rows",
+            "gpu_xid_errors_total", "gpu_pcie_bytes_total", "gpu_pcie_link_speed_gts", "gpu_pcie_link_max_speed_gts",
+            "gpu_pcie_link_width", "gpu_pcie_link_max_width", "gpu_interconnect_bytes_total",
+            "gpu_process_memory_bytes", "gpu_process_utilization_percent",
+            "unified_gpu_exporter_device_up"} <= names
 
 
 def test_seed_panels_are_on_the_contention_dashboard():

@@ -73,6 +73,9 @@ def test_a380_i915_canonical(shared_fixtures, tmp_path):
         ("gpu_throttle_active", gt + (("reason", "current"),)): 0.0,
         ("gpu_throttle_active", gt + (("reason", "thermal"),)): 0.0,
         ("gpu_throttle_active", gt + (("reason", "prochot"),)): 0.0,
+        # the GPU function's link to the card's on-board PCIe switch (device/current_link_*)
+        ("gpu_pcie_link_speed_gts", g): 2.5,
+        ("gpu_pcie_link_width", g): 1.0,
     })
 
 

@@ -49,6 +49,8 @@ def test_a380_i915_per_gt_files(shared_fixtures, tmp_path):
         ("i915.hwmon.fan_input", (("fan", "1"),)): 0,  # a stopped fan reads a real 0
         ("i915.hwmon.in0_input", ()): 603, ("i915.hwmon.power1_max", ()): 55000000,
         ("i915.hwmon.power1_rated_max", ()): 0, ("i915.hwmon.temp.temp1", ()): 55000,
+        # the GPU function's link to the card's on-board PCIe switch ("2.5 GT/s PCIe", x1)
+        ("pcie.current_link_speed", ()): 2.5, ("pcie.current_link_width", ()): 1,
     }
     assert raw == expected  # card-level gt_*_freq_mhz are not read when gt/gt0 exists
     assert not s.errors and s.device_up == {"0000:0b:00.0": True}
@@ -169,3 +171,23 @@ def test_bad_value_counted_and_lost_device(shared_fixtures, tmp_path):
     os.rename(root / "class/drm/card1/device", root / "class/drm/card1/gone")
     s = src.poll()
     assert s.device_up == {"0000:09:00.0": False} and s.readings == [] and s.errors["device_lost"] == 1
+
+
+def test_pcie_link_files_of_the_pci_device_dir(shared_fixtures, tmp_path):
+    """current/max link speed and width from the card's PCI device directory; 'Unknown' speed
+    is counted as not supported, an integrated GPU's width 0 is no link and not exported."""
+    root = sysfs_root(shared_fixtures, tmp_path, "sysfs-lact-a380-i915", copy=True)
+    dev = next((root / "class" / "drm").glob("card*/device"))
+    (dev / "current_link_speed").write_text("8.0 GT/s PCIe\n")
+    (dev / "max_link_speed").write_text("16.0 GT/s PCIe\n")
+    (dev / "current_link_width").write_text("8\n")
+    (dev / "max_link_width").write_text("16\n")
+    raw = _raw(_open(root).poll())
+    assert raw[("pcie.current_link_speed", ())] == 8.0 and raw[("pcie.max_link_speed", ())] == 16.0
+    assert raw[("pcie.current_link_width", ())] == 8 and raw[("pcie.max_link_width", ())] == 16
+    (dev / "max_link_speed").write_text("Unknown\n")
+    (dev / "current_link_width").write_text("0\n")
+    s = _open(root).poll()
+    raw = _raw(s)
+    assert ("pcie.max_link_speed", ()) not in raw and ("pcie.current_link_width", ()) not in raw
+    assert s.errors["not_supported"] == 1

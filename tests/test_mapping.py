@@ -241,3 +241,17 @@ def test_histogram_rules_are_validated(tmp_path, schema, rule, message):
     path.write_text(f"vendor: nvidia\nfields:\n  - {rule}\n")
     with pytest.raises(ConfigError, match=message):
         load_mapping(path, schema)
+
+
+def test_values_lookup_is_for_gauges_mapped_as_read(tmp_path):
+    schema = load_schema()
+    good = tmp_path / "good.yaml"
+    good.write_text("vendor: nvidia\nfields:\n  - raw: gen\n    metric: gpu_pcie_link_speed_gts\n"
+                    "    values: {3: 8.0, 4: 16.0}\n")
+    cm = load_mapping(good, schema)
+    assert cm.rules["gen"][0].values == ((3.0, 8.0), (4.0, 16.0))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("vendor: nvidia\nfields:\n  - raw: replays\n    metric: gpu_pcie_replays_total\n"
+                   "    values: {1: 2}\n")
+    with pytest.raises(ConfigError, match="values"):
+        load_mapping(bad, schema)

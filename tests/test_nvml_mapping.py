@@ -104,3 +104,25 @@ def test_lost_gpu_keeps_other_gpus():
         src.close()
     assert values_of(s, "gpu_power_watts", gpu="0") == []
     assert values_of(s, "gpu_power_watts", gpu="1") == [27.5]
+
+
+def test_pcie_link_generation_becomes_gt_per_second_and_max_link_is_static():
+    t4 = pf.t4(0)
+    t4["pcie_gen"], t4["pcie_width"], t4["pcie_max_width"] = 1, 8, 16  # idle downshift, x8 of x16
+    s, _ = run([pf.h100(0), t4])
+    h = {"gpu": "0", "vendor": "nvidia", "uuid": "GPU-h1000000-0000-0000-0000-000000000000"}
+    assert one(s, "gpu_pcie_link_speed_gts", **h) == 32.0      # Gen5
+    assert one(s, "gpu_pcie_link_max_speed_gts", **h) == 32.0
+    assert one(s, "gpu_pcie_link_max_width", **h) == 16
+    t = {"gpu": "1", "vendor": "nvidia", "uuid": "GPU-74000000-0000-0000-0000-000000000000"}
+    assert one(s, "gpu_pcie_link_speed_gts", **t) == 2.5       # Gen1
+    assert one(s, "gpu_pcie_link_max_speed_gts", **t) == 8.0   # Gen3
+    assert one(s, "gpu_pcie_link_width", **t) == 8 and one(s, "gpu_pcie_link_max_width", **t) == 16
+
+
+def test_unknown_pcie_generation_is_malformed_not_exported():
+    gpu = pf.h100(0)
+    gpu["pcie_gen"] = 9  # not a generation the mapping knows
+    s, _ = run([gpu])
+    assert values_of(s, "gpu_pcie_link_speed_gts") == []
+    assert values_of(s, "gpu_pcie_link_max_speed_gts") == [32.0]

@@ -58,6 +58,9 @@ _HWMON_IN = re.compile(r"^in(\d+)_input$")
 _HWMON_ENERGY = re.compile(r"^energy(\d+)_input$")
 
 
+_LINK_SPEED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s")
+
+
 def _num(name: str) -> int:
     m = _NUM_RE.search(name)
     return int(m.group(1)) if m else 0
@@ -189,6 +192,7 @@ class IntelSysfsSource:
                 else:
                     self._poll_xe(sample, card)
                 self._poll_hwmon(sample, card)
+                self._poll_pcie(sample, card)
             except OSError:  # a directory vanished mid-walk: count, keep the other cards
                 sample.errors["read_error"] += 1
         return sample
@@ -248,6 +252,30 @@ class IntelSysfsSource:
             sample.add(key, f"xe.throttle.{f}", read_int(throttle / f, err), labels)
         if "status" in files:
             sample.add(key, "xe.throttle.status", read_int(throttle / "status", err), labels)
+
+    # -- PCIe link (the PCI device directory) ------------------------------------------------
+    @staticmethod
+    def _poll_pcie(sample: Sample, card: _Card) -> None:
+        """current/max link speed and width of the card's PCI function.  Absent files (an
+        integrated GPU has no link) are not an error.  On discrete cards behind the on-board
+        switch this is the link to that switch."""
+        key, err, dev = card.device.key, sample.errors, card.path / "device"
+        for name in ("current_link_speed", "max_link_speed"):
+            if not (dev / name).exists():
+                continue
+            text = read_text(dev / name, err)
+            if text is None:
+                continue
+            m = _LINK_SPEED.match(text)
+            if m is None:  # "Unknown" (link down, or a virtual function)
+                err["not_supported"] += 1
+                continue
+            sample.add(key, f"pcie.{name}", float(m.group(1)))
+        for name in ("current_link_width", "max_link_width"):
+            if (dev / name).exists():
+                width = read_int(dev / name, err)
+                if width:  # 0: no link (integrated GPUs report current_link_width 0)
+                    sample.add(key, f"pcie.{name}", width)
 
     # -- hwmon --------------------------------------------------------------------------------
     def _poll_hwmon(self, sample: Sample, card: _Card) -> None:

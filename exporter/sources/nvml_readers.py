@@ -4,7 +4,7 @@ Raw field names follow NVML (units in brackets); ``mappings/nvml.yaml`` converts
   utilization.gpu / utilization.memory / utilization.encoder / utilization.decoder [%]
   memory.total / memory.used / memory.free / memory.reserved [bytes] (memory info v2;
       ``memory_v1.used`` when only v1 exists: it includes the reserved part)
-  temperature.gpu [degC]   fan.speed [%]   pcie.link_width [lanes]
+  temperature.gpu [degC]   fan.speed [%]   pcie.link_width [lanes]   pcie.link_gen [generation]
   power.usage [mW]  power.limit.enforced [mW]  power.limit.max [mW]  energy.total [mJ]
   clock.<graphics|sm|memory|video> [MHz]   clock_max.<...> [MHz]   memory.bus_width [bits]
   clocks_event_reasons.<Reason> [0/1]  (Reason = suffix of the binding's nvmlClocksEventReason*)
@@ -145,6 +145,12 @@ class DeviceReader:
         v = g.call(errors, k, "memory.bus_width", "nvmlDeviceGetMemoryBusWidth", h)
         if v is not None:
             st.static.append(("memory.bus_width", v))
+        # what the device and its slot support: the reference for a downtrained link
+        for raw, fn in (("pcie.max_link_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                        ("pcie.max_link_width", "nvmlDeviceGetMaxPcieLinkWidth")):
+            v = g.call(errors, k, raw, fn, h)
+            if v is not None:
+                st.static.append((raw, v))
         v = g.call(errors, k, "power.limit.max", "nvmlDeviceGetPowerManagementLimitConstraints", h)
         if v is not None:
             st.static.append(("power.limit.max", v[1]))
@@ -190,6 +196,7 @@ class DeviceReader:
         add(k, "temperature.gpu", t)
         add(k, "fan.speed", call("fan.speed", "nvmlDeviceGetFanSpeed"))
         add(k, "pcie.link_width", call("pcie.link_width", "nvmlDeviceGetCurrPcieLinkWidth"))
+        add(k, "pcie.link_gen", call("pcie.link_gen", "nvmlDeviceGetCurrPcieLinkGeneration"))
         add(k, "power.usage", call("power.usage", "nvmlDeviceGetPowerUsage"))
         add(k, "power.limit.enforced", call("power.limit.enforced", "nvmlDeviceGetEnforcedPowerLimit"))
         add(k, "energy.total", call("energy.total", "nvmlDeviceGetTotalEnergyConsumption"))

@@ -188,6 +188,9 @@ def _gpu(**kw: Any) -> dict[str, Any]:
         "fan": None, "power_mw": 0, "power_limit_mw": 0, "power_limits_mw": (0, 0), "energy_mj": 0,
         "clocks": {0: 0, 1: 0, 2: 0, 3: 0}, "max_clocks": {0: 0, 1: 0, 2: 0, 3: 0}, "bus_width": 0,
         "reasons_supported": 0x1FF, "reasons": 0, "pcie_width": 16,
+        # link generation and width are plain ints (a real H200, driver 580: Curr/MaxPcieLinkGeneration
+        # 5, Curr/MaxPcieLinkWidth 16, nvidia-smi pcie.link.gen.current/max 5/5)
+        "pcie_gen": 4, "pcie_max_gen": 4, "pcie_max_width": 16,
         "fields": {}, "rates": {}, "nvlink_links": 0, "ecc": None, "remapped": None,
         "gpm_supported": False, "gpm": {}, "mig": None, "processes": [], "xid_supported": True,
         "unsupported": set(), "missing": set(), "mig_capable": True,
@@ -212,7 +215,7 @@ def h100(i: int = 0) -> dict[str, Any]:
         fields={197: 5_000_000_000, 198: 7_000_000_000, 94: 3, 82: 54, 138: 1_000_000, 139: 2_000_000,
                 45: 0, 38: 1, 52: 2, 59: 0},
         rates={197: 1_048_576, 198: 2_097_152},
-        nvlink_links=18, ecc=(0, 0), remapped=(0, 0, 0, 0),
+        nvlink_links=18, ecc=(0, 0), remapped=(0, 0, 0, 0), pcie_gen=5, pcie_max_gen=5,
         gpm_supported=True,
         gpm={1: 97.5, 2: 95.0, 3: 38.25, 5: 61.0, 10: 88.5, 11: 0.0, 12: 12.5, 13: 3.0,
              20: 512.0, 21: 1024.0, 60: 2048.0, 61: 4096.0, 164: 71.0, 165: 29.0},
@@ -271,7 +274,7 @@ def t4(i: int = 0) -> dict[str, Any]:
         max_clocks={0: 1590, 1: 1590, 2: 5001, 3: 1470}, bus_width=256,
         reasons_supported=0x1EF, reasons=0x1,
         fields={197: 10, 198: 20, 94: 0},  # no NVLink, no memory temperature
-        ecc=(0, 0), fan=None, mig_capable=False,
+        ecc=(0, 0), fan=None, mig_capable=False, pcie_gen=3, pcie_max_gen=3,
         unsupported={"nvmlDeviceGetRemappedRows", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet",
                      "nvmlDeviceGetNvLinkState"},
     )
@@ -482,6 +485,18 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     @api
     def nvmlDeviceGetCurrPcieLinkWidth(h: c_nvmlDevice_t) -> int:
         return spec_of(h)["pcie_width"]
+
+    @api
+    def nvmlDeviceGetCurrPcieLinkGeneration(h: c_nvmlDevice_t) -> int:
+        return spec_of(h)["pcie_gen"]
+
+    @api
+    def nvmlDeviceGetMaxPcieLinkGeneration(h: c_nvmlDevice_t) -> int:
+        return spec_of(h)["pcie_max_gen"]
+
+    @api
+    def nvmlDeviceGetMaxPcieLinkWidth(h: c_nvmlDevice_t) -> int:
+        return spec_of(h)["pcie_max_width"]
 
     @api
     def nvmlDeviceGetPowerUsage(h: c_nvmlDevice_t) -> int:

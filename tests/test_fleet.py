@@ -1,0 +1,136 @@
+"""The reference fleet's configuration (deploy/fleet): agent config, fleet rules and their
+promtool tests, topology, the vmagent relabeling that keeps per-GPU series out of long-term
+storage.  The running fleet is tests/test_fleet_e2e.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, require_binary
+from tests.promql_names import SELF_METRICS, TARGET_LABELS, load_canonical, metric_names, selectors
+
+FLEET = REPO / "deploy" / "fleet"
+RULES = sorted((FLEET / "rules").glob("*.yml"))
+CANONICAL = load_canonical(REPO / "mappings" / "canonical.yaml")
+PROM_RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
+
+
+def load_fleet_module():
+    """deploy/fleet/fleet.py is a script, not a package module: load it by path (once)."""
+    if "ugpu_fleet" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ugpu_fleet", FLEET / "fleet.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["ugpu_fleet"] = module  # dataclasses look their module up while executing it
+        spec.loader.exec_module(module)
+    return sys.modules["ugpu_fleet"]
+
+
+def _rules(paths):
+    return [r for p in paths for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"]]
+
+
+def _promtool(*args, cwd=FLEET):
+    binary = require_binary("promtool", "prometheus")
+    return subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_agent_config_is_valid_in_agent_mode():
+    result = _promtool("check", "config", "--agent", "prometheus-agent.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = yaml.safe_load((FLEET / "prometheus-agent.yml").read_text())
+    assert set(doc["global"]["external_labels"]) == {"cluster", "cloud", "region"}
+    assert doc["remote_write"][0]["url"].endswith("/api/v1/write")
+    assert "rule_files" not in doc and "alerting" not in doc  # rules run centrally
+
+
+def test_fleet_rules_pass_promtool_lint_and_unit_tests():
+    result = _promtool("check", "rules", "--lint=all", "--lint-fatal", *map(str, RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = _promtool("test", "rules", "tests/fleet.test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_fleet_rule_is_unit_tested_and_named_level_metric_operation():
+    tested, fired, silent = set(), set(), set()
+    for group in yaml.safe_load((FLEET / "tests" / "fleet.test.yml").read_text())["tests"]:
+        for case in group.get("promql_expr_test", []):
+            tested |= metric_names(case["expr"])
+        for case in group.get("alert_rule_test", []):
+            (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+    records = {r["record"] for r in _rules(RULES) if "record" in r}
+    alerts = {r["alert"] for r in _rules(RULES) if "alert" in r}
+    assert records - tested == set()
+    assert alerts == fired == silent
+    for name in records:
+        level, metric, ops = name.split(":")
+        assert re.fullmatch(r"[a-z]+(_[a-z]+)*", level) and metric.startswith("gpu_") and ops, name
+    # no name clashes with the single-cluster rules evaluated beside them
+    assert records.isdisjoint({r["record"] for r in _rules(PROM_RULES) if "record" in r})
+
+
+def test_fleet_rules_use_known_names_and_labels():
+    recorded = {r["record"] for r in _rules(RULES + PROM_RULES) if "record" in r}
+    for rule in _rules(RULES):
+        names = metric_names(rule["expr"])
+        assert names <= set(CANONICAL) | SELF_METRICS | recorded, names
+        for name, labels in selectors(rule["expr"]):
+            if name in CANONICAL:
+                assert labels <= CANONICAL[name] | TARGET_LABELS, (name, labels)
+
+
+def test_fleet_alerts_have_runbooks():
+    runbooks = (REPO / "deploy" / "prometheus" / "runbooks.md").read_text()
+    for rule in _rules(RULES):
+        if "alert" in rule:
+            assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+            assert re.search(rf"^## {rule['alert']}$", runbooks, re.M)
+
+
+def test_longterm_relabeling_keeps_rollups_and_drops_per_gpu_series():
+    rules = yaml.safe_load((FLEET / "vmagent-longterm-relabel.yml").read_text())
+    drop = re.compile(rf"^(?:{rules[0]['regex']})$")
+    keep = re.compile(rf"^(?:{rules[1]['regex']})$")
+
+    def kept(name):
+        return not drop.match(name) and bool(keep.match(name))
+
+    assert kept("cluster_cloud_region_model_workload:gpu_memory_bandwidth_gbps:avg")
+    assert kept("model_cloud:gpu_memory_bandwidth_gbps:avg7d")
+    assert kept("cloud_model_workload:gpu_memory_bandwidth_gbps:avg")
+    for name in ("instance_gpu:gpu_info:max", "fleet_gpu:gpu_info:max", "ALERTS", "ALERTS_FOR_STATE",
+                 "gpu_memory_bandwidth_gbps", "unified_gpu_exporter_device_up"):
+        assert not kept(name), name
+
+
+def test_topology_spans_three_clouds_two_clusters_and_one_degraded_cloud():
+    fleet = load_fleet_module()
+    clusters = fleet.load_topology(FLEET / "topology.yaml")
+    assert len({c.cloud for c in clusters}) == 3 and len(clusters) >= 2
+    degraded = {c.cloud for c in clusters if c.scenario == "fleet-degraded"}
+    healthy = {c.cloud for c in clusters if c.scenario == "fleet"}
+    assert len(degraded) == 1 and degraded.isdisjoint(healthy)
+    for c in clusters:
+        assert (REPO / "mappings" / "scenarios" / f"{c.scenario}.yaml").is_file()
+
+
+def test_prepared_rules_cap_for_and_drop_group_intervals(tmp_path):
+    fleet = load_fleet_module()
+    paths = fleet.prepare_rules(tmp_path, "30s")
+    assert {p.name for p in paths} == {p.name for p in PROM_RULES + RULES}
+    for rule in _rules(paths):
+        if "for" in rule:
+            assert fleet._duration_seconds(rule["for"]) <= 30
+    assert all("interval" not in g for p in paths for g in yaml.safe_load(p.read_text())["groups"])
+    unchanged = fleet.prepare_rules(tmp_path / "real", None)
+    assert any(r.get("for") == "15m" for r in _rules(unchanged))
+
+
+@pytest.mark.parametrize("text,seconds", [("30s", 30), ("15m", 900), ("1h30m", 5400), ("0s", 0)])
+def test_duration_parsing(text, seconds):
+    assert load_fleet_module()._duration_seconds(text) == seconds

@@ -1,0 +1,130 @@
+"""Series per GPU (README "Series budget"): the default exposition and the minimal profile, on the
+faithful NVML fake (two H100) and on the simulated node, measured in steady state (150 poll cycles
+on a fake clock so the indicator windows -- percentiles, variability, baselines -- are full).
+Plus the filters themselves: include/exclude globs and the label allow-list."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from exporter.daemon import Daemon, Settings
+from exporter.schema import load_schema
+from exporter.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
+from tests.fakes import pynvml_fake as pf
+
+# Documented budgets (README): series per GPU, steady state, default collectors' options.
+BUDGET = {("nvml", "default"): 100, ("nvml", "minimal"): 25,
+          ("simulated", "default"): 60, ("simulated", "minimal"): 25}
+OTHER_SOURCES = ("dcgm", "amdgpu", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")
+
+
+def per_gpu(text: bytes) -> tuple[int, float]:
+    lines = [ln for ln in text.decode().splitlines() if ln and not ln.startswith("#")]
+    gpus = sum(1 for ln in lines if ln.startswith("gpu_info{"))
+    per_device = [ln for ln in lines if 'uuid="' in ln]
+    return gpus, len(per_device) / gpus
+
+
+async def _steady(settings: Settings, cycles: int = 150) -> bytes:
+    d = Daemon(settings)
+    d.load()
+    d.build_runtimes()
+    d.build_feed()
+    try:
+        for i in range(cycles):
+            await asyncio.gather(*(d.poll_once(rt) for rt in d.runtimes))
+            d.feed.update(10_000.0 + i, d.store)
+        return (await d.render()).text
+    finally:
+        await d._close_sources(d.runtimes)
+        d._render_worker.stop()
+        d._state_worker.stop()
+
+
+def _exposition(tmp_path, node: str, config: str, monkeypatch) -> bytes:
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(config)
+    if node == "nvml":
+        monkeypatch.setitem(sys.modules, "pynvml", pf.make_module([pf.h100(0), pf.h100(1)]))
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        settings = Settings(config_path=cfg, sysfs=tmp_path / "empty", procfs=tmp_path / "empty",
+                            collectors={"nvml": True, **{c: False for c in OTHER_SOURCES}},
+                            state_dir=tmp_path / "state")
+    else:
+        settings = Settings(config_path=cfg, simulate="demo", state_dir=tmp_path / "state")
+    return asyncio.run(_steady(settings))
+
+
+@pytest.mark.parametrize("node", ["nvml", "simulated"])
+def test_series_per_gpu_default_and_minimal_profile_within_budget(tmp_path, node, monkeypatch, capsys):
+    default_gpus, default = per_gpu(_exposition(tmp_path, node, "{}\n", monkeypatch))
+    minimal_gpus, minimal = per_gpu(_exposition(tmp_path, node, "exposition: {profile: minimal}\n", monkeypatch))
+    assert default_gpus == minimal_gpus == (2 if node == "nvml" else 5)
+    with capsys.disabled():
+        print(f"\nseries per GPU on {node}: default {default:.1f}, minimal {minimal:.1f}")
+    assert default <= BUDGET[(node, "default")]
+    assert minimal <= BUDGET[(node, "minimal")]
+    assert minimal < default / 2
+
+
+def test_exclude_glob_and_label_allowlist_remove_series(tmp_path, monkeypatch):
+    base = _exposition(tmp_path, "nvml", "collectors: {nvml: {options: {processes: true}}}\n", monkeypatch).decode()
+    assert "gpu_process_memory_bytes{" in base and "gpu_clock_mhz{" in base
+    text = _exposition(tmp_path, "nvml", """
+collectors: {nvml: {options: {processes: true}}}
+labels: {cluster: c1, team: ml}
+exposition:
+  exclude: ["gpu_clock_*"]
+  label_allowlist: [cluster]
+""", monkeypatch).decode()
+    assert "gpu_clock_mhz{" not in text and "gpu_clock_max_mhz{" not in text
+    # per-process series carry pid/process (optional labels): not on the list -> not served
+    assert "gpu_process_memory_bytes{" not in text
+    # required labels stay (sensor), the static label on the list stays, the other is removed
+    temps = [ln for ln in text.splitlines() if ln.startswith("gpu_temperature_celsius{")]
+    assert temps and all('sensor="' in ln and 'cluster="c1"' in ln and "team=" not in ln for ln in temps)
+    assert "unified_gpu_exporter_build_info" in text  # self-metrics are not subject to include
+
+
+def test_filter_decisions():
+    schema = load_schema()
+    f = SeriesFilter(ExpositionConfig(include=["gpu_memory_*", "gpu_info"], exclude=["gpu_memory_gtt_*"],
+                                      label_allowlist=["pod"]), schema)
+    assert f.family("gpu_memory_used_bytes") and f.family("gpu_info")
+    assert not f.family("gpu_memory_gtt_used_bytes") and not f.family("gpu_power_watts")
+    assert f.family("unified_gpu_exporter_source_up")  # include does not hide self-metrics
+    dev = (("vendor", "nvidia"), ("gpu", "0"), ("uuid", "G"))
+    assert f.labels_ok("gpu_memory_used_bytes", dev)
+    assert not f.labels_ok("gpu_memory_used_bytes", dev + (("gpu_instance", "1"),))
+    assert f.labels_ok("gpu_temperature_celsius", dev + (("sensor", "gpu"),))  # required label
+    assert f.extra((("pod", "p"), ("team", "x"))) == (("pod", "p"),)
+    minimal = SeriesFilter(ExpositionConfig(profile="minimal"), schema)
+    assert {n for n in schema.metrics if minimal.family(n)} == set(MINIMAL)
+    assert set(MINIMAL) <= set(schema.metrics)
+
+
+@pytest.mark.parametrize("conf,message", [
+    ({"include": ["gpu_nope_*"]}, "matches no metric"),
+    ({"exclude": ["gpu mem"]}, "not a metric name glob"),
+    ({"label_allowlist": ["bad-label"]}, "not a valid label name"),
+    ({"profile": "tiny"}, "profile"),
+])
+def test_invalid_filters_are_rejected(conf, message):
+    with pytest.raises((ValidationError, ValueError), match=message):
+        SeriesFilter(ExpositionConfig(**conf), load_schema())
+
+
+def test_a_glob_matching_no_metric_is_a_config_error_naming_the_file(tmp_path):
+    from exporter.yamlfile import ConfigError
+
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("exposition:\n  exclude: [gpu_procss_*]\n")  # typo
+    with pytest.raises(ConfigError, match=rf"{cfg}.*exposition.exclude.*matches no metric"):
+        Daemon(Settings(config_path=cfg, simulate="demo")).load()
+    cfg.write_text("exposition:\n  profle: minimal\n")
+    with pytest.raises(ConfigError, match="profle"):
+        Daemon(Settings(config_path=cfg, simulate="demo")).load()
