@@ -125,6 +125,7 @@ class Runtime:
     worker: Worker
     fast_mapper: Mapper | None = None  # set when the source offers poll_fast
     opened: bool = False
+    backend_missing: bool = False  # the last open raised SourceUnavailable
     pending: asyncio.Future | None = None       # the last open/poll call
     fast_pending: asyncio.Future | None = None  # the last poll_fast call
 
@@ -267,7 +268,8 @@ class Daemon:
                 source = create_source(col, **source_kwargs(self.settings.sysfs, self.settings.procfs,
                                                             options, **extra))
             except SourceUnavailable as exc:
-                source, state.state, state.reason = None, "unavailable", str(exc)
+                source = None
+                state.state, state.reason = ("down" if explicit else "absent"), str(exc)
             except Exception as exc:  # bad options reach here: source off, reason visible
                 source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
                 state.errors["exception"] += 1
@@ -315,11 +317,7 @@ class Daemon:
             try:
                 await self._call(rt, lambda: self._open(rt))
             except SourceUnavailable as exc:
-                if st.state != "unavailable" or st.reason != str(exc):
-                    level = logging.ERROR if st.explicit else logging.INFO
-                    log.log(level, "source off", extra={"source": st.name, "reason": str(exc)})
-                st.state, st.reason = "unavailable", str(exc)
-                st.clear()
+                self._backend_missing(rt, str(exc))
                 return False
             except Exception as exc:  # noqa: BLE001
                 self._failed(rt, exc, "open")
@@ -341,8 +339,26 @@ class Daemon:
         st.last_success = time.time()
         st.polls += 1
         st.up, st.state, st.reason = True, "up", ""
+        st.was_up = True
+        rt.backend_missing = False
         self.store.touch()
         return True
+
+    def _backend_missing(self, rt: Runtime, reason: str) -> None:
+        """The backend is not there.  A source that is only on by default (not asked for and never
+        up) is ``absent``: not an error, no ``source_up``.  One that was asked for, or that was
+        up before, is ``down``: enabled and failing."""
+        st = rt.state
+        rt.backend_missing = True
+        new_state = "down" if st.explicit or st.was_up else "absent"
+        if st.state != new_state or st.reason != reason:
+            if new_state == "down":
+                log.error("source down: backend not found", extra={"source": st.name, "reason": reason})
+            else:
+                log.info("source absent", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = new_state, reason
+        st.clear()
+        self.store.touch()
 
     async def _call(self, rt: Runtime, fn: Callable[[], Any]) -> Any:
         rt.pending = rt.worker.submit(fn)
@@ -377,9 +393,9 @@ class Daemon:
             self._polled.add(rt.state.name)
             if self._dirty is not None:
                 self._dirty.set()
-            if rt.state.state == "unavailable":
-                if not rt.state.explicit:
-                    return  # auto-detected backend absent: the source stays off
+            if rt.state.state == "absent":
+                return  # on by default, backend not on this node: the source stays off
+            if rt.backend_missing:  # asked for (or up before): retry now and then, stay down
                 await asyncio.sleep(REOPEN_INTERVAL)
                 next_at = time.monotonic()
                 continue
@@ -582,6 +598,7 @@ class Daemon:
                 st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
                 st.errors = Counter(prev.errors)
                 st.up, st.state, st.reason = prev.up, prev.state, prev.reason
+                st.was_up = prev.was_up
                 st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
         self.build_feed()  # thresholds may have changed; learned baselines come back from state
         self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
