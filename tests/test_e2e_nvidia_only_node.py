@@ -64,7 +64,7 @@ def test_nvidia_only_node_has_no_source_down_and_its_contention_alert_is_deliver
         ups = [ln for ln in lines if ln.startswith("unified_gpu_exporter_source_up{")]
         assert all(ln.split()[-1] in ("1", "1.0") for ln in ups), ups  # no source_up 0
         for name in ("dcgm", "amdgpu", "intel"):
-            assert any(ln.startswith(f'unified_gpu_exporter_source_enabled{{') and f'source="{name}"' in ln
+            assert any(ln.startswith('unified_gpu_exporter_source_enabled{') and f'source="{name}"' in ln
                        and 'state="absent"' in ln for ln in lines), (name, lines)
 
         targets = prom_dir / "e2e-targets"
