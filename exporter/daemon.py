@@ -184,22 +184,25 @@ class Daemon:
                               f"(known: {', '.join(sorted(mappings.mappings))})")
 
     def _enrichers(self, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
-        where = str(self.settings.config_path or "configuration")
+        errors = []
+        cloud = k8s = None
         try:
             cloud = CloudEnricher(config.enrich.get("cloud"))
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{where}: enrich.cloud: {exc}") from None
+            errors.append(f"{config.where('enrich', 'cloud')}: enrich.cloud: {exc}")
         opts = dict(config.enrich.get("kubernetes") or {})
         # on by default only where the kubelet's pod-resources socket exists (a Kubernetes node)
         opts.setdefault("enabled", Path(opts.get("socket", DEFAULT_SOCKET)).exists())
         try:
             k8s = PodResourcesEnricher(opts)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{where}: enrich.kubernetes: {exc}") from None
-        unknown = set(config.enrich) - {"cloud", "kubernetes"}
-        if unknown:
-            raise ConfigError(f"{where}: enrich: unknown section(s) {sorted(unknown)} "
-                              "(known: cloud, kubernetes)")
+            errors.append(f"{config.where('enrich', 'kubernetes')}: enrich.kubernetes: {exc}")
+        for name in sorted(set(config.enrich) - {"cloud", "kubernetes"}):
+            errors.append(f"{config.where('enrich', name)}: enrich.{name}: unknown section "
+                          "(known: cloud, kubernetes)")
+        if errors:
+            raise ConfigError("\n".join(errors))
+        assert cloud is not None and k8s is not None
         return cloud, k8s
 
     @property
@@ -240,7 +243,7 @@ class Daemon:
                     out.append((col, True))
                 continue
             if name == "upstream" and flag is None and conf is None:
-                conf = bool(self.config.collector(name).options.get("targets"))
+                conf = bool(self.config.collector(name).options_dict().get("targets"))
             explicit = flag is True or (flag is None and conf is True)
             on = flag if flag is not None else (conf if conf is not None else col.default)
             # with --simulate, hardware collectors run only when asked for explicitly
@@ -256,13 +259,14 @@ class Daemon:
         self.runtimes = []
         for col, explicit in self.enabled_collectors():
             cconf = self.config.collector(col.name)
-            options = dict(cconf.options)
+            options = cconf.options_dict()
             extra: dict[str, Any] = {"mappings": self.mappings}
             if col.name == "simulator":
                 options.setdefault("scenario", self.settings.simulate or "demo")
                 if self.settings.simulate_phase:
                     options["phase"] = self.settings.simulate_phase
-                options.update({k: v for k, v in self.config.simulate.items() if k not in options})
+                options.update({k: v for k, v in self.config.simulate.options_dict().items()
+                                if k not in options})
             state = SourceState(col.name, explicit=explicit)
             try:
                 source = create_source(col, **source_kwargs(self.settings.sysfs, self.settings.procfs,
@@ -273,6 +277,7 @@ class Daemon:
             except Exception as exc:  # bad options reach here: source off, reason visible
                 source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
                 state.errors["exception"] += 1
+                log.error("source cannot start", extra={"source": col.name, "reason": state.reason})
             if source is not None:
                 state.secondary = bool(getattr(source, "secondary", False))
                 state.provides_identity = bool(getattr(source, "provides_identity", True))
