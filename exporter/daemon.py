@@ -157,10 +157,21 @@ class Daemon:
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
         """Load config, schema and mappings; raise ConfigError without touching running state."""
-        config = load_config(self.settings.config_path)
-        mdir = self.settings.mappings_dir or config.mappings_dir or default_mappings_dir()
-        schema = load_schema(mdir / "canonical.yaml")
-        mappings = MappingSet.load_dir(mdir, schema)
+        errors: list[str] = []  # config and mapping errors are reported together
+        config: Config | None = None
+        try:
+            config = load_config(self.settings.config_path)
+        except ConfigError as exc:
+            errors.append(str(exc))
+        mdir = self.settings.mappings_dir or (config.mappings_dir if config else None) or default_mappings_dir()
+        try:
+            schema = load_schema(mdir / "canonical.yaml")
+            mappings = MappingSet.load_dir(mdir, schema)
+        except ConfigError as exc:
+            errors.append(str(exc))
+        if errors:
+            raise ConfigError("\n".join(errors))
+        assert config is not None
         cloud, k8s = self._enrichers(config)
         if self.settings.simulate is not None:
             self._check_scenario(mappings)

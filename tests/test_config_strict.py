@@ -146,3 +146,26 @@ def test_config_web_config_and_flags_share_the_grammar(tmp_path):
     assert WebConfig.load(web).rate_limit.interval_seconds == 90
     result = _check("--poll.interval", "1m30s", "--poll.fast-interval", "1.5s")
     assert result.returncode == 0, result.stderr
+
+
+def test_every_broken_mapping_and_the_config_are_reported_in_one_run(tmp_path):
+    import shutil
+
+    mdir = tmp_path / "mappings"
+    shutil.copytree(REPO / "mappings", mdir)
+    broken = []
+    for name in ("nvml.yaml", "amdgpu.yaml"):
+        path = mdir / name
+        text = path.read_text()
+        needle = "metric: "
+        i = text.index(needle)
+        line = text[:i].count("\n") + 1
+        path.write_text(text[:i] + "metric: gpu_no_such_metric_x\n" + text[text.index("\n", i) + 1:])
+        broken.append(f"{name}:{line}: ")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("poll_intervall: 1s\n")
+    result = _check("--path.mappings", str(mdir), "--config.file", str(cfg))
+    assert result.returncode == 1
+    for where in broken:
+        assert where in result.stderr, result.stderr
+    assert "c.yml:1: poll_intervall: unknown key, did you mean 'poll_interval'" in result.stderr
