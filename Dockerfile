@@ -30,10 +30,10 @@ COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY exporter ./exporter
 COPY mappings ./mappings
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --constraint constraints.txt "setuptools>=68" wheel \
+ && /opt/venv/bin/pip install --constraint constraints.txt setuptools \
  && /opt/venv/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
  && /opt/venv/bin/pip install --constraint constraints.txt "$(ls /dist/*.whl)[${EXTRAS}]" \
- && /opt/venv/bin/pip uninstall --yes setuptools wheel \
+ && /opt/venv/bin/pip uninstall --yes setuptools \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 
 # ---- runtime: slim, non-root, read-only root file system compatible -------------------------

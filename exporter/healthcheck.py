@@ -64,8 +64,11 @@ def check(host: str, port: int, tls: bool, timeout: float = 4.0) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m exporter.healthcheck [--pid N]`` (default PID 1, the container's exporter)."""
+    args = sys.argv[1:] if argv is None else argv
+    pid = int(args[args.index("--pid") + 1]) if "--pid" in args else 1
     try:
-        host, port, tls = target(exporter_argv() if argv is None else argv)
+        host, port, tls = target(exporter_argv(pid))
     except (OSError, SystemExit, Exception) as exc:  # noqa: BLE001 - a health check must answer
         print(f"healthcheck: cannot read the exporter's command line: {exc}", file=sys.stderr)
         return 1
