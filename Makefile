@@ -5,25 +5,34 @@ PY     := $(VENV)/bin/python
 EXPORTER := $(VENV)/bin/unified-gpu-exporter
 ARGS   ?=
 
-.PHONY: run test install system-deps docs check-docs bench soak lint clean kubernetes fleet
+.PHONY: run test install system-deps docs check-docs bench soak lint clean kubernetes fleet print-address
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every dependency (the image and CI install the same versions)
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,nvidia]'
+	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[test,nvidia]'
 	touch $@
 
 install: $(VENV)/.installed
 
-## make run: install into .venv and start the exporter on :9632; with no GPU found it serves
-## the built-in simulated node.
+## make run: install into .venv and start the exporter (on :9632 unless ARGS has
+## --web.listen-address); with no GPU found it serves the built-in simulated node.
+# the listen addresses ARGS gives (both --web.listen-address=A and --web.listen-address A), else :9632
+LISTEN = $(shell printf '%s\n' $(ARGS) | awk 'f {print; f=0; next} /^--web\.listen-address=/ {sub(/^[^=]*=/, ""); print; next} /^--web\.listen-address$$/ {f=1}' | paste -sd' ' -)
+ADDRESS = $(or $(LISTEN),:9632)
+
 run: install
 	@if $(EXPORTER) --list-devices >/dev/null 2>&1; then \
-		echo "GPUs found: serving real devices on :9632"; exec $(EXPORTER) $(ARGS); \
+		echo "GPUs found: serving real devices on $(ADDRESS)"; exec $(EXPORTER) $(ARGS); \
 	else \
-		echo "no GPU found: serving the built-in SIMULATED node on :9632 (--simulate)"; \
+		echo "no GPU found: serving the built-in SIMULATED node on $(ADDRESS) (--simulate)"; \
 		exec $(EXPORTER) --simulate $(ARGS); \
 	fi
+
+## make print-address ARGS=...: the address `make run` announces (used by its test)
+print-address:
+	@echo $(ADDRESS)
 
 ## make test: install (system packages too where possible) and run the whole suite.
 test: install system-deps

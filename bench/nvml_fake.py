@@ -12,6 +12,7 @@ mapping), each per GPU per poll, plus the NVML calls per GPU per poll.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import json
 import sys
@@ -52,7 +53,8 @@ def _instrument(module) -> dict[str, float]:
 
     for name in dir(module):
         obj = getattr(module, name)
-        if isinstance(obj, type) and issubclass(obj, pf._Struct):  # noqa: SLF001
+        if (isinstance(obj, type) and issubclass(obj, (ctypes.Structure, ctypes.Union))
+                and obj.__module__ == pf.__name__):  # the fake's ctypes structs
             setattr(module, name, type(name, (obj,), {"__init__": wrap(obj.__init__, False)}))
         elif name.startswith("nvml") and callable(obj) and not isinstance(obj, type):
             setattr(module, name, wrap(obj, True))

@@ -39,10 +39,23 @@ def parse_listen_address(addr: str) -> tuple[str | None, int]:
     return (host or None), int(port)
 
 
+def default_state_dir() -> Path | None:
+    """systemd's ``$STATE_DIRECTORY`` (the first, if StateDirectory= names several)."""
+    import os
+
+    first = os.environ.get("STATE_DIRECTORY", "").split(":")[0].strip()
+    return Path(first) if first else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="unified-gpu-exporter",
-        description="Prometheus exporter for NVIDIA, AMD and Intel GPUs with one canonical schema.")
+        description="Prometheus exporter for NVIDIA, AMD and Intel GPUs with one canonical schema.",
+        epilog="subcommand:\n  unified-gpu-exporter import FILE... [--format text|json]\n"
+               "                        import profiler artifacts (ncu CSV, nsys SQLite, rocprof CSV,\n"
+               "                        Kineto JSON, unitrace CSV) and print the canonical series;\n"
+               "                        see `unified-gpu-exporter import --help`",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--web.listen-address", dest="listen", action="append", type=parse_listen_address,
                    help=f"address to listen on, repeatable (default :{DEFAULT_PORT})")
     p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics")
@@ -60,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll.fast-interval", dest="fast_interval", type=_duration,
                    help="fast sampling interval of the signals feeding the contention indicators "
                         "(default 250ms)")
-    p.add_argument("--state.dir", dest="state_dir", type=Path,
-                   help="directory for learned baselines (kept across restarts)")
+    p.add_argument("--state.dir", dest="state_dir", type=Path, default=default_state_dir(),
+                   help="directory for learned baselines (kept across restarts); default: "
+                        "$STATE_DIRECTORY (set by systemd's StateDirectory= and by the image), "
+                        "else none (baselines are learned again after a restart)")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=["debug", "info", "warn", "error"])
     p.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"])
@@ -108,7 +123,7 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     ssl_ctx = watcher.ssl_context()
     await daemon.start()
     app = make_app(daemon, args.telemetry_path, middlewares=[auth_middleware(watcher.current)])
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     scheme = "https" if ssl_ctx is not None else "http"
     if args.systemd_socket:
@@ -121,6 +136,10 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
         await site.start()
         log.info("listening", extra={"address": f"{host or ''}:{port}", "scheme": scheme,
                                      "path": args.telemetry_path})
+    if daemon.settings.state_dir is not None:
+        log.info("baselines persist", extra={"state_dir": str(daemon.settings.state_dir)})
+    else:
+        log.warning("no --state.dir and no $STATE_DIRECTORY: learned baselines are lost on restart")
     if daemon.settings.simulate:
         log.warning("serving the SIMULATED node: values are synthetic",
                     extra={"scenario": daemon.settings.simulate})
@@ -139,8 +158,9 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()
     log.info("shutting down")
-    await _bounded(daemon.stop(), 1.0)
-    await _bounded(runner.cleanup(), 0.8)
+    # the listeners close and the sources stop (baselines saved) at the same time, within one
+    # second in all: a supervisor's SIGTERM is answered promptly even with a hung source
+    await _bounded(asyncio.gather(runner.cleanup(), daemon.stop()), 1.0)
     return 0
 
 
@@ -190,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "import":
         from .importers.cli import main as import_main
 
-        return import_main(argv[1:])
+        return _quiet_broken_pipe(lambda: import_main(argv[1:]))
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     daemon = Daemon(settings_from(args))
@@ -204,9 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.once:
             daemon.load()  # report config errors before any source starts
             text, rc = _run(daemon.run_once())
-            sys.stdout.buffer.write(text)
-            sys.stdout.flush()
-            return rc
+
+            def write() -> int:
+                sys.stdout.buffer.write(text)
+                sys.stdout.flush()
+                return rc
+            return _quiet_broken_pipe(write)
         if args.list_devices:
             return _run(_list_devices(daemon))
         daemon.load()
@@ -218,6 +241,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as exc:  # e.g. address in use
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _quiet_broken_pipe(fn) -> int:
+    """``... | head``: the reader went away; exit like other CLI tools, without a traceback."""
+    import os
+
+    try:
+        return fn()
+    except BrokenPipeError:
+        # stdout is broken: point it at /dev/null so the interpreter's final flush is quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 1
 
 

@@ -1,36 +1,34 @@
 """The YAML configuration file (``--config.file``), validated with pydantic.
 
-Command-line flags override the file.  Durations are numbers of seconds or strings such as
-``250ms``, ``1s``, ``2m``.
+Command-line flags override the file.  Durations use the grammar of ``exporter/durations.py``
+(``250ms``, ``1.5s``, ``1m30s``, ``1d``, or a number of seconds).  Every level is strict: an
+unknown key, an unknown collector name, an unknown option of a collector or a value of the wrong
+type is an error naming file, line and field, and every error of the file is reported at once.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
+from .durations import parse_duration
 from .indicators.config import IndicatorConfig
 from .seriesfilter import ExpositionConfig
-from .yamlfile import load_model
+from .sources.options import OPTIONS, NoOptions, Options, SimulatorOptions
+from .yamlfile import ConfigError, load_yaml, validation_message
 
-_DUR_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("expected a duration like 1s or 250ms")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        m = _DUR_RE.match(value)
-        if m:
-            return float(m.group(1)) * _UNITS[m.group(2)]
-    raise ValueError(f"invalid duration {value!r}: use seconds or a string like 250ms, 1s, 2m")
-
+__all__ = ["Config", "CollectorConfig", "Duration", "load_config", "parse_duration"]
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 
@@ -40,7 +38,30 @@ class CollectorConfig(BaseModel):
     enabled: bool | None = None     # None: on by default where the backend is found
     interval: Duration | None = None  # default: the global poll interval
     timeout: Duration | None = None   # default: max(interval, 2 s) ... see effective_timeout
-    options: dict[str, Any] = {}
+    options: Options = NoOptions()
+
+    def options_dict(self) -> dict[str, Any]:
+        return self.options.options_dict()
+
+
+class _UncheckedOptions(Options):
+    """Options of a collector registered at runtime without a model (tests' fake sources)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _collectors_model(names: tuple[str, ...]) -> type[BaseModel]:
+    """``collectors:`` with one typed entry per known collector; any other name is an error."""
+    fields: dict[str, Any] = {}
+    for name in names:
+        options = OPTIONS.get(name, _UncheckedOptions)
+        entry = create_model(f"{name.capitalize()}CollectorConfig", __base__=CollectorConfig,
+                             options=(options, options()))
+        fields[name] = (entry | None, None)
+    return create_model("Collectors", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+Collectors = _collectors_model(tuple(OPTIONS))
 
 
 class Config(BaseModel):
@@ -49,15 +70,19 @@ class Config(BaseModel):
     # fast sampling of the cheap signals that feed the contention indicators (sources that
     # offer poll_fast) and the indicator evaluation itself
     fast_interval: Duration = 0.25
-    collectors: dict[str, CollectorConfig] = {}
+    collectors: Collectors = Collectors()  # type: ignore[valid-type]
     # static labels added to every canonical series (e.g. node, cluster)
     labels: dict[str, str] = {}
     mappings_dir: Path | None = None
     indicators: IndicatorConfig = IndicatorConfig()
-    simulate: dict[str, Any] = {}
+    simulate: SimulatorOptions = SimulatorOptions()
     # cardinality control: profile, include/exclude globs, label allow-list (exporter/seriesfilter.py)
     exposition: ExpositionConfig = ExpositionConfig()
     enrich: dict[str, Any] = {}
+    # where the file was read from, and the line of each field (for errors found after
+    # validation, e.g. by the enrichers)
+    _path: Path | None = PrivateAttr(default=None)
+    _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _labels(self) -> Config:
@@ -70,10 +95,88 @@ class Config(BaseModel):
         return self
 
     def collector(self, name: str) -> CollectorConfig:
-        return self.collectors.get(name) or CollectorConfig()
+        return getattr(self.collectors, name, None) or CollectorConfig()
+
+    def where(self, *loc: str | int) -> str:
+        """``file:line`` of a field (or of its deepest known parent), for error messages."""
+        from .yamlfile import line_of
+
+        if self._path is None:
+            return "configuration"
+        line = line_of(self._lines, loc)
+        return f"{self._path}:{line}" if line else str(self._path)
 
 
 def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
-    return load_model(path, Config)
+    data, lines = load_yaml(path)
+    model = config_model()
+    try:
+        config = model.model_validate({} if data is None else data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(path, lines, _explain_unknown_keys(exc, model))) from None
+    config._path, config._lines = path, lines
+    return config
+
+
+_MODELS: dict[tuple[str, ...], type[Config]] = {}
+
+
+def config_model() -> type[Config]:
+    """Config whose ``collectors`` know every registered collector (the registry may grow)."""
+    from .sources.registry import COLLECTORS
+
+    names = tuple(COLLECTORS)
+    if names == tuple(OPTIONS):
+        return Config
+    if names not in _MODELS:
+        collectors = _collectors_model(names)
+        _MODELS[names] = create_model("Config", __base__=Config,
+                                      collectors=(collectors, collectors()))
+    return _MODELS[names]
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at ``loc`` (list indexes skipped)."""
+    import typing
+
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = field.annotation
+        # unwrap X | None and list[X]
+        for _ in range(3):
+            args = [a for a in typing.get_args(current) if a is not type(None)]
+            if typing.get_origin(current) in (list, typing.Union) or type(current).__name__ == "UnionType":
+                current = args[0] if args else current
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _explain_unknown_keys(exc: ValidationError, model: type[BaseModel]) -> ValidationError:
+    """"Extra inputs are not permitted" -> "unknown key; known: ...; did you mean ...?"."""
+    import difflib
+
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    details: list[InitErrorDetails] = []
+    for err in exc.errors():
+        if err["type"] == "extra_forbidden":
+            where = _model_at(model, tuple(err["loc"][:-1]))
+            known = sorted(where.model_fields) if where is not None else []
+            key = str(err["loc"][-1])
+            close = difflib.get_close_matches(key, known, n=1)
+            msg = "unknown key" + (f", did you mean {close[0]!r}?" if close else "")
+            msg += f" (known: {', '.join(known)})" if known else ""
+            details.append(InitErrorDetails(type=PydanticCustomError("unknown_key", msg),
+                                            loc=err["loc"], input=err["input"]))
+        else:
+            details.append(InitErrorDetails(type=PydanticCustomError(err["type"], err["msg"]),
+                                            loc=err["loc"], input=err["input"]))
+    return ValidationError.from_exception_data(exc.title, details)

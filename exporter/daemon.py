@@ -126,6 +126,7 @@ class Runtime:
     worker: Worker
     fast_mapper: Mapper | None = None  # set when the source offers poll_fast
     opened: bool = False
+    backend_missing: bool = False  # the last open raised SourceUnavailable
     pending: asyncio.Future | None = None       # the last open/poll call
     fast_pending: asyncio.Future | None = None  # the last poll_fast call
 
@@ -157,10 +158,21 @@ class Daemon:
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
         """Load config, schema and mappings; raise ConfigError without touching running state."""
-        config = load_config(self.settings.config_path)
-        mdir = self.settings.mappings_dir or config.mappings_dir or default_mappings_dir()
-        schema = load_schema(mdir / "canonical.yaml")
-        mappings = MappingSet.load_dir(mdir, schema)
+        errors: list[str] = []  # config and mapping errors are reported together
+        config: Config | None = None
+        try:
+            config = load_config(self.settings.config_path)
+        except ConfigError as exc:
+            errors.append(str(exc))
+        mdir = self.settings.mappings_dir or (config.mappings_dir if config else None) or default_mappings_dir()
+        try:
+            schema = load_schema(mdir / "canonical.yaml")
+            mappings = MappingSet.load_dir(mdir, schema)
+        except ConfigError as exc:
+            errors.append(str(exc))
+        if errors:
+            raise ConfigError("\n".join(errors))
+        assert config is not None
         series_filter = self._series_filter(config, schema)
         cloud, k8s = self._enrichers(config)
         if self.settings.simulate is not None:
@@ -193,22 +205,25 @@ class Daemon:
                               f"(known: {', '.join(sorted(mappings.mappings))})")
 
     def _enrichers(self, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
-        where = str(self.settings.config_path or "configuration")
+        errors = []
+        cloud = k8s = None
         try:
             cloud = CloudEnricher(config.enrich.get("cloud"))
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{where}: enrich.cloud: {exc}") from None
+            errors.append(f"{config.where('enrich', 'cloud')}: enrich.cloud: {exc}")
         opts = dict(config.enrich.get("kubernetes") or {})
         # on by default only where the kubelet's pod-resources socket exists (a Kubernetes node)
         opts.setdefault("enabled", Path(opts.get("socket", DEFAULT_SOCKET)).exists())
         try:
             k8s = PodResourcesEnricher(opts, procfs=self.settings.procfs)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{where}: enrich.kubernetes: {exc}") from None
-        unknown = set(config.enrich) - {"cloud", "kubernetes"}
-        if unknown:
-            raise ConfigError(f"{where}: enrich: unknown section(s) {sorted(unknown)} "
-                              "(known: cloud, kubernetes)")
+            errors.append(f"{config.where('enrich', 'kubernetes')}: enrich.kubernetes: {exc}")
+        for name in sorted(set(config.enrich) - {"cloud", "kubernetes"}):
+            errors.append(f"{config.where('enrich', name)}: enrich.{name}: unknown section "
+                          "(known: cloud, kubernetes)")
+        if errors:
+            raise ConfigError("\n".join(errors))
+        assert cloud is not None and k8s is not None
         return cloud, k8s
 
     @property
@@ -249,7 +264,7 @@ class Daemon:
                     out.append((col, True))
                 continue
             if name == "upstream" and flag is None and conf is None:
-                conf = bool(self.config.collector(name).options.get("targets"))
+                conf = bool(self.config.collector(name).options_dict().get("targets"))
             explicit = flag is True or (flag is None and conf is True)
             on = flag if flag is not None else (conf if conf is not None else col.default)
             # with --simulate, hardware collectors run only when asked for explicitly
@@ -265,22 +280,25 @@ class Daemon:
         self.runtimes = []
         for col, explicit in self.enabled_collectors():
             cconf = self.config.collector(col.name)
-            options = dict(cconf.options)
+            options = cconf.options_dict()
             extra: dict[str, Any] = {"mappings": self.mappings}
             if col.name == "simulator":
                 options.setdefault("scenario", self.settings.simulate or "demo")
                 if self.settings.simulate_phase:
                     options["phase"] = self.settings.simulate_phase
-                options.update({k: v for k, v in self.config.simulate.items() if k not in options})
+                options.update({k: v for k, v in self.config.simulate.options_dict().items()
+                                if k not in options})
             state = SourceState(col.name, explicit=explicit)
             try:
                 source = create_source(col, **source_kwargs(self.settings.sysfs, self.settings.procfs,
                                                             options, **extra))
             except SourceUnavailable as exc:
-                source, state.state, state.reason = None, "unavailable", str(exc)
+                source = None
+                state.state, state.reason = ("down" if explicit else "absent"), str(exc)
             except Exception as exc:  # bad options reach here: source off, reason visible
                 source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
                 state.errors["exception"] += 1
+                log.error("source cannot start", extra={"source": col.name, "reason": state.reason})
             if source is not None:
                 state.secondary = bool(getattr(source, "secondary", False))
                 state.provides_identity = bool(getattr(source, "provides_identity", True))
@@ -325,11 +343,7 @@ class Daemon:
             try:
                 await self._call(rt, lambda: self._open(rt))
             except SourceUnavailable as exc:
-                if st.state != "unavailable" or st.reason != str(exc):
-                    level = logging.ERROR if st.explicit else logging.INFO
-                    log.log(level, "source off", extra={"source": st.name, "reason": str(exc)})
-                st.state, st.reason = "unavailable", str(exc)
-                st.clear()
+                self._backend_missing(rt, str(exc))
                 return False
             except Exception as exc:  # noqa: BLE001
                 self._failed(rt, exc, "open")
@@ -351,8 +365,26 @@ class Daemon:
         st.last_success = time.time()
         st.polls += 1
         st.up, st.state, st.reason = True, "up", ""
+        st.was_up = True
+        rt.backend_missing = False
         self.store.touch()
         return True
+
+    def _backend_missing(self, rt: Runtime, reason: str) -> None:
+        """The backend is not there.  A source that is only on by default (not asked for and never
+        up) is ``absent``: not an error, no ``source_up``.  One that was asked for, or that was
+        up before, is ``down``: enabled and failing."""
+        st = rt.state
+        rt.backend_missing = True
+        new_state = "down" if st.explicit or st.was_up else "absent"
+        if st.state != new_state or st.reason != reason:
+            if new_state == "down":
+                log.error("source down: backend not found", extra={"source": st.name, "reason": reason})
+            else:
+                log.info("source absent", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = new_state, reason
+        st.clear()
+        self.store.touch()
 
     async def _call(self, rt: Runtime, fn: Callable[[], Any]) -> Any:
         rt.pending = rt.worker.submit(fn)
@@ -387,9 +419,9 @@ class Daemon:
             self._polled.add(rt.state.name)
             if self._dirty is not None:
                 self._dirty.set()
-            if rt.state.state == "unavailable":
-                if not rt.state.explicit:
-                    return  # auto-detected backend absent: the source stays off
+            if rt.state.state == "absent":
+                return  # on by default, backend not on this node: the source stays off
+            if rt.backend_missing:  # asked for (or up before): retry now and then, stay down
                 await asyncio.sleep(REOPEN_INTERVAL)
                 next_at = time.monotonic()
                 continue
@@ -608,6 +640,7 @@ class Daemon:
                 st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
                 st.errors = Counter(prev.errors)
                 st.up, st.state, st.reason = prev.up, prev.state, prev.reason
+                st.was_up = prev.was_up
                 st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
         self.build_feed()  # thresholds may have changed; learned baselines come back from state
         self._start_enrichers()  # the reloaded enrich options, with fresh enrichers

@@ -36,8 +36,9 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
     "build_info": ("gauge", "Version of unified-gpu-exporter and the Python running it, value 1."),
     "source_up": ("gauge", "1 when the source's last poll succeeded within its timeout, else 0."),
     "source_enabled": ("gauge",
-                       "1 per source that is enabled, with its state (up, down, unavailable, "
-                       "starting) and the reason it is not up."),
+                       "1 per source that is enabled, with its state (up; down: enabled and "
+                       "failing; absent: on by default but its backend is not on this node, no "
+                       "source_up series; starting) and the reason it is not up."),
     "source_poll_duration_seconds": ("gauge", "Duration of the source's last completed poll in seconds."),
     "source_last_success_timestamp_seconds": (
         "gauge", "Unix time of the source's last successful poll. Values are polled at the source's "
@@ -167,7 +168,8 @@ class Renderer:
         add("build_info", {"version": __version__, "python_version": platform.python_version()}, 1)
         for st in store.sources.values():
             s = {"source": st.name}
-            add("source_up", s, 1.0 if st.up else 0.0)
+            if st.state != "absent":  # a backend this node does not have is not a failure
+                add("source_up", s, 1.0 if st.up else 0.0)
             add("source_enabled", {**s, "state": st.state, "reason": st.reason[:200]}, 1)
             if st.polls:
                 add("source_poll_duration_seconds", s, st.last_duration)

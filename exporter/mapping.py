@@ -155,11 +155,17 @@ class MappingSet:
     @classmethod
     def load_dir(cls, directory: Path, schema: Schema) -> MappingSet:
         found: dict[str, CompiledMapping] = {}
+        errors: list[str] = []  # every broken file is reported, not only the first
         for path in sorted(directory.rglob("*.yaml")):
             if path.name == "canonical.yaml" or "scenarios" in path.relative_to(directory).parts:
                 continue
             name = path.relative_to(directory).with_suffix("").as_posix()
-            found[name] = load_mapping(path, schema, name)
+            try:
+                found[name] = load_mapping(path, schema, name)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise ConfigError("\n".join(errors))
         return cls(schema, found)
 
     def get(self, name: str) -> CompiledMapping | None:

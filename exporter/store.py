@@ -19,7 +19,11 @@ class SourceState:
     explicit: bool = False          # enabled by --collector.<name> or the config file
     secondary: bool = False         # upstream scrape: native sources win for the same GPU
     provides_identity: bool = True  # fdinfo does not: it borrows identity by PCI address
-    state: str = "starting"         # starting | up | down | unavailable | disabled
+    # starting | up | down | absent.  absent: on by default but the backend is not on this node
+    # (not asked for, never up): reported with its reason, never as source_up 0.  down: enabled
+    # and failing (asked for explicitly, or up before).
+    state: str = "starting"
+    was_up: bool = False            # has been up since the exporter started
     reason: str = ""
     up: bool = False
     polls: int = 0

@@ -137,16 +137,11 @@ _ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
 }
 
 _BCRYPT_RE = re.compile(r"^\$2[aby]?\$\d{2}\$[./A-Za-z0-9]{53}$")
-_DURATION_RE = re.compile(r"^(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?$")
-
-
 def _parse_duration(text: str) -> float:
-    """Prometheus-style duration (``1h30m``, ``10s``, ``500ms``) -> seconds."""
-    m = _DURATION_RE.match(text.strip())
-    if not text.strip() or m is None or not any(m.groups()):
-        raise ValueError(f"invalid duration {text!r} (use e.g. 1s, 500ms, 1m)")
-    h, mi, s, ms = (int(g) if g else 0 for g in m.groups())
-    return h * 3600 + mi * 60 + s + ms / 1000.0
+    """The shared duration grammar (exporter/durations.py): ``1h30m``, ``1.5s``, ``500ms``, ``1d``."""
+    from .durations import parse_duration
+
+    return parse_duration(text)
 
 
 class _Strict(BaseModel):

@@ -86,9 +86,10 @@ _NOISE = re.compile(r"^(Value error, |Assertion failed, )")
 
 def validation_message(path: Path, lines: dict[tuple, int], exc: ValidationError,
                        prefix: tuple = ()) -> str:
-    """Render a pydantic error as ``file:line: field: message`` lines (first five)."""
+    """Render every pydantic error as ``file:line: field: message`` lines (up to 100)."""
     out = []
-    for err in exc.errors()[:5]:
+    errors = exc.errors()
+    for err in errors[:100]:
         # pydantic adds the union/model tag names to loc; keep only the data path parts
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         loc = prefix + loc
@@ -96,6 +97,8 @@ def validation_message(path: Path, lines: dict[tuple, int], exc: ValidationError
         where = f"{path}:{line}" if line else str(path)
         msg = _NOISE.sub("", err["msg"])
         out.append(f"{where}: {format_loc(loc)}: {msg}")
+    if len(errors) > 100:
+        out.append(f"{path}: ... and {len(errors) - 100} more errors")
     return "\n".join(out)
 
 

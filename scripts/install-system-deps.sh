@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages the test suite uses (promtool, amtool, a real Prometheus and
-# Alertmanager, node_exporter for the benchmark peer, systemd-analyze, openssl, kubectl for
-# `kubectl kustomize`).  As root with apt
+# Alertmanager, node_exporter for the benchmark peer, systemd-analyze, openssl, victoria-metrics
+# with vmagent/vmalert, kubectl; .ci/run installs the same list).  As root with apt
 # (CI, containers) they are installed; otherwise the missing ones are listed and the tests that
 # need them are skipped, each naming its package.
 set -u
@@ -16,6 +16,9 @@ need=(
   "prometheus-node-exporter:prometheus-node-exporter"
   "systemd-analyze:systemd"
   "openssl:openssl"
+  "victoria-metrics:victoria-metrics"
+  "vmagent:victoria-metrics"
+  "vmalert:victoria-metrics"
   "kubectl:kubectl"
 )
 missing=()
@@ -29,12 +32,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing system packages: ${pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null \
-    || echo "warning: apt-get install failed; tests needing ${pkgs[*]} will be skipped" >&2
+    || { echo "error: apt-get install ${pkgs[*]} failed" >&2; [ "${CI:-}" = true ] && exit 1; }
   # the Debian packages start services on install in some environments; tests start their own
   for svc in prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics; do
     (command -v systemctl >/dev/null && systemctl stop "$svc") >/dev/null 2>&1 || true
   done
 else
   echo "not root or no apt-get: missing system packages ${pkgs[*]}; the tests that need them will be skipped" >&2
+  [ "${CI:-}" = true ] && { echo "error: CI=true and system packages are missing" >&2; exit 1; }
 fi
 exit 0

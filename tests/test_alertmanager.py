@@ -89,11 +89,11 @@ def test_every_category_our_alerts_use_has_a_route():
     assert categories == routed
 
 
-def test_inhibition_mutes_per_gpu_alerts_of_the_instance_whose_source_is_down():
+def test_inhibition_mutes_only_the_down_sources_vendor_on_its_instance():
     rule, = yaml.safe_load(CONFIG.read_text())["inhibit_rules"]
-    assert rule["source_matchers"] == ['alertname="GPUExporterSourceDown"']
+    assert rule["source_matchers"] == ['alertname="GPUExporterSourceDown"', 'vendor=~".+"']
     assert rule["target_matchers"] == ['gpu=~".+"']
-    assert rule["equal"] == ["instance"]
+    assert rule["equal"] == ["instance", "vendor"]
 
 
 def test_every_webhook_shares_the_replaceable_base_url():
@@ -155,7 +155,7 @@ def test_real_alertmanager_inhibits_gpu_alerts_of_the_instance_whose_source_is_d
 
     _http(f"{alertmanager}/api/v2/alerts", [
         alert(alertname="GPUExporterSourceDown", category="exporter", severity="warning",
-              instance="node-a:9632", source="nvml"),
+              instance="node-a:9632", source="nvml", vendor="nvidia"),
         alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
               instance="node-a:9632", vendor="nvidia", gpu="0", uuid="GPU-a0"),
         alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
@@ -178,3 +178,35 @@ def test_real_alertmanager_inhibits_gpu_alerts_of_the_instance_whose_source_is_d
     receivers = {k: [r["name"] for r in a["receivers"]] for k, a in state.items()}
     assert receivers[("GPUMemoryContention", "node-b:9632")] == ["platform-team"]
     assert receivers[("GPUBaselineDeviation", "node-a:9632")] == ["cloud-ops-gcp"]
+
+
+def test_real_alertmanager_a_down_source_never_mutes_another_vendors_gpus(alertmanager):
+    """amdsmi down on a mixed node mutes its AMD GPUs only; the NVIDIA GPU's alert is delivered to
+    its receiver; a vendor-less SourceDown (an upstream scrape that never listed a GPU) mutes
+    nothing."""
+    def alert(**labels):
+        return {"labels": labels, "annotations": {"summary": "test."}}
+
+    _http(f"{alertmanager}/api/v2/alerts", [
+        alert(alertname="GPUExporterSourceDown", category="exporter", severity="warning",
+              instance="node-m:9632", source="amdsmi", vendor="amd"),
+        alert(alertname="GPUExporterSourceDown", category="exporter", severity="warning",
+              instance="node-m:9632", source="upstream"),
+        alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
+              instance="node-m:9632", vendor="nvidia", gpu="0", uuid="GPU-m0"),
+        alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
+              instance="node-m:9632", vendor="amd", gpu="0", uuid="amd-m0"),
+    ])
+    deadline = time.monotonic() + 10
+    while True:
+        alerts = _http(f"{alertmanager}/api/v2/alerts")
+        state = {(a["labels"]["alertname"], a["labels"].get("vendor", a["labels"].get("source"))): a
+                 for a in alerts}
+        if len(state) == 4 and state[("GPUMemoryContention", "amd")]["status"]["inhibitedBy"]:
+            break
+        assert time.monotonic() < deadline, json.dumps(alerts, indent=1)
+        time.sleep(0.2)
+    assert state[("GPUMemoryContention", "amd")]["status"]["state"] == "suppressed"
+    assert state[("GPUMemoryContention", "nvidia")]["status"]["state"] == "active"
+    assert state[("GPUMemoryContention", "nvidia")]["status"]["inhibitedBy"] == []
+    assert [r["name"] for r in state[("GPUMemoryContention", "nvidia")]["receivers"]] == ["platform-team"]

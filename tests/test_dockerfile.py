@@ -84,13 +84,30 @@ def test_non_root_user():
     assert int(user) >= 1000  # numeric, so runAsNonRoot can verify it
 
 
-def test_healthcheck_is_exec_form_and_no_curl():
+def test_healthcheck_gets_healthz_at_the_configured_address_without_curl():
     (hc,) = final("HEALTHCHECK")
     cmd = json.loads(hc[hc.index("CMD") + 3:].strip())
-    assert cmd[0] == "python"
-    assert "9632" in cmd[-1]
+    # exporter/healthcheck.py reads the exporter's own flags (tests/test_install_paths.py runs it)
+    assert cmd == ["python", "-m", "exporter.healthcheck"]
     for opt in ("--interval=", "--timeout=", "--retries="):
         assert opt in hc
+
+
+def test_image_includes_the_nvidia_binding_with_pinned_dependencies():
+    args = dict(a.split("=", 1) for i, a in INSTRS if i == "ARG" and "=" in a)
+    assert "nvidia" in args["EXTRAS"].split(",")
+    runs = " ".join(a for i, a in STAGES[0] if i == "RUN")
+    assert runs.count("--constraint constraints.txt") >= 2, runs
+    assert "[${EXTRAS}]" in runs
+    assert any("constraints.txt" in a for i, a in STAGES[0] if i == "COPY")
+    # the base image is pinned to a patch release, not a moving minor tag
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"])
+
+
+def test_baselines_persist_in_the_image():
+    env = " ".join(final("ENV"))
+    assert "STATE_DIRECTORY=/var/lib/unified-gpu-exporter" in env
+    assert "--state.dir=/var/lib/unified-gpu-exporter" in json.loads(final("CMD")[-1])
 
 
 def test_labels():

@@ -47,6 +47,7 @@ def _open(tmp_path, **kw):
     return src
 
 
+@pytest.mark.optional_in_ci
 @pytest.mark.skipif(importlib.util.find_spec("pyzes") is not None, reason="pyzes is installed here")
 def test_without_pyzes_the_source_is_off_with_the_reason():
     with pytest.raises(SourceUnavailable, match="pyzes"):

@@ -96,19 +96,27 @@ def _only_config_error(fn, path: Path) -> None:
         assert str(path) in str(exc) or "scenario" in str(exc), str(exc)
 
 
+def _config_error(fn, path: Path) -> None:
+    """The loader must reject the file with a ConfigError naming it (loading it is a failure)."""
+    with pytest.raises(ConfigError) as info:
+        fn(path)
+    assert str(info.value)
+    assert str(path) in str(info.value) or "scenario" in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize("text", YAML_REGRESSIONS)
 @pytest.mark.parametrize("loader", ["config", "mapping", "scenario"])
 def test_hostile_yaml_gives_config_error(tmp_path, loader, text):
     fn = {"config": load_config, "mapping": lambda p: load_mapping(p, SCHEMA),
           "scenario": lambda p: load_scenario(str(p))}[loader]
-    _only_config_error(fn, _write(tmp_path, f"{loader}.yaml", text))
+    _config_error(fn, _write(tmp_path, f"{loader}.yaml", text))
 
 
 @pytest.mark.parametrize("loader", ["config", "mapping", "scenario"])
 def test_file_that_is_not_utf8_gives_config_error(tmp_path, loader):
     fn = {"config": load_config, "mapping": lambda p: load_mapping(p, SCHEMA),
           "scenario": lambda p: load_scenario(str(p))}[loader]
-    _only_config_error(fn, _write(tmp_path, f"{loader}.yaml", b"labels: {node: \xff\xfe}\n"))
+    _config_error(fn, _write(tmp_path, f"{loader}.yaml", b"labels: {node: \xff\xfe}\n"))
 
 
 @FAST
@@ -236,9 +244,10 @@ def test_exposition_parser_raises_only_fetch_error(lines, ctype):
 # garbage files under the trees of the sysfs/procfs sources: poll() never raises
 
 
-def _scribble(root: Path, rnd: random.Random, share: float = 0.5) -> int:
-    """Overwrite a share of the regular files under ``root`` with random bytes or text."""
-    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+def _scribble(root: Path, rnd: random.Random, share: float = 0.5, keep: frozenset[str] = frozenset()) -> int:
+    """Overwrite a share of the regular files under ``root`` (except those named in ``keep``)
+    with random bytes or text."""
+    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p.name not in keep]
     junk = [b"", b"\xff\xfe\x00", b"-1\n", b"99999999999999999999999999\n", b"0x\n", b"nan\n", b"inf\n",
             b"1.5\n", "١٢\n".encode(), b"\n\n\n", b"0: 100Mhz *\n1: x\n", b"S: Mhz *"]
     n = 0
@@ -320,14 +329,29 @@ def test_intel_poll_survives_garbage_files(tmp_path, shared_fixtures, tree, seed
     from tests.intel_trees import sysfs_root
 
     root = sysfs_root(shared_fixtures, tmp_path, tree, copy=True)
-    _scribble(root / "class" / "drm", random.Random(seed), share=0.3)
+    # the card's identity (uevent: DRIVER, PCI_SLOT_NAME) stays intact so discovery finds it and
+    # every combination really polls the scribbled telemetry files
+    assert _scribble(root / "class" / "drm", random.Random(seed), share=0.3,
+                     keep=frozenset({"uevent"})) > 0
     src = IntelSysfsSource(sysfs=root)
-    try:
-        samples = _poll_twice(src)
-    except Exception as exc:
-        assert type(exc).__name__ == "SourceUnavailable", exc
-        return
+    samples = _poll_twice(src)
+    assert samples[0].devices, "the scribbled card must still be found and polled"
     _mapped("intel", samples)
+
+
+def test_intel_poll_with_a_scribbled_identity_is_unavailable_not_a_crash(tmp_path, shared_fixtures):
+    from exporter.sources.base import SourceUnavailable
+    from tests.intel_trees import sysfs_root
+
+    root = sysfs_root(shared_fixtures, tmp_path, "sysfs-lact-b580", copy=True)
+    for uevent in (root / "class" / "drm").rglob("uevent"):
+        if uevent.is_file():
+            uevent.write_bytes(b"\xff\xfe\x00garbage")
+    for link in (root / "class" / "drm").rglob("driver"):
+        if link.is_symlink():
+            link.unlink()
+    with pytest.raises(SourceUnavailable):
+        IntelSysfsSource(sysfs=root).open()
 
 
 @FAST

@@ -18,15 +18,21 @@ ENV = REPO / "systemd" / "unified-gpu-exporter.env"
 MAX_EXPOSURE = 2.0
 
 
-def unit_copy(tmp_path: Path) -> Path:
-    """The unit with ExecStart pointed at a stand-in executable (verify checks it exists)."""
-    fake = tmp_path / "unified-gpu-exporter"
-    fake.write_text("#!/bin/sh\nexit 0\n")
-    fake.chmod(0o755)
+# where the README's venv install puts the console script (tests/test_install_paths.py installs it)
+INSTALLED = "/opt/unified-gpu-exporter/bin/unified-gpu-exporter"
+
+
+def unit_copy(tmp_path: Path, executable: Path | None = None) -> Path:
+    """The unit with ExecStart pointed at ``executable`` (default: a stand-in; verify checks it
+    exists), nothing else changed."""
+    if executable is None:
+        executable = tmp_path / "unified-gpu-exporter"
+        executable.write_text("#!/bin/sh\nexit 0\n")
+        executable.chmod(0o755)
     text = UNIT.read_text()
-    assert "ExecStart=/usr/local/bin/unified-gpu-exporter $ARGS" in text
+    assert f"ExecStart={INSTALLED} $ARGS" in text
     out = tmp_path / UNIT.name
-    out.write_text(text.replace("/usr/local/bin/unified-gpu-exporter", str(fake)))
+    out.write_text(text.replace(INSTALLED, str(executable)))
     return out
 
 

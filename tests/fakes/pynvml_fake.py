@@ -17,6 +17,8 @@ counts calls per function, ``fake_live_gpm_samples()`` counts samples not freed.
 from __future__ import annotations
 
 import copy
+import ctypes
+import inspect
 import queue
 import string
 import threading
@@ -73,78 +75,152 @@ CONSTANTS: dict[str, int] = {
     "nvmlClocksEventReasonHwPowerBrakeSlowdown": 0x80, "nvmlClocksEventReasonDisplayClockSetting": 0x100,
     "nvmlClocksEventReasonNone": 0x0, "nvmlClocksEventReasonAll": 0x1FF,
 }
+# parameter names of the real binding's functions (nvidia-ml-py 13.615.71): the fake accepts
+# them as keywords exactly where the real one does (tests/test_nvml_fake.py compares signatures)
+PARAMETERS: dict[str, tuple[str, ...]] = {
+    'nvmlDeviceGetClockInfo': ('handle', 'type'),
+    'nvmlDeviceGetComputeInstanceId': ('device',),
+    'nvmlDeviceGetComputeRunningProcesses': ('handle',),
+    'nvmlDeviceGetComputeRunningProcesses_v3': ('handle',),
+    'nvmlDeviceGetCurrPcieLinkWidth': ('handle',),
+    'nvmlDeviceGetCurrentClocksEventReasons': ('handle',),
+    'nvmlDeviceGetCurrentClocksThrottleReasons': ('handle',),
+    'nvmlDeviceGetDecoderUtilization': ('handle',),
+    'nvmlDeviceGetEncoderUtilization': ('handle',),
+    'nvmlDeviceGetEnforcedPowerLimit': ('handle',),
+    'nvmlDeviceGetFanSpeed': ('handle',),
+    'nvmlDeviceGetFieldValues': ('handle', 'fieldIds'),
+    'nvmlDeviceGetGpuInstanceId': ('device',),
+    'nvmlDeviceGetHandleByIndex': ('index',),
+    'nvmlDeviceGetMaxClockInfo': ('handle', 'type'),
+    'nvmlDeviceGetMaxMigDeviceCount': ('device',),
+    'nvmlDeviceGetMemoryBusWidth': ('device',),
+    'nvmlDeviceGetMemoryInfo': ('handle', 'version'),
+    'nvmlDeviceGetMigDeviceHandleByIndex': ('device', 'index'),
+    'nvmlDeviceGetMigMode': ('device',),
+    'nvmlDeviceGetName': ('handle',),
+    'nvmlDeviceGetNvLinkState': ('device', 'link'),
+    'nvmlDeviceGetPciInfo': ('handle',),
+    'nvmlDeviceGetPciInfo_v3': ('handle',),
+    'nvmlDeviceGetPowerManagementLimitConstraints': ('handle',),
+    'nvmlDeviceGetPowerUsage': ('handle',),
+    'nvmlDeviceGetProcessUtilization': ('handle', 'timeStamp'),
+    'nvmlDeviceGetRemappedRows': ('device',),
+    'nvmlDeviceGetSerial': ('handle',),
+    'nvmlDeviceGetSupportedClocksEventReasons': ('handle',),
+    'nvmlDeviceGetTemperature': ('handle', 'sensor'),
+    'nvmlDeviceGetTemperatureV': ('handle', 'sensor', 'version'),
+    'nvmlDeviceGetTotalEccErrors': ('handle', 'errorType', 'counterType'),
+    'nvmlDeviceGetTotalEnergyConsumption': ('handle',),
+    'nvmlDeviceGetUUID': ('handle',),
+    'nvmlDeviceGetUtilizationRates': ('handle',),
+    'nvmlDeviceRegisterEvents': ('handle', 'eventTypes', 'eventSet'),
+    'nvmlEventSetFree': ('eventSet',),
+    'nvmlEventSetWait': ('eventSet', 'timeoutms'),
+    'nvmlEventSetWait_v2': ('eventSet', 'timeoutms'),
+    'nvmlGpmMetricsGet': ('metricsGet',),
+    'nvmlGpmMigSampleGet': ('device', 'gpuInstanceId', 'gpmSample'),
+    'nvmlGpmQueryDeviceSupport': ('device',),
+    'nvmlGpmSampleFree': ('gpmSample',),
+    'nvmlGpmSampleGet': ('device', 'gpmSample'),
+    'nvmlInitWithFlags': ('flags',),
+    'nvmlSystemGetProcessName': ('pid',),
+}
 ALL_LINKS = 0xFFFFFFFF
 INVALID_ID = 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------
-# structs: same field names as the ctypes structures of the real binding
-class _Struct:
-    _fields_: tuple[str, ...] = ()
+# structs: real ctypes structures with the real binding's field names and C types, so a value of
+# the wrong type (a float in an integer field, a number in a string field) fails here as it does
+# there.  The one difference: fields that hold a pointer to an opaque NVML object (a device
+# handle, a GPM sample) are ``py_object`` here, because the fake's handles are Python objects
+# (``OPAQUE_POINTERS`` names them; tests/test_nvml_fake.py checks everything else type by type).
+class _PrintableStructure(ctypes.Structure):
+    """Like the real binding's base class: char arrays read back as str, and str is accepted."""
 
-    def __init__(self, **kw: Any) -> None:
-        for f in self._fields_:
-            setattr(self, f, kw.get(f, 0))
+    def __getattribute__(self, name: str) -> Any:
+        value = super().__getattribute__(name)
+        return value.decode() if isinstance(value, bytes) else value
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)!r}' for f in self._fields_)})"
-
-
-class c_nvmlUtilization_t(_Struct):
-    _fields_ = ("gpu", "memory")
-
-
-class c_nvmlMemory_t(_Struct):
-    _fields_ = ("total", "free", "used")
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value.encode() if isinstance(value, str) else value)
 
 
-class c_nvmlMemory_v2_t(_Struct):
-    _fields_ = ("version", "total", "reserved", "free", "used")
+# field -> name of the opaque struct the real field points to
+OPAQUE_POINTERS = {
+    ("c_nvmlEventData_t", "device"): "struct_c_nvmlDevice_t",
+    ("c_nvmlGpmMetricsGet_t", "sample1"): "struct_c_nvmlGpmSample_t",
+    ("c_nvmlGpmMetricsGet_t", "sample2"): "struct_c_nvmlGpmSample_t",
+}
+_u, _ull, _ll = ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_longlong
 
 
-class nvmlPciInfo_t(_Struct):
-    _fields_ = ("busIdLegacy", "domain", "bus", "device", "pciDeviceId", "pciSubSystemId", "busId")
+class c_nvmlUtilization_t(_PrintableStructure):
+    _fields_ = [("gpu", _u), ("memory", _u)]
 
 
-class c_nvmlValue_t(_Struct):
-    _fields_ = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+class c_nvmlMemory_t(_PrintableStructure):
+    _fields_ = [("total", _ull), ("free", _ull), ("used", _ull)]
 
 
-class c_nvmlFieldValue_t(_Struct):
-    _fields_ = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
+class c_nvmlMemory_v2_t(_PrintableStructure):
+    _fields_ = [("version", _u), ("total", _ull), ("reserved", _ull), ("free", _ull), ("used", _ull)]
 
 
-class c_nvmlEventData_t(_Struct):
-    _fields_ = ("device", "eventType", "eventData", "gpuInstanceId", "computeInstanceId")
+class nvmlPciInfo_t(_PrintableStructure):
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", _u), ("bus", _u), ("device", _u),
+                ("pciDeviceId", _u), ("pciSubSystemId", _u), ("busId", ctypes.c_char * 32)]
 
 
-class c_nvmlProcessUtilizationSample_t(_Struct):
-    _fields_ = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
+class c_nvmlValue_t(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", _u), ("ulVal", ctypes.c_ulong), ("ullVal", _ull),
+                ("sllVal", _ll), ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
 
 
-class c_nvmlProcessInfo_v2_t(_Struct):
-    _fields_ = ("pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId")
+class c_nvmlFieldValue_t(_PrintableStructure):
+    _fields_ = [("fieldId", _u), ("scopeId", _u), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", _u), ("nvmlReturn", _u),
+                ("value", c_nvmlValue_t)]
 
 
-class c_nvmlGpmSupport_t(_Struct):
-    _fields_ = ("version", "isSupportedDevice")
+class c_nvmlEventData_t(_PrintableStructure):
+    _fields_ = [("device", ctypes.py_object), ("eventType", _ull), ("eventData", _ull),
+                ("gpuInstanceId", _u), ("computeInstanceId", _u)]
 
 
-class c_metricInfo_t(_Struct):
-    _fields_ = ("shortName", "longName", "unit")
+class c_nvmlProcessUtilizationSample_t(_PrintableStructure):
+    _fields_ = [("pid", _u), ("timeStamp", _ull), ("smUtil", _u), ("memUtil", _u), ("encUtil", _u),
+                ("decUtil", _u)]
 
 
-class c_nvmlGpmMetric_t(_Struct):
-    _fields_ = ("metricId", "nvmlReturn", "value", "metricInfo")
+class c_nvmlProcessInfo_v2_t(_PrintableStructure):
+    _fields_ = [("pid", _u), ("usedGpuMemory", _ull), ("gpuInstanceId", _u), ("computeInstanceId", _u)]
 
 
-class c_nvmlGpmMetricsGet_t(_Struct):
-    _fields_ = ("version", "numMetrics", "sample1", "sample2", "metrics")
+class c_nvmlGpmSupport_t(_PrintableStructure):
+    _fields_ = [("version", _u), ("isSupportedDevice", _u)]
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.sample1 = self.sample2 = None
-        self.metrics = [c_nvmlGpmMetric_t(metricInfo=c_metricInfo_t()) for _ in range(CONSTANTS["NVML_GPM_METRIC_MAX"])]
+
+class c_metricInfo_t(ctypes.Structure):
+    _fields_ = [("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p), ("unit", ctypes.c_char_p)]
+
+
+class c_nvmlGpmMetric_t(_PrintableStructure):
+    _fields_ = [("metricId", _u), ("nvmlReturn", _u), ("value", ctypes.c_double),
+                ("metricInfo", c_metricInfo_t)]
+
+
+class c_nvmlGpmMetricsGet_t(_PrintableStructure):
+    _fields_ = [("version", _u), ("numMetrics", _u), ("sample1", ctypes.py_object),
+                ("sample2", ctypes.py_object),
+                ("metrics", c_nvmlGpmMetric_t * CONSTANTS["NVML_GPM_METRIC_MAX"])]
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        for name in ("sample1", "sample2"):  # a NULL pointer until the caller sets it
+            if name not in kw:
+                setattr(self, name, None)
 
 
 class struct_c_nvmlGpmSample_t:
@@ -336,10 +412,10 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
         setattr(mod, cname, cls)
         NVMLError._valClassMapping[err_val] = cls
 
-    def nvmlExceptionClass(code: int) -> type:
-        if code not in NVMLError._valClassMapping:
-            raise ValueError(f"nvmlErrorCode {code} is not valid")
-        return NVMLError._valClassMapping[code]
+    def nvmlExceptionClass(nvmlErrorCode: int) -> type:
+        if nvmlErrorCode not in NVMLError._valClassMapping:
+            raise ValueError(f"nvmlErrorCode {nvmlErrorCode} is not valid")
+        return NVMLError._valClassMapping[nvmlErrorCode]
 
     mod.nvmlExceptionClass = nvmlExceptionClass
 
@@ -350,8 +426,16 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     def api(fn):
         """Register ``fn`` under its name: counts calls, checks init, applies lost/unsupported."""
         name = fn.__name__
+        own = inspect.signature(fn)
+        published = own.replace(parameters=[
+            inspect.Parameter(real_name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
+            for real_name, p in zip(PARAMETERS.get(name, ()), own.parameters.values(), strict=True)],
+            return_annotation=inspect.Signature.empty)
 
-        def wrapper(*args: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = published.bind(*args, **kwargs)  # TypeError like the real function's
+            bound.apply_defaults()
+            args = bound.args
             with lock:
                 calls[name] += 1
             if name not in ("nvmlInit", "nvmlInitWithFlags") and state["init"] <= 0:
@@ -368,6 +452,7 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
             return fn(*args)
 
         wrapper.__name__ = name
+        wrapper.__signature__ = published  # type: ignore[attr-defined]
         setattr(mod, name, wrapper)
         return wrapper
 

@@ -1,0 +1,199 @@
+"""The ``options`` of every collector, as strict pydantic models.
+
+``collectors.<name>.options`` in the configuration file is validated against the model of that
+collector: an unknown key (``procesess: true``) or a value of the wrong type is a configuration
+error naming file, line and field, found by ``--check-config``, at start and on reload, never a
+source that quietly runs with its defaults or goes down at runtime.  A source receives only the
+keys that were set (``options_dict``), so its own defaults stay where they are documented.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from ..durations import parse_duration
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("must be above zero")
+    return seconds
+
+
+# seconds, given as a number or a duration string (1.5s, 1m30s, 250ms)
+Duration = Annotated[float, BeforeValidator(_positive_duration)]
+DurationOrZero = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Options(BaseModel):
+    """Base of every options model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def options_dict(self) -> dict[str, Any]:
+        """The keys that were set, as plain data for the source."""
+        return self.model_dump(exclude_unset=True, mode="python")
+
+
+class NoOptions(Options):
+    """Collectors without options (intel, levelzero)."""
+
+
+class NvmlOptions(Options):
+    processes: bool = False
+    processes_top_n: int = Field(10, ge=1)
+    xid: bool = True
+    xid_timeout_ms: int = Field(500, ge=1, le=60_000)
+    gpm: bool = True
+    gpm_metrics: list[str] | None = None  # NVML_GPM_METRIC_* suffixes
+    gpm_min_window_s: Duration = 0.1
+    gpm_reseed_factor: float = Field(5.0, gt=1)
+    gpm_max_window_s: Duration = 600.0
+    interval: Duration | None = None
+    nvlink_per_link: bool = False
+    mig: bool = True
+    mig_rescan_polls: int = Field(30, ge=1)
+
+    @field_validator("gpm_metrics")
+    @classmethod
+    def _gpm_names(cls, value: list[str] | None) -> list[str] | None:
+        import re
+
+        for name in value or []:
+            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+                raise ValueError(f"{name!r} is not an NVML_GPM_METRIC_* suffix (e.g. DRAM_BW_UTIL)")
+        return value
+
+
+class DcgmOptions(Options):
+    field_ids: list[int] | None = None
+    hostname: str = "localhost"
+    update_interval_s: Duration = 1.0
+    max_keep_age_s: Duration = 60.0
+
+
+class AmdgpuOptions(Options):
+    pcie_bw: bool = True
+    pcie_bw_interval: Duration = 1.0
+    gpu_metrics: bool = True
+
+
+class AmdsmiOptions(Options):
+    ecc_blocks: list[str] | None = None
+    processes: bool = False
+    process_top_n: int = Field(10, ge=1)
+
+
+class FdinfoOptions(Options):
+    top_n: int = 5  # < 0: every process, no "other"
+
+
+class TriggerOptions(Options):
+    enabled: bool = False
+    metric: str = "gpu_memory_contention"
+    above: float = 0.5
+    for_seconds: DurationOrZero = 30.0
+    command: list[str] = []
+    timeout: Duration = 300.0
+    min_interval: DurationOrZero = 900.0
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("must be a list (argv), not a shell string")
+        return value
+
+    @model_validator(mode="after")
+    def _needs_command(self) -> TriggerOptions:
+        if self.enabled and not self.command:
+            raise ValueError("enabled needs a command")
+        return self
+
+
+class ProfilesOptions(Options):
+    dir: Path | None = None  # required for the source to run; without it the source is off
+    top_kernels: int = Field(10, ge=1)
+    max_profiles: int = Field(16, ge=1)
+    settle: DurationOrZero = 1.0
+    scan_interval: Duration = 2.0
+    max_file_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    restore: bool = True
+    trigger: TriggerOptions | None = None
+
+
+class UpstreamTls(Options):
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+
+class UpstreamBasicAuth(Options):
+    username: str
+    password: str = ""
+    password_file: Path | None = None
+
+
+class UpstreamTarget(Options):
+    url: str
+    exporter: str
+    name: str | None = None
+    timeout: Duration = 5.0
+    metric_prefix: str = ""
+    tls: UpstreamTls | None = None
+    basic_auth: UpstreamBasicAuth | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("exporter")
+    @classmethod
+    def _exporter(cls, value: str) -> str:
+        from .upstream_identity import EXPORTERS
+
+        if value not in EXPORTERS:
+            raise ValueError(f"unknown exporter {value!r} (known: {', '.join(sorted(EXPORTERS))})")
+        return value
+
+
+class UpstreamOptions(Options):
+    targets: list[UpstreamTarget] = []
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> UpstreamOptions:
+        seen: set[str] = set()
+        for i, target in enumerate(self.targets):
+            name = target.name or f"{target.exporter}-{i}"
+            if name in seen:
+                raise ValueError(f"targets[{i}].name {name!r} is used twice")
+            seen.add(name)
+        # what only the source's own parser checks (TLS files readable, password file)
+        from .upstream import parse_targets
+
+        try:
+            parse_targets(self.options_dict())
+        except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class SimulatorOptions(Options):
+    scenario: str = "demo"
+    phase: str | None = None
+    devices_per_vendor_scale: int = Field(1, ge=1, le=64)
+
+
+OPTIONS: dict[str, type[Options]] = {
+    "nvml": NvmlOptions, "dcgm": DcgmOptions, "amdgpu": AmdgpuOptions, "amdsmi": AmdsmiOptions,
+    "intel": NoOptions, "levelzero": NoOptions, "fdinfo": FdinfoOptions, "upstream": UpstreamOptions,
+    "profiles": ProfilesOptions, "simulator": SimulatorOptions,
+}

@@ -1,0 +1,33 @@
+"""Run the exporter with the faithful NVML fake standing in for ``pynvml`` (a GPU-less machine).
+
+    python -m tests.fakes.nvml_exporter [exporter flags...]
+
+``FAKE_NVML_GPUS`` names the fake's scenarios, comma separated (default ``h100``; also ``t4``,
+``a100_mig``, ``h100_mig``).  Everything else is the real exporter, with its default flags unless
+given: the other backends (DCGM, amdgpu, amdsmi, Intel, Level Zero) are looked for as usual and,
+on a machine without them, reported absent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tests.fakes import pynvml_fake
+
+
+def install(names: str | None = None) -> None:
+    names = names or os.environ.get("FAKE_NVML_GPUS", "h100")
+    gpus = [getattr(pynvml_fake, n.strip())(i) for i, n in enumerate(names.split(",")) if n.strip()]
+    sys.modules["pynvml"] = pynvml_fake.make_module(gpus)
+
+
+def main() -> int:
+    install()
+    from exporter.cli import main as exporter_main
+
+    return exporter_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
