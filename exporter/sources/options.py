@@ -120,6 +120,8 @@ class ProfilesOptions(Options):
     top_kernels: int = Field(10, ge=1)
     max_profiles: int = Field(16, ge=1)
     settle: DurationOrZero = 1.0
+    # imported values stop feeding series and alerts this long after their import (0: never)
+    ttl: DurationOrZero = 600.0
     scan_interval: Duration = 2.0
     max_file_bytes: int = Field(512 * 1024 * 1024, ge=1)
     restore: bool = True
