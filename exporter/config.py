@@ -6,11 +6,12 @@ Command-line flags override the file.  Durations are numbers of seconds or strin
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from .indicators.config import IndicatorConfig
 from .yamlfile import load_model
@@ -31,7 +32,17 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"invalid duration {value!r}: use seconds or a string like 250ms, 1s, 2m")
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+MIN_DURATION = 0.01      # 10 ms: below it a poll loop only burns CPU
+MAX_DURATION = 86400.0   # a day: .inf would freeze values while sources look up
+
+
+def _duration_range(value: float) -> float:
+    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
+        raise ValueError(f"duration {value!r} out of range: use {MIN_DURATION:g}s to {MAX_DURATION:g}s")
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0), AfterValidator(_duration_range)]
 
 
 class CollectorConfig(BaseModel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -184,6 +185,13 @@ class Daemon:
 
     def _enrichers(self, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
         where = str(self.settings.config_path or "configuration")
+        for section, opts in config.enrich.items():  # finite, sensible bounds on every period
+            for key, low in (("refresh_seconds", 1.0), ("timeout_seconds", 0.01)):
+                v = opts.get(key) if isinstance(opts, dict) else None
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                      or not math.isfinite(v) or not low <= v <= 86400):
+                    raise ConfigError(f"{where}: enrich.{section}.{key}: {v!r} out of range "
+                                      f"(a number of seconds from {low:g} to 86400)")
         try:
             cloud = CloudEnricher(config.enrich.get("cloud"))
         except (ValueError, TypeError) as exc:
@@ -508,7 +516,7 @@ class Daemon:
     @property
     def ready(self) -> bool:
         """The bytes being served come from a completed poll of at least one source that is up."""
-        return self.rendered is not None and self._rendered_up
+        return self.rendered is not None and self._rendered_up and not self.rendered.failed
 
     async def start(self) -> None:
         self.load()

@@ -46,6 +46,11 @@ class FieldRule(BaseModel):
                 raise ValueError(f"invalid label name {name!r}")
         if self.clamp and self.clamp[0] > self.clamp[1]:
             raise ValueError("clamp: low bound is above high bound")
+        for name in ("scale", "offset"):  # .nan or .inf would poison every value of the field
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
+        if self.clamp and any(math.isnan(b) for b in self.clamp):
+            raise ValueError("clamp bounds must be numbers, not .nan")
         return self
 
 

@@ -86,6 +86,10 @@ async def readyz(request: web.Request) -> web.Response:
     daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
     if daemon.ready:
         return web.Response(text="ready\n")
+    rendered = daemon.rendered
+    if rendered is not None and rendered.failed:
+        return web.Response(status=503, text="not ready: the last render failed (see the log and "
+                                             "unified_gpu_exporter_render_errors_total)\n")
     return web.Response(status=503, text="not ready: no poll completed with a source up\n")
 
 

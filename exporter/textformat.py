@@ -27,12 +27,32 @@ class Family:
     samples: list[tuple[str, Labels, float]] = field(default_factory=list)
 
 
+class Counts:
+    """Label values that were not valid UTF-8 and were repaired while rendering (self-metric)."""
+
+    invalid_utf8 = 0
+
+
+def valid_utf8(v: str) -> str:
+    """``v`` unchanged when it encodes as UTF-8; else with each bad code point (a lone surrogate,
+    e.g. from a JSON ``"\\ud800"`` escape) replaced by U+FFFD.  Counted in ``Counts``."""
+    if v.isascii():
+        return v
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        Counts.invalid_utf8 += 1
+        return v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return v
+
+
 def _escape_value(v: str) -> str:
+    v = valid_utf8(v)
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def _escape_help(text: str, openmetrics: bool) -> str:
-    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    text = valid_utf8(text).replace("\\", "\\\\").replace("\n", "\\n")
     return text.replace('"', '\\"') if openmetrics else text
 
 
@@ -86,4 +106,6 @@ def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> byt
             append(prefix(name, labels) + format_value(value) + "\n")
     if openmetrics:
         append("# EOF\n")
-    return "".join(out).encode()
+    # every piece went through valid_utf8 (label values, help); names are checked ASCII at load.
+    # "replace" keeps one bad string from failing the whole exposition all the same
+    return "".join(out).encode("utf-8", "replace")
