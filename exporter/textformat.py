@@ -11,6 +11,7 @@ rendering the largest cost of the daemon (bench/: 25-40 us per series).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
@@ -25,6 +26,9 @@ class Family:
     help: str
     unit: str = ""
     samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Counts:
@@ -42,7 +46,7 @@ def valid_utf8(v: str) -> str:
         v.encode("utf-8")
     except UnicodeEncodeError:
         Counts.invalid_utf8 += 1
-        return v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return _SURROGATE.sub("\ufffd", v)
     return v
 
 
