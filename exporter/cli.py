@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exporter-toolkit web configuration (TLS, basic auth)")
     p.add_argument("--web.systemd-socket", dest="systemd_socket", action="store_true",
                    help="use the listening sockets passed by systemd socket activation")
+    p.add_argument("--web.max-connections", dest="max_connections", type=int, default=512,
+                   help="open connections at most; a new one evicts the oldest idle or slow one, "
+                        "so scrapes always get through (default 512)")
     p.add_argument("--config.file", dest="config", type=Path, help="YAML configuration file")
     p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"))
     p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"))
@@ -101,15 +104,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
 async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     from aiohttp import web
 
-    from .server import make_app
+    from .server import KEEPALIVE_TIMEOUT, guard_connections, make_app, raise_nofile_limit
     from .webconfig import WebConfigWatcher, auth_middleware
 
+    soft, hard = raise_nofile_limit()
+    log.debug("open-files limit", extra={"soft": soft, "hard": hard})
     watcher = WebConfigWatcher(args.web_config)  # validated in main(); None = plain HTTP, no auth
     ssl_ctx = watcher.ssl_context()
     await daemon.start()
     app = make_app(daemon, args.telemetry_path, middlewares=[auth_middleware(watcher.current)])
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0,
+                           keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
+    guard_connections(runner, args.max_connections)
     scheme = "https" if ssl_ctx is not None else "http"
     if args.systemd_socket:
         for sock in systemd_sockets():

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import html
-from typing import TYPE_CHECKING
+import logging
+import resource
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -16,6 +20,133 @@ if TYPE_CHECKING:
 DAEMON: web.AppKey = web.AppKey("daemon", object)
 TELEMETRY_PATH: web.AppKey = web.AppKey("telemetry_path", str)
 MAX_REQUEST_BYTES = 8192
+log = logging.getLogger("unified_gpu_exporter")
+
+# Connection limits (slowloris and fd exhaustion).  A connection gets HEADER_TIMEOUT to send its
+# first complete request head; an idle keep-alive connection is closed after KEEPALIVE_TIMEOUT
+# (aiohttp's keepalive_timeout, which also covers a later request whose head never finishes).
+# At most MAX_CONNECTIONS are open: a new one then evicts the oldest connection that is not in
+# the middle of a request, so a scraper always finds a slot however many idle or slow clients
+# hold connections.  TLS handshakes are bounded by asyncio's ssl_handshake_timeout.
+HEADER_TIMEOUT = 10.0
+KEEPALIVE_TIMEOUT = 15.0
+MAX_CONNECTIONS = 512
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the open-files soft limit to the hard limit (as Go programs do at start).
+    Returns the (soft, hard) limits now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit", extra={"reason": str(exc)})
+    return soft, hard
+
+
+class _Guarded(asyncio.Protocol):
+    """Wraps aiohttp's per-connection protocol: header deadline and membership in the cap."""
+
+    __slots__ = ("_guard", "_inner", "transport", "_head", "_in_head", "_timer", "busy")
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol):
+        self._guard = guard
+        self._inner = inner
+        self.transport: asyncio.Transport | None = None
+        self._head = b""
+        self._in_head = True   # until the first request head is complete
+        self._timer: asyncio.TimerHandle | None = None
+        self.busy = False      # a request head arrived: never evicted to make room
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self._guard._admit(self)
+        self._timer = asyncio.get_running_loop().call_later(self._guard.header_timeout, self._expire)
+        self._inner.connection_made(transport)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._in_head and self.transport is not None:
+            self._guard.timed_out += 1
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head = (self._head + data)[-4096:]
+            if b"\r\n\r\n" in self._head or b"\n\n" in self._head:
+                self._in_head = False
+                self.busy = True
+                self._head = b""
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._guard._release(self)
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class ConnectionGuard:
+    """Stands in for aiohttp's ``web.Server`` as the protocol factory (all else delegated)."""
+
+    def __init__(self, server: Any, max_connections: int = MAX_CONNECTIONS,
+                 header_timeout: float = HEADER_TIMEOUT):
+        self._server = server
+        self.max_connections = max(2, max_connections)
+        self.header_timeout = header_timeout
+        self._open: OrderedDict[int, _Guarded] = OrderedDict()  # oldest first
+        self.evicted = 0
+        self.timed_out = 0
+
+    def __call__(self) -> _Guarded:
+        return _Guarded(self, self._server())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def _admit(self, conn: _Guarded) -> None:
+        if len(self._open) >= self.max_connections:
+            # make room: the oldest connection that has not sent a complete request head
+            victim = next((c for c in self._open.values() if not c.busy), None)
+            if victim is not None:
+                self._open.pop(id(victim), None)
+                self.evicted += 1
+                if victim.transport is not None:
+                    victim.transport.abort()
+        self._open[id(conn)] = conn
+
+    def _release(self, conn: _Guarded) -> None:
+        self._open.pop(id(conn), None)
+
+
+def guard_connections(runner: web.AppRunner, max_connections: int = MAX_CONNECTIONS,
+                      header_timeout: float = HEADER_TIMEOUT) -> ConnectionGuard:
+    """Put a ConnectionGuard in front of a set-up runner's server (before any site starts)."""
+    server = runner.server
+    assert server is not None, "call runner.setup() first"
+    guard = ConnectionGuard(server, max_connections, header_timeout)
+    runner._server = guard  # type: ignore[assignment] - the factory sites pass to create_server
+    return guard
 
 
 def _wants_openmetrics(accept: str) -> bool:
