@@ -134,14 +134,7 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    reloading: set[asyncio.Task] = set()
-
-    def on_hup() -> None:
-        t = loop.create_task(daemon.reload())
-        reloading.add(t)
-        t.add_done_callback(reloading.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)  # coalesced, one at a time
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()

@@ -153,10 +153,16 @@ class Daemon:
         self._enrich_tasks: list[asyncio.Task] = []
         self._state_worker = Worker("state")
         self._fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
+        self._reload_task: asyncio.Task | None = None
+        self._reload_again = False
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
         """Load config, schema and mappings; raise ConfigError without touching running state."""
+        self._apply_loaded(self._prepare())
+
+    def _prepare(self) -> tuple:
+        """Read and validate everything a load needs; touches no running state (any thread)."""
         config = load_config(self.settings.config_path)
         mdir = self.settings.mappings_dir or config.mappings_dir or default_mappings_dir()
         schema = load_schema(mdir / "canonical.yaml")
@@ -164,6 +170,10 @@ class Daemon:
         cloud, k8s = self._enrichers(config)
         if self.settings.simulate is not None:
             self._check_scenario(mappings)
+        return config, schema, mappings, cloud, k8s
+
+    def _apply_loaded(self, loaded: tuple) -> None:
+        config, schema, mappings, cloud, k8s = loaded
         self.config, self.schema, self.mappings = config, schema, mappings
         self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)
@@ -564,35 +574,73 @@ class Daemon:
             rt.worker.stop()
         await asyncio.gather(*(close(rt) for rt in runtimes))
 
-    async def reload(self) -> bool:
-        """SIGHUP: apply a new config + mappings, or keep the running ones if they are invalid."""
+    def request_reload(self) -> asyncio.Task:
+        """SIGHUP: one reload at a time.  Signals that arrive during a reload are coalesced into
+        one more reload after it (the file may have changed again), never run in parallel."""
+        task = self._reload_task
+        if task is not None and not task.done():
+            self._reload_again = True
+            return task
+        self._reload_again = False
+        self._reload_task = asyncio.get_running_loop().create_task(self._reload_serially(),
+                                                                   name="reload")
+        return self._reload_task
+
+    async def _reload_serially(self) -> None:
+        while True:
+            await self.reload()
+            if not self._reload_again:
+                return
+            self._reload_again = False
+
+    def _reload_failed(self, exc: BaseException) -> bool:
         assert self.renderer is not None
-        old = (self.config, self.schema, self.mappings, self._static_labels)
+        self.renderer.reload_ok = False
+        reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        log.error("reload failed, keeping the running configuration", extra={"reason": reason[:2000]})
+        if self._dirty:
+            self._dirty.set()
+        return False
+
+    async def reload(self) -> bool:
+        """Apply a new config + mappings, or keep the running ones if they are invalid.
+
+        The files are read and validated in a thread (a large file never blocks scrapes); every
+        failure, whatever its kind, sets config_last_reload_successful to 0.  Learned baselines
+        and the indicators' counters carry over, with or without --state.dir."""
+        assert self.renderer is not None
         try:
-            self.load()
-        except ConfigError as exc:
-            self.config, self.schema, self.mappings, self._static_labels = old
+            loaded = await asyncio.to_thread(self._prepare)
+        except Exception as exc:  # noqa: BLE001 - ConfigError, MemoryError, anything: reported
+            return self._reload_failed(exc)
+        old = (self.config, self.schema, self.mappings, self.cloud, self.k8s, self._static_labels)
+        try:
+            self._apply_loaded(loaded)
+        except Exception as exc:  # noqa: BLE001
+            (self.config, self.schema, self.mappings, self.cloud, self.k8s, self._static_labels) = old
             self.renderer.schema = self.schema  # type: ignore[assignment]
-            self.renderer.reload_ok = False
-            log.error("reload failed, keeping the running configuration", extra={"reason": str(exc)})
-            if self._dirty:
-                self._dirty.set()
-            return False
+            return self._reload_failed(exc)
         await self._stop_tasks()
-        if self.feed is not None:
-            await self._state_worker.submit(self.feed.save)
-        old_store = self.store
-        self.build_runtimes()
-        # keep serving what the sources had (and their error counters) until they poll again
-        for name, st in self.store.sources.items():
-            prev = old_store.sources.get(name)
-            if prev is not None and st.state == "starting":
-                st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
-                st.errors = Counter(prev.errors)
-                st.up, st.state, st.reason = prev.up, prev.state, prev.reason
-                st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
-        self.build_feed()  # thresholds may have changed; learned baselines come back from state
-        self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
+        old_feed = self.feed
+        try:
+            if old_feed is not None:
+                await self._state_worker.submit(old_feed.save)
+            old_store = self.store
+            self.build_runtimes()
+            # keep serving what the sources had (and their error counters) until they poll again
+            for name, st in self.store.sources.items():
+                prev = old_store.sources.get(name)
+                if prev is not None and st.state == "starting":
+                    st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
+                    st.errors = Counter(prev.errors)
+                    st.up, st.state, st.reason = prev.up, prev.state, prev.reason
+                    st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
+            self.build_feed()  # thresholds may have changed
+            _carry_indicator_state(old_feed, self.feed)
+            self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
+        except Exception as exc:  # noqa: BLE001
+            self._start_tasks()
+            return self._reload_failed(exc)
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()
         log.info("configuration reloaded")
@@ -633,3 +681,18 @@ class Daemon:
         self._render_worker.stop()
         self._state_worker.stop()
         return rendered.text, (1 if failed else 0)
+
+
+def _carry_indicator_state(old: IndicatorFeed | None, new: IndicatorFeed | None) -> None:
+    """A reload keeps what the indicators learned: baselines (newer in memory than in any state
+    file, and the only copy without --state.dir) and the per-device counters, which must never
+    go back (gpu_memory_contention_seconds_total, the cost counter)."""
+    if old is None or new is None or old is new:
+        return
+    src, dst = old.engine, new.engine
+    dst.baselines._data = src.baselines._data
+    for device_id, st in src._devices.items():
+        if st.contention_seconds or st.cost_dollars:
+            fresh = dst._state(device_id)
+            fresh.contention_seconds = dict(st.contention_seconds)
+            fresh.cost_dollars = st.cost_dollars

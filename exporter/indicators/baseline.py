@@ -118,7 +118,10 @@ class BaselineStore:
 
     def load(self) -> bool:
         """Restore baselines from the state file; False (with a warning) when starting fresh."""
-        if self.path is None or not self.path.exists():
+        if self.path is None:
+            return False
+        self._remove_stale_tmp()
+        if not self.path.exists():
             return False
         try:
             raw = json.loads(self.path.read_bytes())
@@ -132,13 +135,30 @@ class BaselineStore:
                             self.path, version, VERSION)
                 return False
             state = _StateV1.model_validate(raw)
-        except (OSError, ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
+        except (OSError, ValueError, ValidationError, RecursionError) as exc:
+            # JSONDecodeError is a ValueError; a deeply nested file raises RecursionError
             self._set_aside(exc)
             return False
         self._data = {dev: {m: Ewma(e.mean, e.var, e.n) for m, e in metrics.items()}
                       for dev, metrics in state.devices.items()}
         log.info("restored baselines of %d devices from %s", len(self._data), self.path)
         return True
+
+    def _remove_stale_tmp(self) -> None:
+        """Temporary files of an atomic_write that a crash interrupted (never the live file)."""
+        assert self.path is not None
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return
+        prefix = f".{self.path.name}."
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".tmp"):
+                try:
+                    os.unlink(self.path.parent / name)
+                    log.info("removed a stale temporary state file %s", name)
+                except OSError:
+                    pass
 
     def _set_aside(self, exc: Exception) -> None:
         assert self.path is not None
