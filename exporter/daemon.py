@@ -12,6 +12,7 @@ import asyncio
 import copy
 import logging
 import math
+import ssl
 import threading
 import time
 from collections import Counter
@@ -79,12 +80,20 @@ class Worker:
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        # a result nobody awaits any more (the call timed out) is still retrieved, so asyncio
+        # never logs "Future exception was never retrieved" with the whole error in it
+        fut.add_done_callback(_retrieve)
         self.busy = True
         self._queue.put((fn, fut, loop))
         return fut
 
     def stop(self) -> None:
         self._queue.put(None)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:
@@ -155,6 +164,7 @@ class Daemon:
         self._fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
         self._reload_task: asyncio.Task | None = None
         self._reload_again = False
+        self._load_worker = Worker("reload")
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
@@ -170,7 +180,21 @@ class Daemon:
         cloud, k8s = self._enrichers(config)
         if self.settings.simulate is not None:
             self._check_scenario(mappings)
+        self._check_upstream(config)
         return config, schema, mappings, cloud, k8s
+
+    def _check_upstream(self, config: Config) -> None:
+        """Upstream targets are validated at load (--check-config, reload): http(s) URLs only."""
+        options = config.collector("upstream").options
+        if not options.get("targets"):
+            return
+        from .sources.upstream import parse_targets
+
+        try:
+            parse_targets(options)
+        except (ValueError, TypeError, OSError, ssl.SSLError) as exc:
+            where = str(self.settings.config_path or "configuration")
+            raise ConfigError(f"{where}: collectors.upstream.options: {exc}") from None
 
     def _apply_loaded(self, loaded: tuple) -> None:
         config, schema, mappings, cloud, k8s = loaded
@@ -610,7 +634,9 @@ class Daemon:
         and the indicators' counters carry over, with or without --state.dir."""
         assert self.renderer is not None
         try:
-            loaded = await asyncio.to_thread(self._prepare)
+            # a daemon thread (not the default executor, which is joined at exit): a large file
+            # neither blocks scrapes nor holds up SIGTERM
+            loaded = await self._load_worker.submit(lambda: self._prepare())
         except Exception as exc:  # noqa: BLE001 - ConfigError, MemoryError, anything: reported
             return self._reload_failed(exc)
         old = (self.config, self.schema, self.mappings, self.cloud, self.k8s, self._static_labels)
@@ -659,6 +685,7 @@ class Daemon:
                 log.warning("saving indicator state timed out")
         self._render_worker.stop()
         self._state_worker.stop()
+        self._load_worker.stop()
 
     # ---------------------------------------------------------------- --once
     async def run_once(self, cycles: int = 2) -> tuple[bytes, int]:
