@@ -196,6 +196,7 @@ class Renderer:
                per_device: dict[tuple[str, str, str], Labels] | None = None) -> Rendered:
         t0 = time.perf_counter()
         failed = False
+        self._prefixes.rotate()  # prefixes of series gone since the last render are dropped
         try:
             families = self.build(store, extra, static_labels, per_device)
             text = write_exposition(families, self._prefixes, openmetrics=False)

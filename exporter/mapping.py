@@ -315,10 +315,14 @@ class Mapper:
         if self._poll % 16:
             return
         horizon = self._poll - STATE_TTL_POLLS
-        for k in [k for k, st in self._raw.items() if st.seen < horizon]:
+        stale = [k for k, st in self._raw.items() if st.seen < horizon]
+        for k in stale:
             del self._raw[k]
-        for k in [k for k, (_, seen) in self._totals.items() if seen < horizon]:
+        gone = [k for k, (_, seen) in self._totals.items() if seen < horizon]
+        for k in gone:
             del self._totals[k]
+        if stale or gone:  # rebuilt: a dict keeps the table it once grew to (identity storms)
+            self._raw, self._totals = dict(self._raw), dict(self._totals)
 
     def state_size(self) -> int:
         return len(self._raw) + len(self._totals)

@@ -71,25 +71,37 @@ def format_value(v: float) -> str:
 
 
 class PrefixCache:
+    """Escaped series prefixes, kept for the series of the last two generations only.
+
+    ``rotate()`` (once per exposition) starts a generation: prefixes used since are kept, those
+    of series gone for a whole generation are dropped, so label churn (new GPU identities every
+    poll, per-process series) never accumulates."""
+
     def __init__(self) -> None:
         self._prefix: dict[tuple[str, Labels], str] = {}
+        self._previous: dict[tuple[str, Labels], str] = {}
+
+    def rotate(self) -> None:
+        self._previous, self._prefix = self._prefix, {}
 
     def prefix(self, name: str, labels: Labels) -> str:
         key = (name, labels)
         p = self._prefix.get(key)
         if p is None:
-            if len(self._prefix) >= MAX_CACHED:
-                self._prefix.clear()
-            if labels:
-                # sorted like prometheus-client does, so the text is stable whatever the order
-                p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
-            else:
-                p = name + " "
+            p = self._previous.get(key)
+            if p is None:
+                if len(self._prefix) >= MAX_CACHED:
+                    self._prefix.clear()
+                if labels:
+                    # sorted like prometheus-client does, so the text is stable whatever the order
+                    p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
+                else:
+                    p = name + " "
             self._prefix[key] = p
         return p
 
     def __len__(self) -> int:
-        return len(self._prefix)
+        return len(self._prefix) + len(self._previous)
 
 
 def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:

@@ -105,6 +105,15 @@ class BaselineStore:
     def peek(self, device: str, metric: str) -> Ewma | None:
         return self._data.get(device, {}).get(metric)
 
+    def prune(self, keep: set[str], max_devices: int) -> None:
+        """Above ``max_devices``, drop the oldest baselines of devices not in ``keep``."""
+        if len(self._data) <= max_devices:
+            return
+        with self._lock:
+            for dev in [d for d in self._data if d not in keep][: len(self._data) - max_devices]:
+                del self._data[dev]
+            self._data = dict(self._data)  # a dict keeps the table it once grew to
+
     def to_json(self) -> dict:
         with self._lock:
             return {
