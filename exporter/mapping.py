@@ -34,6 +34,9 @@ class FieldRule(BaseModel):
     wrap: float | None = Field(default=None, gt=0)
     invalid: list[float] = []
     clamp: tuple[float, float] | None = None
+    # [low, high] after scale/offset: a value outside is malformed (skipped and counted), e.g. a
+    # negative clock.  Default: the canonical metric's ``min`` (canonical.yaml), if any
+    valid: tuple[float, float] | None = None
     # several entries feeding one series in one poll: the first listed wins, or combine them
     combine: Literal["first", "max", "sum"] = "first"
     # for a histogram metric: which part this raw field is (bucket counts carry an `le` label)
@@ -51,6 +54,10 @@ class FieldRule(BaseModel):
                 raise ValueError(f"{name} must be a finite number")
         if self.clamp and any(math.isnan(b) for b in self.clamp):
             raise ValueError("clamp bounds must be numbers, not .nan")
+        if self.valid and (any(math.isnan(b) for b in self.valid) or self.valid[0] > self.valid[1]):
+            raise ValueError("valid: [low, high] with low <= high, no .nan")
+        if any(math.isnan(v) for v in self.invalid):
+            raise ValueError("invalid: .nan never matches; NaN values are always skipped")
         return self
 
 
@@ -78,6 +85,7 @@ class Rule:
     invalid: frozenset[float]
     clamp: tuple[float, float] | None
     combine: str
+    valid: tuple[float, float] | None
     series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
 
 
@@ -138,6 +146,7 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
             invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
+            valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else "")))
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()})
@@ -247,6 +256,9 @@ class Mapper:
                         continue
                 else:
                     value = value * rule.scale + rule.offset
+                if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
+                    out.malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                    continue
                 if rule.clamp:
                     value = min(max(value, rule.clamp[0]), rule.clamp[1])
                 if not math.isfinite(value):  # overflow of a garbage raw value: never exported

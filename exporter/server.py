@@ -149,12 +149,30 @@ def guard_connections(runner: web.AppRunner, max_connections: int = MAX_CONNECTI
     return guard
 
 
+def _q(params: list[str]) -> float:
+    for p in params:
+        k, _, v = p.strip().partition("=")
+        if k.strip().lower() == "q":
+            try:
+                q = float(v)
+            except ValueError:
+                return 0.0
+            return q if 0.0 <= q <= 1.0 else 0.0
+    return 1.0
+
+
 def _wants_openmetrics(accept: str) -> bool:
+    """OpenMetrics when the client prefers it (by q) over the text format; q=0 means "not this"."""
+    om, text = 0.0, 0.0
     for part in accept.split(","):
-        media = part.split(";")[0].strip().lower()
+        media, *params = part.split(";")
+        media = media.strip().lower()
+        q = _q(params)
         if media == "application/openmetrics-text":
-            return True
-    return False
+            om = max(om, q)
+        elif media in ("text/plain", "text/*", "*/*"):
+            text = max(text, q)
+    return om > 0 and om >= text
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:
