@@ -119,3 +119,39 @@ def test_deeply_nested_state_file_is_set_aside_and_stale_tmp_removed(tmp_path):
     assert (tmp_path / (STATE_FILE + ".corrupt")).exists()
     assert not stale.exists()
     assert store.save() and store.load()
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def test_forty_sighups_in_a_burst_leave_no_threads_behind(tmp_path):
+    import signal
+    import time
+
+    from tests.reliability_util import ExporterProcess
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("labels: {node: a}\n")
+    exp = ExporterProcess(["--simulate", "--config.file", str(cfg)], tmp_path)
+    try:
+        before = _threads(exp.pid)
+        for _ in range(40):
+            exp.send(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        ok = None
+        while time.monotonic() < deadline:  # wait for the (coalesced) reloads to finish
+            m = exp.metrics()
+            ok = m.get("unified_gpu_exporter_config_last_reload_successful")
+            if ok == 1.0 and "reloaded" in exp.log() and _threads(exp.pid) <= before + 2:
+                break
+            time.sleep(0.1)
+        assert ok == 1.0
+        assert _threads(exp.pid) <= before + 2, (before, _threads(exp.pid))
+        assert exp.log().count("configuration reloaded") <= 3  # coalesced, not 40
+        assert exp.proc.poll() is None
+    finally:
+        exp.stop()
