@@ -10,6 +10,12 @@ Options (the ``upstream`` section of the config)::
         metric_prefix: ""               # stripped from metric names (DME's MetricsFieldPrefix "amd_")
         tls: {ca_file: ..., cert_file: ..., key_file: ..., insecure_skip_verify: false}
         basic_auth: {username: ..., password: ... | password_file: ...}
+        max_series: 20000               # per poll; above it the target fails (limit_exceeded)
+        max_label_values: 1000          # distinct values of one label name, likewise
+
+Only http:// and https:// URLs with a host are accepted (checked at config load), redirects are
+refused, proxies from the environment are not used, and a body is limited to MAX_BODY_BYTES both
+on the wire and after gzip decompression.
 
 Each series becomes a raw reading: field = the upstream metric name (qualified by the exporter's
 selector labels, see ``upstream_identity``), value = the sample value, labels = the remaining
