@@ -651,8 +651,9 @@ class Daemon:
         try:
             if old_feed is not None:
                 await self._state_worker.submit(old_feed.save)
-            old_store = self.store
+            old_store, old_runtimes = self.store, self.runtimes
             self.build_runtimes()
+            _carry_mapper_state(old_runtimes, self.runtimes, old[2], self.mappings)
             # keep serving what the sources had (and their error counters) until they poll again
             for name, st in self.store.sources.items():
                 prev = old_store.sources.get(name)
@@ -708,6 +709,25 @@ class Daemon:
         self._render_worker.stop()
         self._state_worker.stop()
         return rendered.text, (1 if failed else 0)
+
+
+def _carry_mapper_state(old: list[Runtime], new: list[Runtime], old_mappings: MappingSet | None,
+                        new_mappings: MappingSet | None) -> None:
+    """Counter totals survive a reload (a counter never goes back, even after a reset the mapper
+    compensated).  The raw readings behind rates and deltas carry over only when the mapping
+    rules are unchanged (their keys name rules by position)."""
+    def rules(ms: MappingSet | None) -> dict:
+        return {n: cm.rules for n, cm in ms.mappings.items()} if ms is not None else {}
+    same_rules = rules(old_mappings) == rules(new_mappings)
+    by_name = {rt.state.name: rt for rt in old}
+    for rt in new:
+        prev = by_name.get(rt.state.name)
+        if prev is None:
+            continue
+        rt.mapper._poll = prev.mapper._poll
+        rt.mapper._totals = dict(prev.mapper._totals)
+        if same_rules:
+            rt.mapper._raw = dict(prev.mapper._raw)
 
 
 def _carry_indicator_state(old: IndicatorFeed | None, new: IndicatorFeed | None) -> None:

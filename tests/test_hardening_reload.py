@@ -155,3 +155,24 @@ def test_forty_sighups_in_a_burst_leave_no_threads_behind(tmp_path):
         assert exp.proc.poll() is None
     finally:
         exp.stop()
+
+
+async def test_counter_never_goes_back_across_reload(mappings_dir, tmp_path, test_collectors):  # noqa: F811
+    daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], config="labels: {node: a}\n"))
+    await daemon.start()
+
+    def energy() -> float:
+        st = daemon.store.sources["good"]
+        return next(v for (n, _), v in st.series.items() if n == "gpu_energy_joules_total")
+    try:
+        while daemon.store.sources["good"].polls < 4:
+            await asyncio.sleep(0.02)
+        before = energy()
+        assert before >= 4.0
+        assert await daemon.reload()  # a new source object: its raw counter starts again at 1 J
+        polls = daemon.store.sources["good"].polls
+        while daemon.store.sources["good"].polls < polls + 2:
+            await asyncio.sleep(0.02)
+        assert energy() >= before
+    finally:
+        await daemon.stop()
