@@ -104,7 +104,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     from aiohttp import web
 
-    from .server import KEEPALIVE_TIMEOUT, guard_connections, make_app, raise_nofile_limit
+    from .server import KEEPALIVE_TIMEOUT, SniffingTLSSite, guard_connections, make_app, raise_nofile_limit
     from .webconfig import WebConfigWatcher, auth_middleware
 
     soft, hard = raise_nofile_limit()
@@ -120,11 +120,17 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     scheme = "https" if ssl_ctx is not None else "http"
     if args.systemd_socket:
         for sock in systemd_sockets():
-            await web.SockSite(runner, sock, ssl_context=ssl_ctx).start()
+            if ssl_ctx is not None:  # plain HTTP on the TLS port gets a 400, as from Go
+                await SniffingTLSSite(runner, ssl_context=ssl_ctx, sock=sock).start()
+            else:
+                await web.SockSite(runner, sock).start()
             log.info("listening on systemd socket", extra={"address": str(sock.getsockname()),
                                                            "scheme": scheme})
     for host, port in args.listen or ([] if args.systemd_socket else [(None, DEFAULT_PORT)]):
-        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_ctx)
+        if ssl_ctx is not None:
+            site: web.BaseSite = SniffingTLSSite(runner, host, port, ssl_context=ssl_ctx)
+        else:
+            site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()
         log.info("listening", extra={"address": f"{host or ''}:{port}", "scheme": scheme,
                                      "path": args.telemetry_path})

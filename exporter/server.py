@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import html
 import logging
 import resource
+import socket
+import ssl
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -255,3 +259,158 @@ def make_app(daemon: Daemon, telemetry_path: str = "/metrics",
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+# what Go's net/http answers when a plain HTTP request reaches its TLS listener
+BAD_REQUEST_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\n\r\n"
+                      b"Client sent an HTTP request to an HTTPS server.\n")
+_TLS_HANDSHAKE_RECORD = 0x16
+
+
+class SniffingTLSSite(web.BaseSite):
+    """A TLS listener that looks at the first byte of each connection before TLS starts.
+
+    A TLS handshake record goes to the normal TLS path (``connect_accepted_socket`` with
+    ``ssl_handshake_timeout`` = the header timeout); a plain HTTP request gets Go's ``400 Bad
+    Request`` instead of a silent close; anything else is closed.  A connection that sends
+    nothing within the header timeout is closed.  The bytes are peeked (``MSG_PEEK``), so TLS
+    reads them again.
+    """
+
+    def __init__(self, runner: web.BaseRunner, host: str | None = None, port: int = 0, *,
+                 ssl_context: ssl.SSLContext, sock: socket.socket | None = None,
+                 backlog: int = 128, header_timeout: float = HEADER_TIMEOUT):
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host, self._port, self._given = host, port, sock
+        self._header_timeout = header_timeout
+        self._listeners: list[socket.socket] = []
+        self._waiting: dict[socket.socket, asyncio.TimerHandle] = {}
+        self._handshakes: set[asyncio.Task] = set()
+        self.plain_http_refused = 0
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host or ''}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        return self._listeners[0].getsockname()[1] if self._listeners else self._port
+
+    def _bind(self) -> list[socket.socket]:
+        if not self._host and socket.has_dualstack_ipv6():
+            return [socket.create_server(("", self._port), family=socket.AF_INET6,
+                                         backlog=self._backlog, dualstack_ipv6=True)]
+        if not self._host:
+            return [socket.create_server(("", self._port), backlog=self._backlog)]
+        out = []
+        infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        for family, _, _, _, addr in dict.fromkeys((i[0], 0, 0, "", i[4]) for i in infos):
+            out.append(socket.create_server(addr[:2], family=family, backlog=self._backlog))
+        return out
+
+    async def start(self) -> None:
+        await super().start()
+        self._listeners = [self._given] if self._given is not None else self._bind()
+        loop = asyncio.get_running_loop()
+        for ls in self._listeners:
+            ls.setblocking(False)
+            loop.add_reader(ls.fileno(), self._accept, ls)
+
+    def _accept(self, ls: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(self._backlog):
+            try:
+                conn, _addr = ls.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # out of descriptors: stop accepting for a second (as asyncio does)
+                    log.warning("accept failed, pausing for 1 s", extra={"reason": str(exc)})
+                    loop.remove_reader(ls.fileno())
+                    loop.call_later(1.0, self._resume, ls)
+                return
+            conn.setblocking(False)
+            cap = getattr(self._runner.server, "max_connections", MAX_CONNECTIONS)
+            if len(self._waiting) >= cap:  # silent clients: the oldest makes room
+                self._close(next(iter(self._waiting)))
+            self._waiting[conn] = loop.call_later(self._header_timeout, self._close, conn)
+            loop.add_reader(conn.fileno(), self._sniff, conn)
+
+    def _resume(self, ls: socket.socket) -> None:
+        if ls in self._listeners and ls.fileno() >= 0:
+            asyncio.get_running_loop().add_reader(ls.fileno(), self._accept, ls)
+
+    def _close(self, conn: socket.socket) -> None:
+        timer = self._waiting.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
+        with contextlib.suppress(OSError, ValueError):
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+        conn.close()
+
+    def _sniff(self, conn: socket.socket) -> None:
+        try:
+            head = conn.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if head and head[0] == _TLS_HANDSHAKE_RECORD:
+            timer = self._waiting.pop(conn)
+            timer.cancel()
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+            task = asyncio.ensure_future(self._tls(conn))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+            return
+        if head[:1].isalpha():  # "GET /metrics HTTP/1.1" on the TLS port
+            self.plain_http_refused += 1
+            try:
+                conn.send(BAD_REQUEST_ON_TLS)
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._close(conn)
+                return
+            # lingering close: drain what the client sent, so closing does not reset the
+            # connection before it has read the answer (bounded by a second)
+            loop = asyncio.get_running_loop()
+            self._waiting.pop(conn).cancel()
+            self._waiting[conn] = loop.call_later(1.0, self._close, conn)
+            loop.remove_reader(conn.fileno())
+            loop.add_reader(conn.fileno(), self._drain, conn)
+            return
+        self._close(conn)
+
+    def _drain(self, conn: socket.socket) -> None:
+        try:
+            if conn.recv(65536):
+                return
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self._close(conn)
+
+    async def _tls(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(self._runner.server, conn,  # type: ignore[arg-type]
+                                               ssl=self._ssl_context,
+                                               ssl_handshake_timeout=self._header_timeout)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
+            conn.close()  # a failed handshake: asyncio has closed its transport already
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for ls in self._listeners:
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(ls.fileno())
+            ls.close()
+        for conn in list(self._waiting):
+            self._close(conn)
+        for task in list(self._handshakes):
+            task.cancel()
+        await super().stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import resource
 import socket
-import time
 
 import pytest
 from aiohttp import web
@@ -129,6 +128,48 @@ def test_cap_evicts_oldest_idle_connection_never_a_busy_one():
             assert guard.open_connections <= 4
             for _, w in idle:
                 w.close()
+        finally:
+            await runner.cleanup()
+    asyncio.run(go())
+
+
+def test_tls_site_answers_plain_http_with_400_and_caps_silent_clients(tmp_path):
+    import ssl
+    import subprocess
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True, timeout=60)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    from exporter.server import SniffingTLSSite
+
+    async def go():
+        async def ok(_req):
+            return web.Response(text="ok")
+        app = web.Application()
+        app.router.add_get("/", ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        guard_connections(runner, max_connections=8)
+        site = SniffingTLSSite(runner, "127.0.0.1", 0, ssl_context=ctx, header_timeout=30)
+        await site.start()
+        try:
+            silent = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(20)]
+            r, w = await asyncio.open_connection("127.0.0.1", site.port)
+            w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = await asyncio.wait_for(r.read(), 10)
+            assert data.startswith(b"HTTP/1.0 400 Bad Request")
+            assert site.plain_http_refused == 1
+            closed = [await _closed(sr, 5.0) for sr, _ in silent[:10]]
+            assert sum(closed) >= 10 - 8  # beyond the cap the oldest silent ones were closed
+            client = ssl.create_default_context(cafile=str(tmp_path / "c.pem"))
+            r2, w2 = await asyncio.open_connection("127.0.0.1", site.port, ssl=client,
+                                                   server_hostname="localhost")
+            w2.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await asyncio.wait_for(r2.readline(), 10)).startswith(b"HTTP/1.1 200")
+            w2.close()
+            for _, sw in silent:
+                sw.close()
         finally:
             await runner.cleanup()
     asyncio.run(go())

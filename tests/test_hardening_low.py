@@ -16,7 +16,7 @@ from exporter.sources.base import Device, Sample
 from exporter.yamlfile import ConfigError
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))
 
 
 @pytest.fixture(scope="module")

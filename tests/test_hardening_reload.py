@@ -88,8 +88,8 @@ async def test_any_reload_failure_is_reported(mappings_dir, tmp_path, test_colle
         await daemon.stop()
 
 
-async def test_reload_keeps_baselines_and_counters_without_state_dir(mappings_dir, tmp_path,  # noqa: F811
-                                                                      test_collectors):
+async def test_reload_keeps_baselines_and_counters_without_state_dir(  # noqa: F811
+        mappings_dir, tmp_path, test_collectors):  # noqa: F811
     daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], config="labels: {node: a}\n"))
     await daemon.start()
     try:

@@ -5,11 +5,11 @@ the offending line truncated."""
 from __future__ import annotations
 
 import gzip
-import time
 import logging
 import resource
 import subprocess
 import sys
+import time
 
 import pytest
 
