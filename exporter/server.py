@@ -358,8 +358,11 @@ class SniffingTLSSite(web.BaseSite):
         except OSError:
             self._close(conn)
             return
+        timer = self._waiting.get(conn)
+        if timer is None:
+            return  # closed by its timer in the same loop iteration
         if head and head[0] == _TLS_HANDSHAKE_RECORD:
-            timer = self._waiting.pop(conn)
+            del self._waiting[conn]
             timer.cancel()
             asyncio.get_running_loop().remove_reader(conn.fileno())
             task = asyncio.ensure_future(self._tls(conn))
@@ -377,7 +380,7 @@ class SniffingTLSSite(web.BaseSite):
             # lingering close: drain what the client sent, so closing does not reset the
             # connection before it has read the answer (bounded by a second)
             loop = asyncio.get_running_loop()
-            self._waiting.pop(conn).cancel()
+            timer.cancel()
             self._waiting[conn] = loop.call_later(1.0, self._close, conn)
             loop.remove_reader(conn.fileno())
             loop.add_reader(conn.fileno(), self._drain, conn)
