@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -25,8 +26,20 @@ def _duration(text: str) -> float:
         value = parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be above zero")
+    from .config import MAX_DURATION, MIN_DURATION
+
+    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"must be from {MIN_DURATION:g}s to {MAX_DURATION:g}s")
+    return value
+
+
+def _connections(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 2 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError("must be from 2 to 1000000")
     return value
 
 
@@ -50,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exporter-toolkit web configuration (TLS, basic auth)")
     p.add_argument("--web.systemd-socket", dest="systemd_socket", action="store_true",
                    help="use the listening sockets passed by systemd socket activation")
-    p.add_argument("--web.max-connections", dest="max_connections", type=int, default=512,
+    p.add_argument("--web.max-connections", dest="max_connections", type=_connections, default=512,
                    help="open connections at most; a new one evicts the oldest idle or slow one, "
                         "so scrapes always get through (default 512)")
     p.add_argument("--config.file", dest="config", type=Path, help="YAML configuration file")

@@ -84,3 +84,12 @@ def test_shipped_mappings_still_load(tmp_path):
     d = tmp_path / "m"
     shutil.copytree(default_mappings_dir(), d)
     Daemon(Settings(mappings_dir=d)).load()
+
+
+@pytest.mark.parametrize("args", [["--poll.interval", "0.000001"], ["--poll.fast-interval", "2d"],
+                                  ["--poll.interval", "100000"], ["--web.max-connections", "0"],
+                                  ["--web.max-connections", "x"]])
+def test_numeric_flags_range_checked(args):
+    from exporter.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(args)
