@@ -20,6 +20,9 @@ _ARTEFACT_LABELS = frozenset({"source", "trace_id"})
 # stay unless more than MAX_BASELINE_DEVICES devices have one (then the oldest gone ones go)
 DEVICE_TTL_SECONDS = 600.0
 MAX_BASELINE_DEVICES = 64
+# and at most this many devices are remembered whatever their age (an identity storm of
+# thousands of new UUIDs per poll must not pile up for DEVICE_TTL_SECONDS first)
+MAX_TRACKED_DEVICES = 512
 
 
 class IndicatorFeed:
@@ -68,7 +71,7 @@ class IndicatorFeed:
                                             cloud=self.cloud or None)
         for dev_id in devices:
             self._last_seen[dev_id] = now
-        if now >= self._next_prune:
+        if now >= self._next_prune or len(self._last_seen) > MAX_TRACKED_DEVICES:
             self._next_prune = now + min(DEVICE_TTL_SECONDS / 10, 60.0)
             self.prune(now, set(devices))
         out: list[tuple[str, Labels, float]] = []
@@ -85,6 +88,12 @@ class IndicatorFeed:
         for good).  Returns how many were forgotten."""
         gone = [d for d, t in self._last_seen.items()
                 if d not in present and now - t >= DEVICE_TTL_SECONDS]
+        excess = len(self._last_seen) - len(gone) - MAX_TRACKED_DEVICES
+        if excess > 0:  # over the cap: the least recently seen absent devices go first
+            dropped = set(gone)
+            older = sorted((t, d) for d, t in self._last_seen.items()
+                           if d not in present and d not in dropped)
+            gone += [d for _, d in older[:excess]]
         engine = self.engine
         for d in gone:
             del self._last_seen[d]

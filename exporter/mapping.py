@@ -196,6 +196,7 @@ def device_labels(dev: Device) -> Labels:
 # raw counter state and exported totals not seen for this many polls are forgotten (a device or
 # link that went away); a shorter gap (one missed poll, a flapping fallback) keeps them
 STATE_TTL_POLLS = 120
+MAX_STATE = 200_000  # raw + total entries; above it, state of series absent this poll goes
 
 
 class Mapper:
@@ -323,10 +324,12 @@ class Mapper:
         return (step[0] / step[1]) * rule.scale + rule.offset
 
     def _expire(self) -> None:
-        """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls."""
-        if self._poll % 16:
+        """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls, or, above
+        MAX_STATE entries (an identity storm), of every series not seen in this poll."""
+        over = len(self._raw) + len(self._totals) > MAX_STATE
+        if self._poll % 16 and not over:
             return
-        horizon = self._poll - STATE_TTL_POLLS
+        horizon = self._poll if over else self._poll - STATE_TTL_POLLS
         stale = [k for k, st in self._raw.items() if st.seen < horizon]
         for k in stale:
             del self._raw[k]

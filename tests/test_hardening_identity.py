@@ -7,7 +7,7 @@ import gc
 import tracemalloc
 
 from exporter.exposition import Renderer
-from exporter.indicator_feed import DEVICE_TTL_SECONDS, IndicatorFeed
+from exporter.indicator_feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
 from exporter.indicators import IndicatorConfig
 from exporter.mapping import STATE_TTL_POLLS, Mapper, MappingSet
 from exporter.schema import default_mappings_dir, load_schema
@@ -51,6 +51,8 @@ def test_memory_returns_to_baseline_after_identity_storm():
         for storm in range(20):  # 400 new identities per poll, 8,000 in all
             now += STEP
             _cycle(mapper, feed, renderer, stable + [f"GPU-storm-{storm}-{i}" for i in range(400)], now)
+            # bounded during the storm too, not only after the devices' time to live
+            assert len(feed.engine._devices) <= MAX_TRACKED_DEVICES + 408
         gc.collect()
         peak_state = tracemalloc.get_traced_memory()[0]
         assert peak_state > baseline + 5_000_000  # the storm did allocate (the test can fail)
