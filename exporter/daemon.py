@@ -675,6 +675,9 @@ class Daemon:
         return True
 
     async def stop(self) -> None:
+        if self._reload_task is not None and not self._reload_task.done():
+            self._reload_task.cancel()  # no reload restarts the sources after this
+            await asyncio.gather(self._reload_task, return_exceptions=True)
         for t in self._enrich_tasks:
             t.cancel()
         await self._stop_tasks()
@@ -708,6 +711,7 @@ class Daemon:
         self.feed.save()
         self._render_worker.stop()
         self._state_worker.stop()
+        self._load_worker.stop()
         return rendered.text, (1 if failed else 0)
 
 

@@ -176,3 +176,24 @@ async def test_counter_never_goes_back_across_reload(mappings_dir, tmp_path, tes
         assert energy() >= before
     finally:
         await daemon.stop()
+
+
+async def test_stop_during_a_reload_does_not_restart_sources(mappings_dir, tmp_path, test_collectors):  # noqa: F811
+    daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], config="labels: {node: a}\n"))
+    await daemon.start()
+    entered, release = threading.Event(), threading.Event()
+    real = daemon._prepare
+
+    def blocking_prepare():
+        entered.set()
+        release.wait(10)
+        return real()
+    daemon._prepare = blocking_prepare  # type: ignore[method-assign]
+    task = daemon.request_reload()
+    while not entered.is_set():
+        await asyncio.sleep(0.01)
+    await daemon.stop()
+    release.set()
+    assert task.done()
+    await asyncio.sleep(0.05)
+    assert not daemon._tasks  # nothing polling after stop()
