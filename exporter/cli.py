@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -25,8 +26,20 @@ def _duration(text: str) -> float:
         value = parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be above zero")
+    from .config import MAX_DURATION, MIN_DURATION
+
+    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"must be from {MIN_DURATION:g}s to {MAX_DURATION:g}s")
+    return value
+
+
+def _connections(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 2 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError("must be from 2 to 1000000")
     return value
 
 
@@ -63,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exporter-toolkit web configuration (TLS, basic auth)")
     p.add_argument("--web.systemd-socket", dest="systemd_socket", action="store_true",
                    help="use the listening sockets passed by systemd socket activation")
+    p.add_argument("--web.max-connections", dest="max_connections", type=_connections, default=512,
+                   help="open connections at most; a new one evicts the oldest idle or slow one, "
+                        "so scrapes always get through (default 512)")
     p.add_argument("--config.file", dest="config", type=Path, help="YAML configuration file")
     p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"))
     p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"))
@@ -116,23 +132,33 @@ def settings_from(args: argparse.Namespace) -> Settings:
 async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     from aiohttp import web
 
-    from .server import make_app
+    from .server import KEEPALIVE_TIMEOUT, SniffingTLSSite, guard_connections, make_app, raise_nofile_limit
     from .webconfig import WebConfigWatcher, auth_middleware
 
+    soft, hard = raise_nofile_limit()
+    log.debug("open-files limit", extra={"soft": soft, "hard": hard})
     watcher = WebConfigWatcher(args.web_config)  # validated in main(); None = plain HTTP, no auth
     ssl_ctx = watcher.ssl_context()
     await daemon.start()
     app = make_app(daemon, args.telemetry_path, middlewares=[auth_middleware(watcher.current)])
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,
+                           keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()
+    guard_connections(runner, args.max_connections)
     scheme = "https" if ssl_ctx is not None else "http"
     if args.systemd_socket:
         for sock in systemd_sockets():
-            await web.SockSite(runner, sock, ssl_context=ssl_ctx).start()
+            if ssl_ctx is not None:  # plain HTTP on the TLS port gets a 400, as from Go
+                await SniffingTLSSite(runner, ssl_context=ssl_ctx, sock=sock).start()
+            else:
+                await web.SockSite(runner, sock).start()
             log.info("listening on systemd socket", extra={"address": str(sock.getsockname()),
                                                            "scheme": scheme})
     for host, port in args.listen or ([] if args.systemd_socket else [(None, DEFAULT_PORT)]):
-        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_ctx)
+        if ssl_ctx is not None:
+            site: web.BaseSite = SniffingTLSSite(runner, host, port, ssl_context=ssl_ctx)
+        else:
+            site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()
         log.info("listening", extra={"address": f"{host or ''}:{port}", "scheme": scheme,
                                      "path": args.telemetry_path})
@@ -146,14 +172,7 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    reloading: set[asyncio.Task] = set()
-
-    def on_hup() -> None:
-        t = loop.create_task(daemon.reload())
-        reloading.add(t)
-        t.add_done_callback(reloading.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)  # coalesced, one at a time
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()

@@ -8,10 +8,12 @@ type is an error naming file, line and field, and every error of the file is rep
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -30,7 +32,17 @@ from .yamlfile import ConfigError, load_yaml, validation_message
 
 __all__ = ["Config", "CollectorConfig", "Duration", "load_config", "parse_duration"]
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+MIN_DURATION = 0.01      # 10 ms: below it a poll loop only burns CPU
+MAX_DURATION = 86400.0   # a day: .inf would freeze values while sources look up
+
+
+def _duration_range(value: float) -> float:
+    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
+        raise ValueError(f"duration {value!r} out of range: use {MIN_DURATION:g}s to {MAX_DURATION:g}s")
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0), AfterValidator(_duration_range)]
 
 
 class CollectorConfig(BaseModel):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
+import ssl
 import threading
 import time
 from collections import Counter
@@ -79,12 +81,20 @@ class Worker:
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        # a result nobody awaits any more (the call timed out) is still retrieved, so asyncio
+        # never logs "Future exception was never retrieved" with the whole error in it
+        fut.add_done_callback(_retrieve)
         self.busy = True
         self._queue.put((fn, fut, loop))
         return fut
 
     def stop(self) -> None:
         self._queue.put(None)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:
@@ -154,11 +164,19 @@ class Daemon:
         self._enrich_tasks: list[asyncio.Task] = []
         self._state_worker = Worker("state")
         self._fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
+        self._reload_task: asyncio.Task | None = None
+        self._reload_again = False
+        self._load_worker = Worker("reload")
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
         """Load config, schema and mappings; raise ConfigError without touching running state."""
-        errors: list[str] = []  # config and mapping errors are reported together
+        self._apply_loaded(self._prepare())
+
+    def _prepare(self) -> tuple:
+        """Read and validate everything a load needs; touches no running state (any thread).
+        Config and mapping errors are reported together."""
+        errors: list[str] = []
         config: Config | None = None
         try:
             config = load_config(self.settings.config_path)
@@ -177,6 +195,24 @@ class Daemon:
         cloud, k8s = self._enrichers(config)
         if self.settings.simulate is not None:
             self._check_scenario(mappings)
+        self._check_upstream(config)
+        return config, schema, mappings, cloud, k8s, series_filter
+
+    def _check_upstream(self, config: Config) -> None:
+        """Upstream targets are validated at load (--check-config, reload): http(s) URLs only."""
+        options = config.collector("upstream").options_dict()
+        if not options.get("targets"):
+            return
+        from .sources.upstream import parse_targets
+
+        try:
+            parse_targets(options)
+        except (ValueError, TypeError, OSError, ssl.SSLError) as exc:
+            where = str(self.settings.config_path or "configuration")
+            raise ConfigError(f"{where}: collectors.upstream.options: {exc}") from None
+
+    def _apply_loaded(self, loaded: tuple) -> None:
+        config, schema, mappings, cloud, k8s, series_filter = loaded
         self.config, self.schema, self.mappings = config, schema, mappings
         self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)
@@ -207,6 +243,13 @@ class Daemon:
     def _enrichers(self, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
         errors = []
         cloud = k8s = None
+        for section, opts in config.enrich.items():  # finite, sensible bounds on every period
+            for key, low in (("refresh_seconds", 1.0), ("timeout_seconds", 0.01)):
+                v = opts.get(key) if isinstance(opts, dict) else None
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                      or not math.isfinite(v) or not low <= v <= 86400):
+                    errors.append(f"{config.where('enrich', section, key)}: enrich.{section}.{key}: "
+                                  f"{v!r} out of range (a number of seconds from {low:g} to 86400)")
         try:
             cloud = CloudEnricher(config.enrich.get("cloud"))
         except (ValueError, TypeError) as exc:
@@ -566,7 +609,7 @@ class Daemon:
     @property
     def ready(self) -> bool:
         """The bytes being served come from a completed poll of at least one source that is up."""
-        return self.rendered is not None and self._rendered_up
+        return self.rendered is not None and self._rendered_up and not self.rendered.failed
 
     async def start(self) -> None:
         self.load()
@@ -614,36 +657,77 @@ class Daemon:
             rt.worker.stop()
         await asyncio.gather(*(close(rt) for rt in runtimes))
 
-    async def reload(self) -> bool:
-        """SIGHUP: apply a new config + mappings, or keep the running ones if they are invalid."""
+    def request_reload(self) -> asyncio.Task:
+        """SIGHUP: one reload at a time.  Signals that arrive during a reload are coalesced into
+        one more reload after it (the file may have changed again), never run in parallel."""
+        task = self._reload_task
+        if task is not None and not task.done():
+            self._reload_again = True
+            return task
+        self._reload_again = False
+        self._reload_task = asyncio.get_running_loop().create_task(self._reload_serially(),
+                                                                   name="reload")
+        return self._reload_task
+
+    async def _reload_serially(self) -> None:
+        while True:
+            await self.reload()
+            if not self._reload_again:
+                return
+            self._reload_again = False
+
+    def _reload_failed(self, exc: BaseException) -> bool:
         assert self.renderer is not None
-        old = (self.config, self.schema, self.mappings, self._static_labels)
+        self.renderer.reload_ok = False
+        reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        log.error("reload failed, keeping the running configuration", extra={"reason": reason[:2000]})
+        if self._dirty:
+            self._dirty.set()
+        return False
+
+    async def reload(self) -> bool:
+        """Apply a new config + mappings, or keep the running ones if they are invalid.
+
+        The files are read and validated in a thread (a large file never blocks scrapes); every
+        failure, whatever its kind, sets config_last_reload_successful to 0.  Learned baselines
+        and the indicators' counters carry over, with or without --state.dir."""
+        assert self.renderer is not None
         try:
-            self.load()
-        except ConfigError as exc:
-            self.config, self.schema, self.mappings, self._static_labels = old
+            # a daemon thread (not the default executor, which is joined at exit): a large file
+            # neither blocks scrapes nor holds up SIGTERM
+            loaded = await self._load_worker.submit(lambda: self._prepare())
+        except Exception as exc:  # noqa: BLE001 - ConfigError, MemoryError, anything: reported
+            return self._reload_failed(exc)
+        old = (self.config, self.schema, self.mappings, self.cloud, self.k8s, self._static_labels)
+        try:
+            self._apply_loaded(loaded)
+        except Exception as exc:  # noqa: BLE001
+            (self.config, self.schema, self.mappings, self.cloud, self.k8s, self._static_labels) = old
             self.renderer.schema = self.schema  # type: ignore[assignment]
-            self.renderer.reload_ok = False
-            log.error("reload failed, keeping the running configuration", extra={"reason": str(exc)})
-            if self._dirty:
-                self._dirty.set()
-            return False
+            return self._reload_failed(exc)
         await self._stop_tasks()
-        if self.feed is not None:
-            await self._state_worker.submit(self.feed.save)
-        old_store = self.store
-        self.build_runtimes()
-        # keep serving what the sources had (and their error counters) until they poll again
-        for name, st in self.store.sources.items():
-            prev = old_store.sources.get(name)
-            if prev is not None and st.state == "starting":
-                st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
-                st.errors = Counter(prev.errors)
-                st.up, st.state, st.reason = prev.up, prev.state, prev.reason
-                st.was_up = prev.was_up
-                st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
-        self.build_feed()  # thresholds may have changed; learned baselines come back from state
-        self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
+        old_feed = self.feed
+        try:
+            if old_feed is not None:
+                await self._state_worker.submit(old_feed.save)
+            old_store, old_runtimes = self.store, self.runtimes
+            self.build_runtimes()
+            _carry_mapper_state(old_runtimes, self.runtimes, old[2], self.mappings)
+            # keep serving what the sources had (and their error counters) until they poll again
+            for name, st in self.store.sources.items():
+                prev = old_store.sources.get(name)
+                if prev is not None and st.state == "starting":
+                    st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
+                    st.errors = Counter(prev.errors)
+                    st.up, st.state, st.reason = prev.up, prev.state, prev.reason
+                    st.was_up = prev.was_up
+                    st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
+            self.build_feed()  # thresholds may have changed
+            _carry_indicator_state(old_feed, self.feed)
+            self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
+        except Exception as exc:  # noqa: BLE001
+            self._start_tasks()
+            return self._reload_failed(exc)
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()
         log.info("configuration reloaded")
@@ -651,6 +735,9 @@ class Daemon:
         return True
 
     async def stop(self) -> None:
+        if self._reload_task is not None and not self._reload_task.done():
+            self._reload_task.cancel()  # no reload restarts the sources after this
+            await asyncio.gather(self._reload_task, return_exceptions=True)
         for t in self._enrich_tasks:
             t.cancel()
         await self._stop_tasks()
@@ -662,6 +749,7 @@ class Daemon:
                 log.warning("saving indicator state timed out")
         self._render_worker.stop()
         self._state_worker.stop()
+        self._load_worker.stop()
 
     # ---------------------------------------------------------------- --once
     async def run_once(self, cycles: int = 2) -> tuple[bytes, int]:
@@ -683,4 +771,39 @@ class Daemon:
         self.feed.save()
         self._render_worker.stop()
         self._state_worker.stop()
+        self._load_worker.stop()
         return rendered.text, (1 if failed else 0)
+
+
+def _carry_mapper_state(old: list[Runtime], new: list[Runtime], old_mappings: MappingSet | None,
+                        new_mappings: MappingSet | None) -> None:
+    """Counter totals survive a reload (a counter never goes back, even after a reset the mapper
+    compensated).  The raw readings behind rates and deltas carry over only when the mapping
+    rules are unchanged (their keys name rules by position)."""
+    def rules(ms: MappingSet | None) -> dict:
+        return {n: cm.rules for n, cm in ms.mappings.items()} if ms is not None else {}
+    same_rules = rules(old_mappings) == rules(new_mappings)
+    by_name = {rt.state.name: rt for rt in old}
+    for rt in new:
+        prev = by_name.get(rt.state.name)
+        if prev is None:
+            continue
+        rt.mapper._poll = prev.mapper._poll
+        rt.mapper._totals = dict(prev.mapper._totals)
+        if same_rules:
+            rt.mapper._raw = dict(prev.mapper._raw)
+
+
+def _carry_indicator_state(old: IndicatorFeed | None, new: IndicatorFeed | None) -> None:
+    """A reload keeps what the indicators learned: baselines (newer in memory than in any state
+    file, and the only copy without --state.dir) and the per-device counters, which must never
+    go back (gpu_memory_contention_seconds_total, the cost counter)."""
+    if old is None or new is None or old is new:
+        return
+    src, dst = old.engine, new.engine
+    dst.baselines._data = src.baselines._data
+    for device_id, st in src._devices.items():
+        if st.contention_seconds or st.cost_dollars:
+            fresh = dst._state(device_id)
+            fresh.contention_seconds = dict(st.contention_seconds)
+            fresh.cost_dollars = st.cost_dollars

@@ -7,6 +7,7 @@ prometheus-client; the scrape path only sends the cached bytes.
 from __future__ import annotations
 
 import gzip
+import logging
 import platform
 import time
 from collections.abc import Iterable
@@ -20,13 +21,14 @@ from .mapping import Labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .seriesfilter import SeriesFilter
 from .store import Store
-from .textformat import Family, PrefixCache
+from .textformat import Counts, Family, PrefixCache
 from .textformat import render as write_exposition
 
 # the classic text format (0.0.4) every Prometheus version parses
 TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_PLAIN_0_0_4
 OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
 SELF = "unified_gpu_exporter_"
+log = logging.getLogger("unified_gpu_exporter")
 
 # error kinds every source can have: exported from 0 so rate() and alerts see the first one
 ALWAYS_COUNTED = ("timeout", "exception")
@@ -49,6 +51,12 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
     "source_series": ("gauge", "Canonical series produced by the source's last poll."),
     "device_up": ("gauge", "1 while the device answers its source, 0 after it was lost."),
     "render_duration_seconds": ("gauge", "Time spent rendering the last exposition, in seconds."),
+    "render_errors_total": ("counter",
+                            "Renders that failed; the exposition then holds only self-metrics and "
+                            "/readyz is not ready until a render succeeds."),
+    "invalid_utf8_replaced_total": ("counter",
+                                    "Label values and texts that were not valid UTF-8 and were "
+                                    "exported with U+FFFD in place of the bad code points."),
     "config_last_reload_successful": ("gauge", "1 if the last configuration (re)load succeeded."),
     "config_last_reload_success_timestamp_seconds": (
         "gauge", "Unix time of the last successful configuration (re)load."),
@@ -83,6 +91,7 @@ class Rendered:
     openmetrics_gz: bytes
     series: int
     at: float
+    failed: bool = False  # the full render failed: only self-metrics are in these bytes
 
 
 class Renderer:
@@ -91,6 +100,8 @@ class Renderer:
         self.render_duration = 0.0
         self.reload_ok = True
         self.reload_ts = time.time()
+        self.render_errors = 0
+        self.last_error = ""
         self._parts: dict[str, str] = {}
         self._parts_for: Schema | None = None
         self._prefixes = PrefixCache()
@@ -187,6 +198,8 @@ class Renderer:
                 add("device_up", {"source": st.name, "vendor": vendor, "gpu": gpu, "uuid": uuid},
                     1.0 if ok else 0.0)
         add("render_duration_seconds", {}, self.render_duration)
+        add("render_errors_total", {}, float(self.render_errors))
+        add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
         filt = self.series_filter
@@ -196,10 +209,29 @@ class Renderer:
                static_labels: Labels = (),
                per_device: dict[tuple[str, str, str], Labels] | None = None) -> Rendered:
         t0 = time.perf_counter()
-        families = self.build(store, extra, static_labels, per_device)
-        text = write_exposition(families, self._prefixes, openmetrics=False)
-        om = write_exposition(families, self._prefixes, openmetrics=True)
+        failed = False
+        self._prefixes.rotate()  # prefixes of series gone since the last render are dropped
+        try:
+            families = self.build(store, extra, static_labels, per_device)
+            text = write_exposition(families, self._prefixes, openmetrics=False)
+            om = write_exposition(families, self._prefixes, openmetrics=True)
+        except Exception as exc:  # noqa: BLE001 - never serve stale bytes silently
+            failed = True
+            self.render_errors += 1
+            error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if error != self.last_error:  # once per distinct error, not once per cycle
+                log.error("render failed: serving self-metrics only, not ready",
+                          extra={"reason": error})
+            self.last_error = error
+            self._prefixes = PrefixCache()  # a poisoned cache entry must not survive
+            families = self._self_metrics(store)
+            text = write_exposition(families, self._prefixes, openmetrics=False)
+            om = write_exposition(families, self._prefixes, openmetrics=True)
+        else:
+            if self.last_error:
+                log.info("render recovered")
+            self.last_error = ""
         rendered = Rendered(text, gzip.compress(text, 1), om, gzip.compress(om, 1),
-                            sum(len(f.samples) for f in families), time.time())
+                            sum(len(f.samples) for f in families), time.time(), failed)
         self.render_duration = time.perf_counter() - t0
         return rendered

@@ -16,6 +16,13 @@ from .store import Store
 log = logging.getLogger("unified_gpu_exporter")
 # labels of a per-GPU (not per-kernel) series imported from a profiler artefact
 _ARTEFACT_LABELS = frozenset({"source", "trace_id"})
+# a device not seen for this long is forgotten (windows, price info, counters); its baselines
+# stay unless more than MAX_BASELINE_DEVICES devices have one (then the oldest gone ones go)
+DEVICE_TTL_SECONDS = 600.0
+MAX_BASELINE_DEVICES = 64
+# and at most this many devices are remembered whatever their age (an identity storm of
+# thousands of new UUIDs per poll must not pile up for DEVICE_TTL_SECONDS first)
+MAX_TRACKED_DEVICES = 512
 
 
 class IndicatorFeed:
@@ -26,6 +33,8 @@ class IndicatorFeed:
         self.latest: list[tuple[str, Labels, float]] = []
         self._keys: dict[SeriesKey, str] = {}
         self._known: set[tuple[str, str, str]] = set()
+        self._last_seen: dict[tuple[str, str, str], float] = {}
+        self._next_prune = 0.0
 
     def _key(self, skey: SeriesKey) -> str:
         k = self._keys.get(skey)
@@ -60,6 +69,11 @@ class IndicatorFeed:
                 self._known.add(dev_id)
                 self.engine.set_device_info(dev_id, model=dev.model, vendor=dev.vendor,
                                             cloud=self.cloud or None)
+        for dev_id in devices:
+            self._last_seen[dev_id] = now
+        if now >= self._next_prune or len(self._last_seen) > MAX_TRACKED_DEVICES:
+            self._next_prune = now + min(DEVICE_TTL_SECONDS / 10, 60.0)
+            self.prune(now, set(devices))
         out: list[tuple[str, Labels, float]] = []
         for dev_id, series in devices.items():
             dl = (("vendor", dev_id[0]), ("gpu", dev_id[1]), ("uuid", dev_id[2]))
@@ -68,6 +82,34 @@ class IndicatorFeed:
                 out.append((name, dl + tuple(sorted(extra.items())), value))
         self.latest = out
         return out
+
+    def prune(self, now: float, present: set[tuple[str, str, str]]) -> int:
+        """Forget devices gone for DEVICE_TTL_SECONDS (an identity storm must not grow memory
+        for good).  Returns how many were forgotten."""
+        gone = [d for d, t in self._last_seen.items()
+                if d not in present and now - t >= DEVICE_TTL_SECONDS]
+        excess = len(self._last_seen) - len(gone) - MAX_TRACKED_DEVICES
+        if excess > 0:  # over the cap: the least recently seen absent devices go first
+            dropped = set(gone)
+            older = sorted((t, d) for d, t in self._last_seen.items()
+                           if d not in present and d not in dropped)
+            gone += [d for _, d in older[:excess]]
+        engine = self.engine
+        for d in gone:
+            del self._last_seen[d]
+            self._known.discard(d)
+            engine._devices.pop(d, None)
+            engine._info.pop(d, None)
+        if gone:
+            # rebuilt, not only emptied: a dict keeps the table it once grew to
+            self._keys = {k: v for k, v in self._keys.items()
+                          if (k[1][0][1], k[1][1][1], k[1][2][1]) in self._last_seen}
+            self._last_seen = dict(self._last_seen)
+            self._known = set(self._known)
+            engine._devices = dict(engine._devices)
+            engine._info = dict(engine._info)
+        engine.baselines.prune({engine._baseline_key(d) for d in self._last_seen}, MAX_BASELINE_DEVICES)
+        return len(gone)
 
     def save(self) -> None:
         try:

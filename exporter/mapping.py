@@ -37,6 +37,9 @@ class FieldRule(BaseModel):
     # value not listed is malformed
     values: dict[float, float] = {}
     clamp: tuple[float, float] | None = None
+    # [low, high] after scale/offset: a value outside is malformed (skipped and counted), e.g. a
+    # negative clock.  Default: the canonical metric's ``min`` (canonical.yaml), if any
+    valid: tuple[float, float] | None = None
     # several entries feeding one series in one poll: the first listed wins, or combine them
     combine: Literal["first", "max", "sum"] = "first"
     # for a histogram metric: which part this raw field is (bucket counts carry an `le` label)
@@ -49,6 +52,15 @@ class FieldRule(BaseModel):
                 raise ValueError(f"invalid label name {name!r}")
         if self.clamp and self.clamp[0] > self.clamp[1]:
             raise ValueError("clamp: low bound is above high bound")
+        for name in ("scale", "offset"):  # .nan or .inf would poison every value of the field
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
+        if self.clamp and any(math.isnan(b) for b in self.clamp):
+            raise ValueError("clamp bounds must be numbers, not .nan")
+        if self.valid and (any(math.isnan(b) for b in self.valid) or self.valid[0] > self.valid[1]):
+            raise ValueError("valid: [low, high] with low <= high, no .nan")
+        if any(math.isnan(v) for v in self.invalid):
+            raise ValueError("invalid: .nan never matches; NaN values are always skipped")
         return self
 
 
@@ -76,6 +88,7 @@ class Rule:
     invalid: frozenset[float]
     clamp: tuple[float, float] | None
     combine: str
+    valid: tuple[float, float] | None
     series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
     values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
 
@@ -139,6 +152,7 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
             invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
+            valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
             values=tuple(sorted(fr.values.items()))))
     return CompiledMapping(name or path.stem, path, parsed.vendor,
@@ -195,6 +209,7 @@ def device_labels(dev: Device) -> Labels:
 # raw counter state and exported totals not seen for this many polls are forgotten (a device or
 # link that went away); a shorter gap (one missed poll, a flapping fallback) keeps them
 STATE_TTL_POLLS = 120
+MAX_STATE = 200_000  # raw + total entries; above it, state of series absent this poll goes
 
 
 class Mapper:
@@ -261,6 +276,9 @@ class Mapper:
                         continue
                 else:
                     value = value * rule.scale + rule.offset
+                if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
+                    out.malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                    continue
                 if rule.clamp:
                     value = min(max(value, rule.clamp[0]), rule.clamp[1])
                 if not math.isfinite(value):  # overflow of a garbage raw value: never exported
@@ -325,14 +343,20 @@ class Mapper:
         return (step[0] / step[1]) * rule.scale + rule.offset
 
     def _expire(self) -> None:
-        """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls."""
-        if self._poll % 16:
+        """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls, or, above
+        MAX_STATE entries (an identity storm), of every series not seen in this poll."""
+        over = len(self._raw) + len(self._totals) > MAX_STATE
+        if self._poll % 16 and not over:
             return
-        horizon = self._poll - STATE_TTL_POLLS
-        for k in [k for k, st in self._raw.items() if st.seen < horizon]:
+        horizon = self._poll if over else self._poll - STATE_TTL_POLLS
+        stale = [k for k, st in self._raw.items() if st.seen < horizon]
+        for k in stale:
             del self._raw[k]
-        for k in [k for k, (_, seen) in self._totals.items() if seen < horizon]:
+        gone = [k for k, (_, seen) in self._totals.items() if seen < horizon]
+        for k in gone:
             del self._totals[k]
+        if stale or gone:  # rebuilt: a dict keeps the table it once grew to (identity storms)
+            self._raw, self._totals = dict(self._raw), dict(self._totals)
 
     def state_size(self) -> int:
         return len(self._raw) + len(self._totals)

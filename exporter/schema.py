@@ -70,6 +70,8 @@ class MetricDef(BaseModel):
     derive: Derive | None = None
     # histogram: the bucket upper bounds sources are expected to use (documentation and checks)
     buckets: list[float] = []
+    # smallest valid value (e.g. 0 for a clock): mapped values below it are skipped and counted
+    min: float | None = None
 
     @field_validator("labels", "optional_labels")
     @classmethod

@@ -11,6 +11,7 @@ rendering the largest cost of the daemon (bench/: 25-40 us per series).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
@@ -27,12 +28,35 @@ class Family:
     samples: list[tuple[str, Labels, float]] = field(default_factory=list)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class Counts:
+    """Label values that were not valid UTF-8 and were repaired while rendering (self-metric)."""
+
+    invalid_utf8 = 0
+
+
+def valid_utf8(v: str) -> str:
+    """``v`` unchanged when it encodes as UTF-8; else with each bad code point (a lone surrogate,
+    e.g. from a JSON ``"\\ud800"`` escape) replaced by U+FFFD.  Counted in ``Counts``."""
+    if v.isascii():
+        return v
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        Counts.invalid_utf8 += 1
+        return _SURROGATE.sub("\ufffd", v)
+    return v
+
+
 def _escape_value(v: str) -> str:
+    v = valid_utf8(v)
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def _escape_help(text: str, openmetrics: bool) -> str:
-    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    text = valid_utf8(text).replace("\\", "\\\\").replace("\n", "\\n")
     return text.replace('"', '\\"') if openmetrics else text
 
 
@@ -47,25 +71,37 @@ def format_value(v: float) -> str:
 
 
 class PrefixCache:
+    """Escaped series prefixes, kept for the series of the last two generations only.
+
+    ``rotate()`` (once per exposition) starts a generation: prefixes used since are kept, those
+    of series gone for a whole generation are dropped, so label churn (new GPU identities every
+    poll, per-process series) never accumulates."""
+
     def __init__(self) -> None:
         self._prefix: dict[tuple[str, Labels], str] = {}
+        self._previous: dict[tuple[str, Labels], str] = {}
+
+    def rotate(self) -> None:
+        self._previous, self._prefix = self._prefix, {}
 
     def prefix(self, name: str, labels: Labels) -> str:
         key = (name, labels)
         p = self._prefix.get(key)
         if p is None:
-            if len(self._prefix) >= MAX_CACHED:
-                self._prefix.clear()
-            if labels:
-                # sorted like prometheus-client does, so the text is stable whatever the order
-                p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
-            else:
-                p = name + " "
+            p = self._previous.get(key)
+            if p is None:
+                if len(self._prefix) >= MAX_CACHED:
+                    self._prefix.clear()
+                if labels:
+                    # sorted like prometheus-client does, so the text is stable whatever the order
+                    p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
+                else:
+                    p = name + " "
             self._prefix[key] = p
         return p
 
     def __len__(self) -> int:
-        return len(self._prefix)
+        return len(self._prefix) + len(self._previous)
 
 
 def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:
@@ -86,4 +122,6 @@ def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> byt
             append(prefix(name, labels) + format_value(value) + "\n")
     if openmetrics:
         append("# EOF\n")
-    return "".join(out).encode()
+    # every piece went through valid_utf8 (label values, help); names are checked ASCII at load.
+    # "replace" keeps one bad string from failing the whole exposition all the same
+    return "".join(out).encode("utf-8", "replace")

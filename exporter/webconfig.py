@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import bcrypt
-import yaml
 from aiohttp import web
 from pydantic import (
     BaseModel,
@@ -67,6 +66,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from .yamlfile import ConfigError, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,14 @@ _ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
     "Content-Security-Policy": None,
 }
 
-_BCRYPT_RE = re.compile(r"^\$2[aby]?\$\d{2}\$[./A-Za-z0-9]{53}$")
+# $2a$ / $2b$ / $2y$ and a cost Go's x/crypto/bcrypt accepts (MinCost 4 .. MaxCost 31);
+# exporter-toolkit checks every hash with bcrypt.Cost() before it serves
+_BCRYPT_RE = re.compile(r"^\$2[aby]\$(\d{2})\$[./A-Za-z0-9]{53}$")
+BCRYPT_MIN_COST, BCRYPT_MAX_COST = 4, 31
+# bcrypt uses the first 72 bytes of a password; Go's CompareHashAndPassword ignores the rest
+BCRYPT_MAX_PASSWORD = 72
+
+
 def _parse_duration(text: str) -> float:
     """The shared duration grammar (exporter/durations.py): ``1h30m``, ``1.5s``, ``500ms``, ``1d``."""
     from .durations import parse_duration
@@ -205,6 +213,11 @@ class TLSServerConfig(_Strict):
                              "use RequireAndVerifyClientCert with client_ca_file")
         if self.client_allowed_sans and self.client_auth_type != "RequireAndVerifyClientCert":
             raise ValueError("client_allowed_sans needs client_auth_type RequireAndVerifyClientCert")
+        if (self.cipher_suites and self.min_version != "TLS13"
+                and not any(_GO_CIPHER_SUITES[n] for n in self.cipher_suites)):
+            raise ValueError("cipher_suites lists only TLS 1.3 suites, which cannot be configured "
+                             "(TLS 1.3 always uses its own): TLS 1.2 clients could not connect; "
+                             "list TLS 1.2 suites or set min_version: TLS13")
         if _TLS_VERSIONS[self.min_version] > _TLS_VERSIONS[self.max_version]:
             raise ValueError(f"min_version {self.min_version} is above max_version {self.max_version}")
         return self
@@ -268,10 +281,14 @@ class _WebConfigFile(_Strict):
         for user, hashed in v.items():
             if not isinstance(user, str) or not user or ":" in user:
                 raise ValueError(f"invalid user name {user!r} (non-empty, no ':')")
-            if not isinstance(hashed, str) or not _BCRYPT_RE.match(hashed):
+            m = _BCRYPT_RE.match(hashed) if isinstance(hashed, str) else None
+            if m is None:
                 # never echo the value: it is a secret hash
-                raise ValueError(f"user {user!r}: password is not a bcrypt hash "
-                                 "(create one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+                raise ValueError(f"user {user!r}: password is not a bcrypt hash with prefix $2a$, "
+                                 "$2b$ or $2y$ (create one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+            if not BCRYPT_MIN_COST <= int(m.group(1)) <= BCRYPT_MAX_COST:
+                raise ValueError(f"user {user!r}: bcrypt cost {int(m.group(1))} is outside "
+                                 f"{BCRYPT_MIN_COST}..{BCRYPT_MAX_COST}")
         return v
 
 
@@ -304,6 +321,14 @@ class WebConfig:
         base = path.parent if path is not None else Path.cwd()
         self._base_dir = base
         self._allowed_sans = frozenset(data.tls_server_config.client_allowed_sans)
+        self.broken = ""  # set on a stand-in that refuses everything (see WebConfigWatcher)
+
+    @classmethod
+    def refusing(cls, reason: str, path: Path | None) -> WebConfig:
+        """A config that serves nothing: every request 500, every TLS handshake refused."""
+        cfg = cls(_WebConfigFile(), path)
+        cfg.broken = reason
+        return cfg
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -319,12 +344,10 @@ class WebConfig:
         except OSError as e:
             raise WebConfigError(f"web config {p}: cannot read file: {e.strerror or e}") from None
         try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise WebConfigError(f"web config {p}:{where} invalid YAML: "
-                                 f"{getattr(e, 'problem', None) or e}") from None
+            # duplicate keys refused (as yaml.UnmarshalStrict does), aliases bounded
+            raw, _lines = load_yaml(p, text)
+        except ConfigError as e:
+            raise WebConfigError(f"web config {e}") from None
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -469,7 +492,12 @@ class _ReloadingTLS:
         self._state = cfg.tls_file_state()
         self.context.sni_callback = self._on_handshake
 
-    def _on_handshake(self, sslobj: Any, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+    def _on_handshake(self, sslobj: Any, server_name: str | None, _ctx: ssl.SSLContext) -> int | None:
+        cfg = self._provider() if self._provider is not None else self._cfg
+        if cfg.broken or not cfg.tls_enabled:
+            # the web config is unreadable, invalid or no longer enables TLS: refuse, as
+            # exporter-toolkit's GetConfigForClient does, instead of serving without it
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
         try:
             ctx = self._latest()
             if ctx is not self.context:
@@ -480,10 +508,8 @@ class _ReloadingTLS:
     def _latest(self) -> ssl.SSLContext:
         cfg = self._provider() if self._provider is not None else self._cfg
         with self._lock:
-            if not cfg.tls_enabled:
-                log.warning("web config no longer enables TLS; a restart is needed to serve plain "
-                            "HTTP, keeping the previous certificate")
-                return self._current
+            if cfg.broken or not cfg.tls_enabled:
+                return self._current  # refused in _on_handshake
             state = cfg.tls_file_state()
             if state == self._state:
                 return self._current
@@ -511,11 +537,14 @@ class WebConfigWatcher:
         site = web.TCPSite(runner, host, 9632, ssl_context=watcher.ssl_context())
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, *, min_check_interval: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, *, min_check_interval: float = 0.0) -> None:
         self.path = Path(path) if path else None
+        # 0: the file is stat()ed on every request, so a change of users applies to the very next
+        # request (no window where a removed user still gets in)
         self._min_check = min_check_interval
         self._lock = threading.Lock()
         self._config = WebConfig.load(self.path) if self.path else WebConfig.empty()
+        self._serving_tls = self._config.tls_enabled
         self._stamp = self._stat()
         self._checked = time.monotonic()
 
@@ -540,11 +569,22 @@ class WebConfigWatcher:
             if stamp == self._stamp:
                 return self._config
             self._stamp = stamp
+            # fail closed, as exporter-toolkit does (it re-reads the file per request and per
+            # handshake): an unreadable, empty or invalid file, or one that drops TLS while TLS
+            # is served, refuses every request (500) and handshake until the file is fixed
             try:
-                self._config = WebConfig.load(self.path)
-                log.info("web config %s reloaded", self.path)
+                cfg = WebConfig.load(self.path)
+                if stamp is not None and stamp[1] == 0:
+                    raise WebConfigError(f"web config {self.path}: empty file")
+                if self._serving_tls and not cfg.tls_enabled:
+                    raise WebConfigError(f"web config {self.path}: tls_server_config no longer "
+                                         "enables TLS while TLS is served (restart to serve plain HTTP)")
             except WebConfigError as e:
-                log.error("%s; keeping the previous web config", e)
+                log.error("%s; refusing all requests until it is fixed", e)
+                self._config = WebConfig.refusing(str(e), self.path)
+                return self._config
+            self._config = cfg
+            log.info("web config %s reloaded", self.path)
             return self._config
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -588,7 +628,8 @@ class _AuthCache:
 
 def _bcrypt_ok(password: bytes, hashed: bytes) -> bool:
     try:
-        return bcrypt.checkpw(password, hashed)
+        # bcrypt >= 5 raises for > 72 bytes; Go (exporter-toolkit) compares the first 72
+        return bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], hashed)
     except ValueError:  # password > 72 bytes (bcrypt>=5) or malformed hash
         return False
 
@@ -682,6 +723,8 @@ def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         cfg = webconfig_provider()
+        if cfg.broken:
+            return _plain(500, "Internal Server Error", cfg)
         rl = cfg.rate_limit
         if rl.burst > 0 and rl.interval_seconds > 0 and not bucket.allow(rl.interval_seconds, rl.burst):
             return _plain(429, "Too Many Requests", cfg)

@@ -16,12 +16,68 @@ class ConfigError(Exception):
     """A configuration, mapping or scenario file is invalid.  ``str()`` is the user-facing text."""
 
 
+# Nodes a document may hold once its aliases are expanded.  Aliases share one node while
+# composed; constructing (or walking) the document expands them, so a few hundred bytes of nested
+# aliases ("billion laughs") would become gigabytes.  The size is computed on the composed graph,
+# with each distinct node counted once per reference, before anything is expanded.
+MAX_EXPANDED_NODES = 1_000_000
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """Node count of the document with aliases expanded; raises ConfigError past ``limit`` or on
+    a recursive alias.  Memoised per node, so the cost is linear in the composed size."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        known = sizes.get(key)
+        if known is not None:
+            return known
+        if key in active:
+            raise ConfigError(f"{node.start_mark.line + 1}: recursive YAML alias")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+                if total > limit:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+                if total > limit:
+                    break
+        active.discard(key)
+        if total > limit:
+            raise ConfigError(f"{node.start_mark.line + 1}: YAML aliases expand to more than "
+                              f"{limit} nodes (refused before expansion)")
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
 def _walk(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
     lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.ScalarNode):
+        try:
+            node.value.encode("utf-8")
+        except UnicodeEncodeError:
+            # e.g. "\ud800": a lone surrogate passes YAML but can never be exported
+            raise ConfigError(f"{node.start_mark.line + 1}: {format_loc(path)}: "
+                              "not valid UTF-8 (lone surrogate escape)") from None
     if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             # complex keys (lists, maps) are rejected later by validation; keep paths hashable
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node.value)
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key in seen:
+                    raise ConfigError(f"{key_node.start_mark.line + 1}: "
+                                      f"{format_loc(path + (key,))}: duplicate key (first at line "
+                                      f"{seen[key]})")
+                seen[key] = key_node.start_mark.line + 1
             _walk(value_node, path + (key,), lines)
             # errors about a key point at the key's line, not the value's first line
             lines[path + (key,)] = key_node.start_mark.line + 1
@@ -45,9 +101,12 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, dict[tuple, int
         node = loader.get_single_node()
         if node is None:
             return None, {}
+        _expanded_size(node, MAX_EXPANDED_NODES)
         lines: dict[tuple, int] = {}
         _walk(node, (), lines)
         data = loader.construct_document(node)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}:{exc}") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as exc:

@@ -74,8 +74,23 @@ def test_wrong_or_missing_credentials_get_a_bare_401(tls_exporter):
 
 def test_plain_http_is_refused(tls_exporter):
     url, _, _ = tls_exporter
-    with pytest.raises((urllib.error.URLError, OSError)):
-        _get(url.replace("https://", "http://") + "/metrics", None, "prometheus", PASSWORD)
+    status, _, body = _get(url.replace("https://", "http://") + "/metrics", None, "prometheus", PASSWORD)
+    assert status == 400 and "gpu_" not in body  # even with the right password: never served
+
+
+def test_plain_http_on_the_tls_port_gets_400_like_go(tls_exporter):
+    import socket
+    from urllib.parse import urlsplit
+    url, _, _ = tls_exporter
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.0 400 Bad Request\r\n")
+    assert b"Client sent an HTTP request to an HTTPS server" in data
+    assert b"gpu_" not in data
 
 
 def test_invalid_web_config_fails_at_start(tmp_path):

@@ -72,6 +72,7 @@ def test_required_hardening_present():
         "DynamicUser": ["yes"], "ProtectSystem": ["strict"], "DevicePolicy": ["closed"],
         "StateDirectory": ["unified-gpu-exporter"], "CapabilityBoundingSet": [""],
         "NoNewPrivileges": ["yes"], "PrivateDevices": ["no"],
+        "LimitNOFILE": ["65536"],  # issue 20: slow clients must not exhaust descriptors
     }
     for key, value in expect.items():
         assert d.get(key) == value, key

@@ -117,14 +117,20 @@ def test_valid_hash_prefixes_accepted(tmp_path):
     assert bcrypt.checkpw(b"s3cret", cfg.users["a"])
 
 
-def test_watcher_reloads_changed_file_and_keeps_last_good(tmp_path):
+def test_watcher_reloads_changed_file_and_fails_closed_on_invalid(tmp_path):
     p = write(tmp_path, f"basic_auth_users:\n  a: '{HASH}'\n")
-    w = WebConfigWatcher(p, min_check_interval=0)
+    w = WebConfigWatcher(p)
     assert set(w.current().users) == {"a"}
     p.write_text(f"basic_auth_users:\n  b: '{HASH}'\n  c: '{HASH}'\n")
-    assert set(w.current().users) == {"b", "c"}
+    assert set(w.current().users) == {"b", "c"}  # the very next request (no check interval)
     p.write_text("basic_auth_users:\n  d: not-a-hash-at-all\n")
-    assert set(w.current().users) == {"b", "c"}  # invalid edit: last good stays
+    assert "bcrypt" in w.current().broken  # invalid edit: refuse (as exporter-toolkit), not open
+    p.write_text("")
+    assert "empty" in w.current().broken
+    p.unlink()
+    assert "cannot read" in w.current().broken
+    p.write_text(f"basic_auth_users:\n  b: '{HASH}'\n")
+    assert not w.current().broken and set(w.current().users) == {"b"}
 
 
 def test_watcher_without_file_is_open():

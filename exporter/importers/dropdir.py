@@ -3,30 +3,50 @@
 Layout under ``root``::
 
     root/              producers write here (write ``x.tmp`` / ``.x`` then rename: those are ignored)
-    root/processing/   files claimed by one scan (os.rename: atomic on one filesystem)
+    root/processing/   files claimed by one scan (rename: atomic on one filesystem)
     root/imported/     imported files (and companions such as hip_api_trace, sysinfo)
     root/rejected/     bad files, each with ``<name>.reason`` saying why
 
 A file is claimed once it has not changed for ``settle`` seconds.  A sidecar
 ``<name>.meta.json`` ({"trace_id": ...}) travels with its file.  Files left in processing/ by a
 daemon that stopped mid-import are moved to rejected/ at start (not retried: a file that
-crashed or hung the importer must not do it again); drop them again to retry.
+crashed or hung the importer must not do it again); drop them again to retry.  An imported file
+that no longer imports at start (``restore``) is moved to rejected/ once, never re-read.
+
+The root is writable by other users (the producers), so it is handled like a spool someone else
+owns.  ``setup()`` opens the root and the three folders once and keeps the directory fds; every
+later operation is relative to those fds (``dir_fd``/``openat``/``renameat``) and never follows a
+symlink, so replacing ``processing/`` (or any other folder) with a symlink or another directory
+after the start changes nothing.  The folders must be owned by the exporter's user and writable
+by nobody else: an attacker who created them first is refused with a message, not trusted.  A
+claimed entry that is not a plain file with one link (a symlink or hard link swapped in between
+the scan and the claim) is deleted unread.  ``.reason`` files are created exclusively
+(``O_CREAT|O_EXCL|O_NOFOLLOW``) under names the exporter chooses.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
+from ..textformat import valid_utf8
 from .detect import MAX_BYTES, import_file
 from .model import CompanionFile, Profile, ProfileRejected
 
 log = logging.getLogger("unified_gpu_exporter")
 SIDECAR = ".meta.json"
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".reason", ".crdownload", SIDECAR)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FOLDERS = ("processing", "imported", "rejected")
+MAX_REASON = 500  # characters of a reason written to .reason (never a file's content at length)
+
+
+class UnsafeDropDir(OSError):
+    """The drop directory's folders have an owner or mode that would let others redirect us."""
 
 
 @dataclass
@@ -37,11 +57,34 @@ class Outcome:
     companion: bool = False
 
 
-def _unique(dest: Path) -> Path:
-    if not dest.exists():
-        return dest
-    stem = f"{dest.name}.{time.time_ns()}"
-    return dest.with_name(stem)
+def clean_profile(prof: Profile) -> Profile:
+    """Make every string of a parsed profile valid UTF-8 (e.g. a JSON ``"\\ud800"`` kernel name),
+    so nothing imported can fail the exposition later."""
+    seen: set[int] = set()
+
+    def fix(obj: object) -> object:
+        if isinstance(obj, str):
+            return valid_utf8(obj)
+        if id(obj) in seen:
+            return obj
+        seen.add(id(obj))
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                obj[i] = fix(v)
+        elif isinstance(obj, dict):
+            for k in list(obj):
+                v = fix(obj.pop(k))
+                obj[fix(k)] = v
+        elif is_dataclass(obj) and not isinstance(obj, type):
+            for f in fields(obj):
+                v = getattr(obj, f.name)
+                nv = fix(v)
+                if nv is not v:
+                    setattr(obj, f.name, nv)
+        return obj
+
+    fix(prof)
+    return prof
 
 
 class DropDir:
@@ -49,37 +92,105 @@ class DropDir:
         self.root = Path(root)
         self.processing = self.root / "processing"
         self.imported = self.root / "imported"
-        self._last_stamp = 0
         self.rejected = self.root / "rejected"
+        self._last_stamp = 0
         self.settle = settle
         self.max_bytes = max_bytes
         self._complete: set[str] = set()
+        self._fds: dict[str, int] = {}  # "root" and each folder -> held directory fd
 
+    # ------------------------------------------------------------------ directory fds
+    def _fd(self, which: str) -> int:
+        fd = self._fds.get(which)
+        if fd is None:
+            raise OSError(f"drop directory {self.root}: not set up")
+        return fd
+
+    def _via(self, which: str, name: str) -> str:
+        """A path to ``name`` that resolves through the held fd, whatever the folder's path is now."""
+        return f"/proc/self/fd/{self._fd(which)}/{name}"
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _open_root(self) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root, _DIR_FLAGS)
+        st = os.fstat(fd)
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            os.close(fd)
+            raise UnsafeDropDir(f"drop directory {self.root} is world-writable without the sticky bit "
+                                "(anyone could replace its folders): chmod o-w or chmod +t it")
+        return fd
+
+    def _open_folder(self, root_fd: int, name: str) -> int:
+        try:
+            os.mkdir(name, 0o755, dir_fd=root_fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError as exc:
+            raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is not a directory the exporter "
+                                f"can use ({exc.strerror}; a symlink is refused): remove it") from None
+        st = os.fstat(fd)
+        problem = ""
+        if st.st_uid != os.geteuid():
+            problem = f"owned by uid {st.st_uid}, not by the exporter's uid {os.geteuid()}"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        if problem:
+            os.close(fd)
+            raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is {problem}; another user "
+                                f"could redirect imports: remove it (the exporter recreates it) or "
+                                f"chown/chmod it")
+        return fd
+
+    # ------------------------------------------------------------------ API
     def mark_complete(self, paths) -> None:
         """Files known to be fully written (a finished capture): no settle wait for them."""
         self._complete.update(Path(p).name for p in paths)
 
     def setup(self) -> int:
-        """Create the folders; move files left in processing/ aside.  Returns how many were moved."""
-        for d in (self.root, self.processing, self.imported, self.rejected):
-            d.mkdir(parents=True, exist_ok=True)
+        """Open the root and its folders (creating them); move files left in processing/ aside.
+        Returns how many were moved.  Raises OSError (UnsafeDropDir) naming an unsafe folder."""
+        self.close()
+        root_fd = self._open_root()
+        fds = {"root": root_fd}
+        try:
+            for name in _FOLDERS:
+                fds[name] = self._open_folder(root_fd, name)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        self._fds = fds
         moved = 0
-        for p in sorted(self.processing.iterdir()):
-            if p.is_file() and not p.name.endswith(SIDECAR):
-                self._reject(p, "interrupted: the exporter stopped while importing this file; "
-                                "drop it again to retry")
-                moved += 1
+        for name in sorted(os.listdir(self._fd("processing"))):
+            if name.endswith(SIDECAR):
+                continue
+            if self._plain_file("processing", name) is None:
+                self._discard("processing", name)
+                continue
+            self._reject(name, "interrupted: the exporter stopped while importing this file; "
+                               "drop it again to retry")
+            moved += 1
         return moved
 
     def ready(self, now: float | None = None) -> list[Path]:
         now = time.time() if now is None else now
         out = []
         try:
-            entries = list(os.scandir(self.root))
+            entries = list(os.scandir(self._fd("root")))
         except OSError:
             return []
         for e in entries:
-            if e.name.startswith(".") or e.name.endswith(_IGNORED_SUFFIXES):
+            if e.name.startswith(".") or e.name.endswith(_IGNORED_SUFFIXES) or e.name in _FOLDERS:
                 continue
             try:
                 if not e.is_file(follow_symlinks=False):
@@ -94,14 +205,17 @@ class DropDir:
 
     def scan(self, now: float | None = None) -> list[Outcome]:
         """Claim every ready file, import each, move it to imported/ or rejected/."""
-        claimed: list[Path] = []
+        if not self._fds:
+            return []
+        root, proc = self._fd("root"), self._fd("processing")
+        claimed: list[str] = []
         for p in self.ready(now):
-            dest = _unique(self.processing / p.name)
-            side = p.with_name(p.name + SIDECAR)
+            dest = self._unique("processing", p.name)
             try:
-                if side.is_file():
-                    os.rename(side, dest.with_name(dest.name + SIDECAR))
-                os.rename(p, dest)  # atomic: a second scanner finds it gone
+                side = p.name + SIDECAR
+                if self._plain_file("root", side) is not None:
+                    os.rename(side, dest + SIDECAR, src_dir_fd=root, dst_dir_fd=proc)
+                os.rename(p.name, dest, src_dir_fd=root, dst_dir_fd=proc)  # atomic
             except FileNotFoundError:
                 continue  # claimed by someone else
             except OSError as exc:
@@ -109,60 +223,123 @@ class DropDir:
                 continue
             claimed.append(dest)
         outcomes = []
-        for p in claimed:  # all claimed first: companions of one run sit together in processing/
+        for name in claimed:  # all claimed first: companions of one run sit together in processing/
+            # swapped for a symlink, a device or a hard link between the scan and the claim:
+            # never opened, never moved where its content could be read
+            if self._plain_file("processing", name) is None:
+                self._discard("processing", name)
+                outcomes.append(Outcome(name, reason="not a plain file with one link"))
+                log.warning("profile rejected", extra={"file": name,
+                                                       "reason": "not a plain file with one link"})
+                continue
             try:
-                prof = import_file(p, max_bytes=self.max_bytes)
+                prof = clean_profile(import_file(self._via("processing", name), max_bytes=self.max_bytes))
             except CompanionFile as exc:
-                outcomes.append(Outcome(p.name, reason=str(exc), companion=True))
+                outcomes.append(Outcome(name, reason=str(exc), companion=True))
                 continue
             except ProfileRejected as exc:
-                outcomes.append(Outcome(p.name, reason=str(exc)))
-                self._reject(p, str(exc))
+                outcomes.append(Outcome(name, reason=str(exc)))
+                self._reject(name, str(exc))
                 continue
-            prof.path = str(self.imported / p.name)
-            outcomes.append(Outcome(p.name, profile=prof))
+            prof.path = str(self.imported / name)
+            outcomes.append(Outcome(name, profile=prof))
         for o in outcomes:
-            src = self.processing / o.name
-            if (o.profile is not None or o.companion) and src.exists():
-                self._move(src, self.imported)
+            if (o.profile is not None or o.companion) and self._plain_file("processing", o.name):
+                self._move("processing", o.name, "imported")
         return outcomes
 
     def restore(self, limit: int) -> list[Profile]:
-        """Re-read the newest ``limit`` imported files (after a restart), oldest first."""
+        """Re-read the newest ``limit`` imported files (after a restart), oldest first.  One that no
+        longer imports is moved to rejected/ (once: it is never re-read at the next start)."""
+        if not self._fds or limit <= 0:
+            return []
         try:
-            files = [p for p in self.imported.iterdir() if p.is_file() and not p.name.endswith(SIDECAR)]
+            names = os.listdir(self._fd("imported"))
         except OSError:
             return []
-        files.sort(key=lambda p: (p.stat().st_mtime_ns, p.name))
-        out = []
-        for p in files[-limit:] if limit > 0 else []:
-            try:
-                out.append(import_file(p, max_bytes=self.max_bytes))
-            except ProfileRejected:
+        files = []
+        for name in names:
+            if name.endswith(SIDECAR):
                 continue
+            st = self._plain_file("imported", name)
+            if st is not None:
+                files.append((st.st_mtime_ns, name))
+        files.sort()
+        out = []
+        for _, name in files[-limit:]:
+            try:
+                out.append(clean_profile(import_file(self._via("imported", name),
+                                                     max_bytes=self.max_bytes)))
+            except CompanionFile:
+                continue
+            except Exception as exc:  # noqa: BLE001 - ProfileRejected or worse: quarantine it
+                self._reject(name, f"no longer imports at start: {exc}", folder="imported")
+                continue
+            out[-1].path = str(self.imported / name)
         return out
 
-    def _move(self, src: Path, folder: Path) -> Path:
-        dest = _unique(folder / src.name)
-        side = src.with_name(src.name + SIDECAR)
-        if side.exists():
-            os.replace(side, dest.with_name(dest.name + SIDECAR))
-        os.replace(src, dest)
-        if folder == self.imported:
+    # ------------------------------------------------------------------ helpers
+    def _plain_file(self, which: str, name: str) -> os.stat_result | None:
+        """lstat of ``name`` in a held folder when it is a regular file with one link, else None."""
+        try:
+            st = os.lstat(name, dir_fd=self._fd(which))
+        except OSError:
+            return None
+        return st if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else None
+
+    def _discard(self, which: str, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._fd(which))
+        except OSError:
+            pass
+
+    def _exists(self, which: str, name: str) -> bool:
+        try:
+            os.lstat(name, dir_fd=self._fd(which))
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def _unique(self, which: str, name: str) -> str:
+        if not self._exists(which, name):
+            return name
+        return f"{name}.{time.time_ns()}"
+
+    def _move(self, src_folder: str, name: str, folder: str) -> str:
+        src, dst = self._fd(src_folder), self._fd(folder)
+        dest = self._unique(folder, name)
+        if self._plain_file(src_folder, name + SIDECAR) is not None:
+            os.replace(name + SIDECAR, dest + SIDECAR, src_dir_fd=src, dst_dir_fd=dst)
+        os.replace(name, dest, src_dir_fd=src, dst_dir_fd=dst)
+        if folder == "imported":
             # stamp the import order: file times are coarse (a kernel tick), and restore() keeps
             # the newest files, so two imports in one tick must still be ordered
             stamp = max(time.time_ns(), self._last_stamp + 1)
             self._last_stamp = stamp
             try:
-                os.utime(dest, ns=(stamp, stamp))
+                os.utime(dest, ns=(stamp, stamp), dir_fd=dst, follow_symlinks=False)
             except OSError:
                 pass
         return dest
 
-    def _reject(self, src: Path, reason: str) -> None:
+    def _write_reason(self, dest: str, reason: str) -> None:
+        fd = self._fd("rejected")
+        name = dest + ".reason"
+        if self._exists("rejected", name):
+            name = f"{dest}.{time.time_ns()}.reason"
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o644, dir_fd=fd)
         try:
-            dest = self._move(src, self.rejected)
-            dest.with_name(dest.name + ".reason").write_text(reason + "\n")
+            os.write(out, (valid_utf8(reason)[:MAX_REASON] + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(out)
+
+    def _reject(self, name: str, reason: str, folder: str = "processing") -> None:
+        try:
+            dest = self._move(folder, name, "rejected")
+            self._write_reason(dest, reason)
         except OSError as exc:
-            log.error("cannot move a rejected profile aside", extra={"file": src.name, "reason": str(exc)})
-        log.warning("profile rejected", extra={"file": src.name, "reason": reason})
+            log.error("cannot move a rejected profile aside", extra={"file": name, "reason": str(exc)})
+        log.warning("profile rejected", extra={"file": name, "reason": reason[:MAX_REASON]})

@@ -110,6 +110,16 @@ class BaselineStore:
     def was_flagged(self, device: str, metric: str) -> bool:
         return metric in self.flagged.get(device, ())
 
+    def prune(self, keep: set[str], max_devices: int) -> None:
+        """Above ``max_devices``, drop the oldest baselines of devices not in ``keep``."""
+        if len(self._data) <= max_devices:
+            return
+        with self._lock:
+            for dev in [d for d in self._data if d not in keep][: len(self._data) - max_devices]:
+                del self._data[dev]
+                self.flagged.pop(dev, None)
+            self._data = dict(self._data)  # a dict keeps the table it once grew to
+
     def to_json(self) -> dict:
         with self._lock:
             devices: dict[str, dict[str, dict]] = {}
@@ -129,7 +139,10 @@ class BaselineStore:
 
     def load(self) -> bool:
         """Restore baselines from the state file; False (with a warning) when starting fresh."""
-        if self.path is None or not self.path.exists():
+        if self.path is None:
+            return False
+        self._remove_stale_tmp()
+        if not self.path.exists():
             return False
         try:
             raw = json.loads(self.path.read_bytes())
@@ -146,13 +159,30 @@ class BaselineStore:
                 self._set_aside(None, ".v1")
                 return False
             state = _StateV2.model_validate(raw)
-        except (OSError, ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
+        except (OSError, ValueError, ValidationError, RecursionError) as exc:
+            # JSONDecodeError is a ValueError; a deeply nested file raises RecursionError
             self._set_aside(exc, ".corrupt")
             return False
         self._restored = {dev: dict(metrics) for dev, metrics in state.devices.items()}
         self.flagged = {dev: set(ms) for dev, ms in state.flagged.items()}
         log.info("restored baselines of %d devices from %s", len(self._restored), self.path)
         return True
+
+    def _remove_stale_tmp(self) -> None:
+        """Temporary files of an atomic_write that a crash interrupted (never the live file)."""
+        assert self.path is not None
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return
+        prefix = f".{self.path.name}."
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".tmp"):
+                try:
+                    os.unlink(self.path.parent / name)
+                    log.info("removed a stale temporary state file %s", name)
+                except OSError:
+                    pass
 
     def _set_aside(self, exc: Exception | None, suffix: str) -> None:
         assert self.path is not None

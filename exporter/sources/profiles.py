@@ -109,6 +109,8 @@ class ProfilesSource:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2.0)
+        if t is None or not t.is_alive():  # a held fd is closed only once nothing can use it
+            self.drop.close()
         self._thread = None
 
     # ------------------------------------------------------------------ imports

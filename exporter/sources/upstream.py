@@ -10,6 +10,12 @@ Options (the ``upstream`` section of the config)::
         metric_prefix: ""               # stripped from metric names (DME's MetricsFieldPrefix "amd_")
         tls: {ca_file: ..., cert_file: ..., key_file: ..., insecure_skip_verify: false}
         basic_auth: {username: ..., password: ... | password_file: ...}
+        max_series: 20000               # per poll; above it the target fails (limit_exceeded)
+        max_label_values: 1000          # distinct values of one label name, likewise
+
+Only http:// and https:// URLs with a host are accepted (checked at config load), redirects are
+refused, proxies from the environment are not used, and a body is limited to MAX_BODY_BYTES both
+on the wire and after gzip decompression.
 
 Each series becomes a raw reading: field = the upstream metric name (qualified by the exporter's
 selector labels, see ``upstream_identity``), value = the sample value, labels = the remaining
@@ -29,17 +35,19 @@ normalized PCI bus id key, or same uuid).
 from __future__ import annotations
 
 import base64
-import gzip
 import logging
 import math
 import re
 import ssl
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,7 +67,13 @@ from .upstream_identity import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024       # on the wire, and again after decompression
+# per target and poll; past a limit the target fails this poll (kind limit_exceeded), as a
+# Prometheus scrape past sample_limit / label_value_length_limit fails as a whole
+DEFAULT_MAX_SERIES = 20_000
+DEFAULT_MAX_LABEL_VALUES = 1_000           # distinct values of one label name
+MAX_LABEL_VALUE_LENGTH = 1_024
+MAX_ERROR_TEXT = 300                       # characters of an error (a malformed line) kept/logged
 _ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
 
 
@@ -67,6 +81,9 @@ class FetchError(Exception):
     """A target could not be read; ``kind`` is the error kind counted in ``Sample.errors``."""
 
     def __init__(self, kind: str, message: str) -> None:
+        # a malformed 30 MiB line must not end up whole in every log line and error
+        if len(message) > MAX_ERROR_TEXT:
+            message = message[:MAX_ERROR_TEXT] + f"... ({len(message)} characters)"
         super().__init__(message)
         self.kind = kind
 
@@ -96,6 +113,8 @@ class Target:
     metric_prefix: str = ""
     ssl_context: ssl.SSLContext | None = None
     authorization: str = ""
+    max_series: int = DEFAULT_MAX_SERIES
+    max_label_values: int = DEFAULT_MAX_LABEL_VALUES
 
 
 # --- configuration -------------------------------------------------------------------------
@@ -113,8 +132,9 @@ def parse_targets(options: Mapping[str, Any]) -> list[Target]:
         if not isinstance(entry, Mapping):
             raise ValueError(f"{where} must be a mapping")
         url = str(entry.get("url", ""))
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"{where}.url must be an http:// or https:// URL, got {url!r}")
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{where}.url must be an http:// or https:// URL with a host, got {url!r}")
         exporter = str(entry.get("exporter", ""))
         if exporter not in EXPORTERS:
             raise ValueError(f"{where}.exporter must be one of {sorted(EXPORTERS)}, got {exporter!r}")
@@ -123,8 +143,15 @@ def parse_targets(options: Mapping[str, Any]) -> list[Target]:
             raise ValueError(f"{where}.name {name!r} is used twice")
         seen.add(name)
         timeout = float(entry.get("timeout", DEFAULT_TIMEOUT_S))
-        if not math.isfinite(timeout) or timeout <= 0:
-            raise ValueError(f"{where}.timeout must be a positive number of seconds")
+        if not math.isfinite(timeout) or not 0.01 <= timeout <= 3600:
+            raise ValueError(f"{where}.timeout must be a number of seconds from 0.01 to 3600")
+        limits = {}
+        for key, default, top in (("max_series", DEFAULT_MAX_SERIES, 1_000_000),
+                                  ("max_label_values", DEFAULT_MAX_LABEL_VALUES, 100_000)):
+            v = entry.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+                raise ValueError(f"{where}.{key} must be a whole number from 1 to {top}")
+            limits[key] = v
         targets.append(Target(
             name=name,
             url=url,
@@ -133,6 +160,7 @@ def parse_targets(options: Mapping[str, Any]) -> list[Target]:
             metric_prefix=str(entry.get("metric_prefix", "")),
             ssl_context=_ssl_context(entry.get("tls"), where) if url.startswith("https://") else None,
             authorization=_authorization(entry.get("basic_auth"), where),
+            **limits,
         ))
     return targets
 
@@ -165,6 +193,29 @@ def _authorization(auth: Any, where: str) -> str:
 # --- reading one target ----------------------------------------------------------------------
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: the configured URL is the only one read (no file://, no other host)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib API
+        raise FetchError("read_error", f"HTTP {code} redirect to {newurl!r} refused (redirects "
+                                       "are not followed; configure the final URL)")
+
+
+def _opener(target: Target) -> urllib.request.OpenerDirector:
+    # no proxy from the environment (a node-local exporter), no redirects, http(s) only
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(),
+                                       urllib.request.HTTPSHandler(context=target.ssl_context))
+
+
+def _gunzip(body: bytes) -> bytes:
+    """Decompress at most MAX_BODY_BYTES: a gzip bomb fails instead of filling memory."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = d.decompress(body, MAX_BODY_BYTES)
+    if d.unconsumed_tail or (not d.eof and d.decompress(b"", 1)):
+        raise FetchError("read_error", f"decompressed body larger than {MAX_BODY_BYTES} bytes")
+    return out
+
+
 def fetch(target: Target) -> tuple[str, str]:
     """GET the target; returns (body text, content type).  Raises ``FetchError``.
 
@@ -176,7 +227,7 @@ def fetch(target: Target) -> tuple[str, str]:
     if target.authorization:
         request.add_header("Authorization", target.authorization)
     try:
-        with urllib.request.urlopen(request, timeout=target.timeout, context=target.ssl_context) as resp:
+        with _opener(target).open(request, timeout=target.timeout) as resp:
             chunks: list[bytes] = []
             size = 0
             while chunk := resp.read1(65536):  # returns what arrived: the deadline is checked
@@ -188,7 +239,7 @@ def fetch(target: Target) -> tuple[str, str]:
                 chunks.append(chunk)
             body = b"".join(chunks)
             if resp.headers.get("Content-Encoding", "").lower() == "gzip":
-                body = gzip.decompress(body)
+                body = _gunzip(body)
             content_type = resp.headers.get("Content-Type", "")
     except FetchError:
         raise
@@ -199,7 +250,7 @@ def fetch(target: Target) -> tuple[str, str]:
         raise FetchError(kind, str(e.reason)) from e
     except TimeoutError as e:
         raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
-    except (OSError, EOFError, ValueError) as e:  # reset connection, bad gzip, http.client errors
+    except (OSError, EOFError, ValueError, zlib.error) as e:  # reset, bad gzip, http.client errors
         raise FetchError("read_error", f"{type(e).__name__}: {e}") from e
     try:
         return body.decode("utf-8"), content_type
@@ -262,6 +313,22 @@ def read_series(
     first value.
     """
     spec = target.spec
+    samples = list(samples)
+    if len(samples) > target.max_series:
+        raise FetchError("limit_exceeded", f"{len(samples)} series, above max_series "
+                                           f"{target.max_series}")
+    values: dict[str, set[str]] = {}
+    for _, labels, _ in samples:
+        for k, v in labels.items():
+            if len(v) > MAX_LABEL_VALUE_LENGTH:
+                raise FetchError("limit_exceeded", f"label {k} has a value of {len(v)} characters, "
+                                                   f"above {MAX_LABEL_VALUE_LENGTH}")
+            seen_values = values.setdefault(k, set())
+            seen_values.add(v)
+            if len(seen_values) > target.max_label_values:
+                raise FetchError("limit_exceeded", f"label {k} has more than "
+                                                   f"{target.max_label_values} distinct values "
+                                                   f"(max_label_values)")
     identities: dict[str, SeriesIdentity] = {}
     readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]] = []
     seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
@@ -301,22 +368,18 @@ class UpstreamSource:
 
     def __init__(self, *, options: Mapping[str, Any] | None = None, **_: Any) -> None:
         self._targets = parse_targets(options or {})
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
-        self._failing: set[str] = set()
+        self._failing: dict[str, str] = {}  # target name -> error kind it is failing with
 
     def open(self) -> None:
         if not self._targets:
             raise SourceUnavailable("no upstream targets configured (upstream.targets is empty)")
-        self._pool = ThreadPoolExecutor(
-            max_workers=min(len(self._targets), 8), thread_name_prefix="upstream"
-        )
+        self._pool = _DaemonThreads()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._pool = None
 
     def poll(self) -> Sample:
         sample = Sample()
@@ -339,7 +402,7 @@ class UpstreamSource:
                 failures.append(f"{target.name}: {e!r}")
                 continue
             if target.name in self._failing:
-                self._failing.discard(target.name)
+                del self._failing[target.name]
                 log.info("upstream target %s (%s) answers again", target.name, target.url)
             self._add_target(target, result, sample, keys_taken)
         if failures and len(failures) == len(self._targets):
@@ -352,8 +415,8 @@ class UpstreamSource:
         self, target: Target, kind: str, message: str, sample: Sample, keys_taken: set[str]
     ) -> None:
         sample.errors[kind] += 1
-        if target.name not in self._failing:
-            self._failing.add(target.name)
+        if self._failing.get(target.name) != kind:  # once per target and state change
+            self._failing[target.name] = kind
             log.warning("upstream target %s (%s) failed: %s: %s", target.name, target.url, kind, message)
         for key, device in self._known.get(target.name, {}).items():
             if key not in keys_taken:
@@ -387,6 +450,22 @@ class UpstreamSource:
             key = key_of_ref.get(ref)
             if key is not None:
                 sample.add(key, fld, value, dims)
+
+
+class _DaemonThreads:
+    """Runs each call in its own daemon thread.  concurrent.futures' pool threads are joined at
+    interpreter exit, so a target being read or parsed would hold up SIGTERM; these are not."""
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        fut: Future = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the poll
+                fut.set_exception(e)
+        threading.Thread(target=run, name="upstream", daemon=True).start()
+        return fut
 
 
 def _device(target: Target, ident: SeriesIdentity, position: int) -> Device:
