@@ -202,7 +202,7 @@ def main() -> int:
     for phase, _, _ in PHASES:
         ss = [s for s in samples if s["phase"] == phase][1:]
 
-        def med(key, sub=None):
+        def med(key, sub=None, ss=ss):
             if sub:
                 vals = [s[sub].get(key) for s in ss if isinstance(s.get(sub), dict)]
             else:
