@@ -244,7 +244,7 @@ class Daemon:
         errors = []
         cloud = k8s = None
         for section, opts in config.enrich.items():  # finite, sensible bounds on every period
-            for key, low in (("refresh_seconds", 1.0), ("timeout_seconds", 0.01)):
+            for key, low in (("refresh_seconds", 0.1), ("timeout_seconds", 0.01)):
                 v = opts.get(key) if isinstance(opts, dict) else None
                 if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                                       or not math.isfinite(v) or not low <= v <= 86400):
@@ -802,8 +802,12 @@ def _carry_indicator_state(old: IndicatorFeed | None, new: IndicatorFeed | None)
         return
     src, dst = old.engine, new.engine
     dst.baselines._data = src.baselines._data
+    dst.baselines._restored = src.baselines._restored
+    dst.baselines.flagged = src.baselines.flagged
     for device_id, st in src._devices.items():
-        if st.contention_seconds or st.cost_dollars:
-            fresh = dst._state(device_id)
-            fresh.contention_seconds = dict(st.contention_seconds)
-            fresh.cost_dollars = st.cost_dollars
+        fresh = dst._state(device_id)
+        fresh.contention_seconds = dict(st.contention_seconds)
+        fresh.cost_dollars = st.cost_dollars
+        # how long a deviation or drop has been held: a reload neither resets nor re-raises it
+        fresh.flagged_seconds = dict(st.flagged_seconds)
+        fresh.idle_seconds, fresh.drop_seconds, fresh.state = st.idle_seconds, st.drop_seconds, st.state

@@ -32,7 +32,7 @@ def parse_duration(value: Any) -> float:
     else:
         raise ValueError(f"invalid duration {value!r}: {HINT}")
     if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_SECONDS:
-        raise ValueError(f"invalid duration {value!r}: must be between 0 and 100y")
+        raise ValueError(f"invalid duration {value!r}: out of range, must be between 0 and 100y")
     return seconds
 
 

@@ -96,13 +96,15 @@ async def test_reload_keeps_baselines_and_counters_without_state_dir(  # noqa: F
         assert daemon.settings.state_dir is None
         engine = daemon.feed.engine
         dev = ("nvidia", "0", "GPU-X")
-        engine.baselines.get("GPU-X", "sm_active").update(50.0, 1.0, 60.0)
+        engine._baseline("GPU-X", "bandwidth").learn(50.0, 120.0)
+        engine.baselines.set_flag("GPU-X", "bandwidth", True)
         engine._state(dev).contention_seconds["bandwidth"] = 42.0
         engine._state(dev).cost_dollars = 1.5
         assert await daemon.reload()
         new = daemon.feed.engine
         assert new is not engine
-        assert new.baselines.peek("GPU-X", "sm_active").n > 0
+        assert new.baselines.peek("GPU-X", "bandwidth").learned_seconds == 120.0
+        assert new.baselines.was_flagged("GPU-X", "bandwidth")  # a raised flag is not re-learned
         assert new._devices[dev].contention_seconds["bandwidth"] == 42.0  # a counter never goes back
         assert new._devices[dev].cost_dollars == 1.5
     finally:

@@ -104,6 +104,11 @@ def prepare_rules(dest: Path, max_for: str | None) -> list[Path]:
         sorted((HERE / "rules").glob("*.yml"))
     for src in sources:
         doc = yaml.safe_load(src.read_text())
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                # Debian's vmalert (1.79) refuses keep_firing_for (a Prometheus 2.42+ field), so
+                # the central copies go without it (docs/fleet.md: what that costs)
+                rule.pop("keep_firing_for", None)
         if max_for is not None:
             cap = _duration_seconds(max_for)
             for group in doc["groups"]:

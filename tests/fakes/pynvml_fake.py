@@ -78,6 +78,9 @@ CONSTANTS: dict[str, int] = {
 # parameter names of the real binding's functions (nvidia-ml-py 13.615.71): the fake accepts
 # them as keywords exactly where the real one does (tests/test_nvml_fake.py compares signatures)
 PARAMETERS: dict[str, tuple[str, ...]] = {
+    'nvmlDeviceGetCurrPcieLinkGeneration': ('handle',),
+    'nvmlDeviceGetMaxPcieLinkGeneration': ('handle',),
+    'nvmlDeviceGetMaxPcieLinkWidth': ('handle',),
     'nvmlDeviceGetClockInfo': ('handle', 'type'),
     'nvmlDeviceGetComputeInstanceId': ('device',),
     'nvmlDeviceGetComputeRunningProcesses': ('handle',),
