@@ -46,13 +46,18 @@ def test_nvidia_only_node_has_no_source_down_and_its_contention_alert_is_deliver
     empty_sys = tmp_path / "sys"
     empty_sys.mkdir()
     port = free_port()
+    # per-process utilization is the co-tenancy evidence: the fake H100's two active processes
+    # make its memory-bound signature "contended" (docs/detection.md)
+    config = tmp_path / "config.yml"
+    config.write_text("collectors: {nvml: {options: {processes: true}}}\n")
     with WebhookReceiver() as receiver, ProcessSet() as procs:
         am = start_alertmanager(procs, alertmanager, prepare_alertmanager_config(tmp_path, receiver.url),
                                 tmp_path)
         exporter = procs.add(Server(
             "exporter", [sys.executable, "-m", "tests.fakes.nvml_exporter",
                          "--web.listen-address", f"127.0.0.1:{port}", "--path.sysfs", str(empty_sys),
-                         "--poll.interval", "500ms", "--state.dir", str(tmp_path / "state")],
+                         "--poll.interval", "500ms", "--state.dir", str(tmp_path / "state"),
+                         "--config.file", str(config)],
             port, tmp_path / "exporter.log", env={"PYTHONUNBUFFERED": "1", "FAKE_NVML_GPUS": "h100",
                                                  "PATH": "/usr/bin:/bin"},
             listen_log=rf"\baddress=127\.0\.0\.1:{port}\b"))

@@ -144,7 +144,7 @@ def test_every_shipped_install_keeps_baselines_in_a_state_directory():
     assert re.search(r'^ARGS=".*--state\.dir=/var/lib/unified-gpu-exporter', env, re.M)
     readme = (REPO / "README.md").read_text()
     assert "-v ugx-state:/var/lib/unified-gpu-exporter" in readme
-    ds = yaml.safe_load((REPO / "deploy" / "kubernetes" / "daemonset.yaml").read_text())
+    ds = yaml.safe_load((REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml").read_text())
     pod = ds["spec"]["template"]["spec"]
     container = next(c for c in pod["containers"] if c["name"] == "exporter")
     assert "--state.dir=/var/lib/unified-gpu-exporter" in container["args"]

@@ -2,19 +2,19 @@
 
 A pure decision over what the GPU reports this poll (see docs/detection.md for the table):
 
-1. ``throttled``: a thermal or power throttle reason is active while the GPU is busy.
-2. ``idle``: every load signal the GPU reports (compute utilization, bandwidth utilization,
+1. ``idle``: every load signal the GPU reports (compute utilization, bandwidth utilization,
    the compute signal) is below its idle bar.
-3. ``unknown``: busy, but without a bandwidth signal, or with the memory-bound signature and no
+2. ``unknown``: busy, but without a bandwidth signal, or with the memory-bound signature and no
    evidence source at all (no per-process data and no warm reference of its own).  The reason
    is exported; a GPU that cannot be evaluated is never reported healthy.
-4. The memory-bound signature: bandwidth utilization above the seed's 85 %, and, where the GPU
-   reports a compute-starvation signal (occupancy or SM active), that signal below the seed's
+3. The memory-bound signature: bandwidth utilization above the classic 85 %, and, where the GPU
+   reports a compute-starvation signal (occupancy or SM active), that signal below the classic
    50 %.  Without a starvation signal (AMD, Intel, NVIDIA without GPM/DCGM) bandwidth alone is
    the signature, and only evidence decides.
-5. Two or more active clients and bandwidth above ``shared_bandwidth_percent`` (70 %) ->
-   ``contended`` even without the signature: time-sliced tenants lower the aggregate bandwidth
+4. Two or more active clients (with the signature, or with bandwidth above ``shared_bandwidth_percent`` (70 %)) ->
+   ``contended``, whatever the throttle reasons: time-sliced tenants lower the aggregate bandwidth
    and keep occupancy up (measured on an H200, docs/detection.md).
+5. ``throttled``: a thermal or power throttle reason is active while the GPU is busy.
 6. Signature + evidence of interference -> ``contended``: two or more active clients on the GPU
    (per-process utilization), or the compute signal persistently below the GPU's own memory-bound
    reference (a throughput drop; unconfirmed by per-process data it counts only for
@@ -82,22 +82,29 @@ def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float 
     is_busy = busy(inp, cfg)
     if is_busy is None:
         return StateVerdict("unknown", "no_load_signal", False)
-    if inp.throttled and is_busy:
-        return StateVerdict("throttled", "throttle_reason_active", False)
     if not is_busy:
         return StateVerdict("idle", "below_idle_bars", False)
     if inp.bandwidth_util is None:
+        if inp.throttled:
+            return StateVerdict("throttled", "throttle_reason_active", False)
         return StateVerdict("unknown", "no_bandwidth_signal", False)
     sig = signature(inp, bandwidth_percent, compute_percent)
     clients = inp.clients
-    if not sig:
-        if (clients is not None and clients >= cfg.min_clients
-                and inp.bandwidth_util > cfg.shared_bandwidth_percent):
+    if clients is not None and clients >= cfg.min_clients:
+        # co-tenancy is evidence the clocks cannot explain: it wins over a throttle reason (GPUs
+        # under load sit at their power cap for hours; on an H200 a matmul next to a copy job
+        # showed sw_power_cap while each tenant lost throughput to the other)
+        if sig:
+            return StateVerdict("contended", "clients" if not inp.throughput_drop
+                                else "clients_and_throughput_drop", True)
+        if inp.bandwidth_util > cfg.shared_bandwidth_percent:
             # time-sliced tenants: the aggregate signature hides them (see shared_bandwidth_percent)
             return StateVerdict("contended", "clients_sharing_bandwidth", False)
+    if inp.throttled:
+        # a throughput drop under a throttle reason is explained by the clocks, not a neighbour
+        return StateVerdict("throttled", "throttle_reason_active", False)
+    if not sig:
         return StateVerdict("healthy", "no_memory_bound_signature", False)
-    if clients is not None and clients >= cfg.min_clients:
-        return StateVerdict("contended", "clients" if not inp.throughput_drop else "clients_and_throughput_drop", True)
     if inp.throughput_drop:
         # one active client cannot be crowded out by a co-tenant: trust the process list
         if clients is not None and clients <= 1 and cfg.single_client_vetoes_drop:
