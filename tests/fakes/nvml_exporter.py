@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 from tests.fakes import pynvml_fake
 
@@ -19,7 +21,21 @@ from tests.fakes import pynvml_fake
 def install(names: str | None = None) -> None:
     names = names or os.environ.get("FAKE_NVML_GPUS", "h100")
     gpus = [getattr(pynvml_fake, n.strip())(i) for i, n in enumerate(names.split(",")) if n.strip()]
-    sys.modules["pynvml"] = pynvml_fake.make_module(gpus)
+    module = pynvml_fake.make_module(gpus)
+    sys.modules["pynvml"] = module
+    # the fake's clock moves only when told; in a live process it follows the wall clock, as the
+    # driver's does (per-process utilization samples, energy and counters advance with it)
+    threading.Thread(target=_follow_wall_clock, args=(module,), name="fake-nvml-clock",
+                     daemon=True).start()
+
+
+def _follow_wall_clock(module, step: float = 0.1) -> None:
+    last = time.monotonic()
+    while True:
+        time.sleep(step)
+        now = time.monotonic()
+        module.fake_advance(now - last)
+        last = now
 
 
 def main() -> int:
