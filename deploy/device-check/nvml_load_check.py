@@ -4,11 +4,12 @@
 
 Phases (about 3.5 minutes in all, hard limit 5.5 minutes):
   idle        nothing running on the GPU                              expected state: idle
-  one_copy    ONE OS process running a DRAM copy loop (memory-bound)   expected: memory_bound
-              (one active client; never contended)
+  one_copy    ONE OS process running a DRAM copy loop (memory-bound)   expected: healthy or
+              memory_bound, never contended (one active client; on an H200 the loop ran at
+              87 % DRAM bandwidth with 79 % occupancy: no signature, so healthy)
   two_copies  TWO OS processes running the same copy loop co-located  expected: contended
-              (two active clients while bandwidth is saturated), if the GPU's occupancy / SM
-              active signal shows the memory-bound signature
+              (two active clients; on an H200 the aggregate bandwidth fell to 78 %, reason
+              clients_sharing_bandwidth; colocation_probe.py has the raw numbers)
   idle_after  both workers gone                                       expected: idle
 
 The exporter runs as a subprocess (NVML collector only, per-process data on, 1 s full polls,
