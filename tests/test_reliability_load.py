@@ -181,8 +181,14 @@ async def reload_under_load(tmp_path, clients: int, seconds: float, rounds: int 
             conf.write_text(f"labels: {{node: c{r}}}\npoll_interval: never\n")  # invalid
             exp.send(signal.SIGHUP)
         result = await load
-        await asyncio.sleep(0.3)
-        m = parse_metrics(exp.scrape())
+        # reloads run one at a time off the event loop (a SIGHUP during one is coalesced into one
+        # more): wait for the last one to land instead of a fixed pause
+        deadline = time.monotonic() + 30
+        while True:
+            m = parse_metrics(exp.scrape())
+            if m.get("unified_gpu_exporter_config_last_reload_successful") == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
         print(f"\nSIGHUP x{2 * rounds} under {clients} clients: {result.summary()}")
         assert not result.errors, (result.summary(), exp.log())
         assert m["unified_gpu_exporter_config_last_reload_successful"] == 0
