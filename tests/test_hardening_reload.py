@@ -40,9 +40,8 @@ async def test_overlapping_sighups_are_coalesced(mappings_dir, tmp_path, test_co
         await daemon.stop()
 
 
-async def test_reload_loads_off_the_event_loop(mappings_dir, tmp_path, test_collectors):  # noqa: F811
-    daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], config="labels: {node: a}\n"))
-    await daemon.start()
+def _hold_prepare(daemon: Daemon) -> tuple[threading.Event, threading.Event]:
+    """Make the daemon's next file load wait: ``entered`` is set once it runs, ``release`` lets it go."""
     entered, release = threading.Event(), threading.Event()
     real = daemon._prepare
 
@@ -51,6 +50,13 @@ async def test_reload_loads_off_the_event_loop(mappings_dir, tmp_path, test_coll
         release.wait(10)
         return real()
     daemon._prepare = blocking_prepare  # type: ignore[method-assign]
+    return entered, release
+
+
+async def test_reload_loads_off_the_event_loop(mappings_dir, tmp_path, test_collectors):  # noqa: F811
+    daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], config="labels: {node: a}\n"))
+    await daemon.start()
+    entered, release = _hold_prepare(daemon)
     try:
         task = daemon.request_reload()
         while not entered.is_set():
@@ -183,14 +189,7 @@ async def test_counter_never_goes_back_across_reload(mappings_dir, tmp_path, tes
 async def test_stop_during_a_reload_does_not_restart_sources(mappings_dir, tmp_path, test_collectors):  # noqa: F811
     daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], config="labels: {node: a}\n"))
     await daemon.start()
-    entered, release = threading.Event(), threading.Event()
-    real = daemon._prepare
-
-    def blocking_prepare():
-        entered.set()
-        release.wait(10)
-        return real()
-    daemon._prepare = blocking_prepare  # type: ignore[method-assign]
+    entered, release = _hold_prepare(daemon)
     task = daemon.request_reload()
     while not entered.is_set():
         await asyncio.sleep(0.01)
