@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .amd_gpu_metrics import GpuMetricsError, parse_gpu_metrics, table_readings
+from .amd_gpu_metrics import FAST_FIELDS, GpuMetricsError, readings
 from .base import Device, Sample, SourceUnavailable
 from .sysfs_util import error_kind, parse_int
 
@@ -387,23 +387,26 @@ class AmdgpuSysfsSource:
             for fname in FAST_FILES:
                 if fname in card.files:
                     sample.add(key, fname, self._int(card.device_dir / fname, scratch))
-            # the table carries the activity averages the mapping prefers over the busy files
-            self._gpu_metrics(card, sample, scratch)
+            # the table carries the activity averages the mapping prefers over the busy files;
+            # only those fields are unpacked (a fast poll runs four times a second per card)
+            self._gpu_metrics(card, sample, scratch, FAST_FIELDS)
         return sample
 
-    def _gpu_metrics(self, card: _Card, sample: Sample, errors: Counter[str]) -> None:
+    def _gpu_metrics(self, card: _Card, sample: Sample, errors: Counter[str],
+                     only: frozenset[str] | None = None) -> None:
         if not (card.has_gpu_metrics and self.options.get("gpu_metrics", True)):
             return
         data = self._read(card.device_dir / "gpu_metrics", errors)
         if data is None:
             return
         try:
-            table = parse_gpu_metrics(data)
+            rows = readings(data, only)
         except GpuMetricsError:
             errors["parse_error"] += 1
             return
-        for raw, value, labels in table_readings(table):
-            sample.add(card.device.key, raw, value, labels)
+        key = card.device.key
+        for raw, value, labels in rows:
+            sample.add(key, raw, value, labels)
 
     def _poll_card(self, card: _Card, sample: Sample) -> None:
         key, d, errors = card.device.key, card.device_dir, sample.errors
