@@ -57,10 +57,11 @@ def read_loop_cpu(files: list[Path], seconds: float = 1.0) -> tuple[float, int]:
     return (time.process_time() - c0) / passes, passes
 
 
-def source_cpu(tree: Path, cycles: int = 50) -> dict[str, float]:
-    """In-process CPU per cycle of poll() and of poll() + map (pcie_bw threads off)."""
+def source_cpu(tree: Path, cycles: int = 50, keep_open: str = "always") -> dict[str, float]:
+    """In-process CPU per cycle of poll() and of poll() + map (pcie_bw threads off; attribute files
+    kept open as on a sysfs mount, unless ``keep_open="never"``)."""
     mappings = load_mappings()
-    src = AmdgpuSysfsSource(sysfs=tree, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(sysfs=tree, options={"pcie_bw": False, "keep_open": keep_open})
     src.open()
     store, state, mapper = Store(), SourceState("amdgpu"), Mapper(mappings)
     store.add(state)
@@ -87,7 +88,8 @@ def run(tree: Path, seconds: float = 1.0) -> dict:
     files = traced_files(tree)
     floor, passes = read_loop_cpu(files, seconds)
     src = source_cpu(tree)
-    return {"files_per_cycle": len(files), "floor_cpu_s_per_cycle": floor, "floor_passes": passes,
+    plain = source_cpu(tree, 20, keep_open="never")
+    return {"source_poll_map_open_per_read_s": plain["poll_map_s"],"files_per_cycle": len(files), "floor_cpu_s_per_cycle": floor, "floor_passes": passes,
             "floor_us_per_file": floor / max(len(files), 1) * 1e6, **{f"source_{k}": v for k, v in src.items()},
             "source_poll_x_floor": src["poll_s"] / floor if floor else float("nan"),
             "source_poll_map_x_floor": src["poll_map_s"] / floor if floor else float("nan")}

@@ -1,4 +1,5 @@
-"""Side by side with node_exporter on the same fake amdgpu sysfs tree (8 and 32 cards).
+"""Side by side with node_exporter on the same fake amdgpu sysfs tree (8, 32 and 128 cards, each
+card with a real v1_3 ``gpu_metrics`` table).
 
 Per tree three servers run at once:
   ours       unified-gpu-exporter --collector.amdgpu only, defaults otherwise (poll 1 s, fast
@@ -12,6 +13,11 @@ time), CPU with nobody scraping (ours polls anyway, node does nothing), CPU per 
 1 Hz (every server scraped once a second over the same window: ours = 1 Hz poll + 1 Hz scrape,
 node = 1 Hz collect-and-serve), RSS at the end.
 
+Ours runs with ``keep_open: always``: on a real node the tree is a sysfs mount and ``auto`` keeps
+the attribute files open; the bench tree is a plain directory, where ``auto`` would open every file
+per read.  Spawn to first 200: each server started alone (nothing else of the bench running), the
+seconds from exec to the first ``/metrics`` that answers 200.
+
 Caveat printed with the numbers: node_exporter 1.5's drm collector globs ``card[0-9]``, so on the
 32-card tree its drm series cover card0..card9 only (hwmon covers all 32); it does less work there.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,16 +47,38 @@ def node_exporter_binary() -> str | None:
     return shutil.which(NODE_EXPORTER)
 
 
+KEEP_OPEN = "collectors:\n  amdgpu:\n    options: {keep_open: always}\n"
+
+
 def ours(name: str, tree: Path, tmp: Path, lean: bool = False) -> Proc:
     port = free_port()
     cmd = [*exporter_cmd(), "--web.listen-address", f"127.0.0.1:{port}", "--path.sysfs", str(tree),
            "--poll.interval", "1s", "--state.dir", str(tmp / f"state-{name}"), "--log.level", "warn",
            *[f"--no-collector.{c}" for c in OTHER_COLLECTORS], "--collector.amdgpu"]
-    if lean:
-        conf = tmp / "lean.yaml"
-        conf.write_text("indicators:\n  enabled: false\n")
-        cmd += ["--config.file", str(conf)]
+    conf = tmp / ("lean.yaml" if lean else "ours.yaml")
+    conf.write_text(KEEP_OPEN + ("indicators:\n  enabled: false\n" if lean else ""))
+    cmd += ["--config.file", str(conf)]
     return Proc(name, cmd, port)
+
+
+def spawn_to_first_scrape(proc: Proc, tmp: Path, timeout: float = 30.0) -> float:
+    """Seconds from exec to the first 200 on /metrics, the server started alone; stopped after."""
+    t0 = time.monotonic()
+    proc.start(tmp)
+    try:
+        while time.monotonic() - t0 < timeout:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}: {proc.tail()}")
+            try:
+                with urllib.request.urlopen(proc.base + "/metrics", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(0.01)
+        raise RuntimeError(f"{proc.name}: no 200 on /metrics after {timeout:g}s")
+    finally:
+        proc.stop()
 
 
 def node(name: str, tree: Path, binary: str) -> Proc:
@@ -70,6 +99,9 @@ def run(tmp: Path, trees: dict[int, Path], load_s: float = 3.0, idle_s: float = 
     if binary is None:
         return {"skipped": f"{NODE_EXPORTER} not installed (Debian package prometheus-node-exporter)"}
     procs: dict[int, dict[str, Proc]] = {}
+    spawn = {n: {"ours": spawn_to_first_scrape(ours(f"spawn_ours{n}", tree, tmp), tmp),
+                 "node": spawn_to_first_scrape(node(f"spawn_node{n}", tree, binary), tmp)}
+             for n, tree in trees.items()}
     try:
         for n, tree in trees.items():
             procs[n] = {"ours": ours(f"ours{n}", tree, tmp), "ours_lean": ours(f"ours_lean{n}", tree, tmp, True),
@@ -82,7 +114,7 @@ def run(tmp: Path, trees: dict[int, Path], load_s: float = 3.0, idle_s: float = 
         time.sleep(settle_s)  # rates need a second poll; indicators their first windows
         out: dict = {"sizes": {}}
         for n, group in procs.items():
-            res: dict = {"cards": n}
+            res: dict = {"cards": n, "spawn_to_first_200_s": spawn[n]}
             bodies = {k: p.get() for k, p in group.items()}
             res["series"] = {"ours": count_series(bodies["ours"], (b"gpu_",)),
                              "ours_lean": count_series(bodies["ours_lean"], (b"gpu_",)),

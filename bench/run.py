@@ -8,7 +8,8 @@ Sections (see each module's docstring for the method):
   simulated   bench/simulated.py          simulated node at 8/64/256 devices: scrape latency,
                                           exposition size, CPU per poll cycle, render, RSS
   fast        bench/simulated.py          fast sampling + indicators at 100 ms, 8 GPUs (daemon)
-  peer        bench/node_exporter_peer.py same amdgpu sysfs tree (8/32 cards) vs node_exporter
+  peer        bench/node_exporter_peer.py same amdgpu sysfs tree (8/32/128 cards, real gpu_metrics
+                                          tables) vs node_exporter; issue 17's table
   floor       bench/floor.py              reading the same sysfs files in a tight loop
   nvml        bench/nvml_fake.py          NvmlSource over the pynvml fake, per GPU
   fdinfo      bench/bench_fdinfo.py       DRM fdinfo scan over 5,000 fds (subprocess)
@@ -39,7 +40,7 @@ RESULTS = REPO / "bench" / "results"
 MB = 1e6
 
 FULL = {"sim_sizes": [8, 64, 256], "sim_idle": 10.0, "sim_load": 3.0, "sim_settle": 5.0,
-        "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32], "peer_load": 3.0,
+        "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32, 128], "peer_load": 3.0,
         "peer_idle": 20.0, "peer_paced": 60.0, "floor_seconds": 1.0, "nvml_polls": 200,
         "fdinfo_args": [], "indicators_args": [], "settle": 3.0}
 QUICK = {"sim_sizes": [8], "sim_idle": 1.0, "sim_load": 0.3, "sim_settle": 1.0,
@@ -57,6 +58,12 @@ BUDGETS = {
     "issue10_cpu_vs_node": "CPU per 100 scrapes at 1 Hz <= 1.5x node_exporter's",
     "issue10_rss_mb": "RSS <= 60 MB",
     "issue10_cycle_vs_floor": "per-cycle CPU <= 3x the floor (reading the same files)",
+    "issue17_cpu_vs_node": "CPU at 1 scrape/s, defaults (indicators on) <= 1.0x node_exporter (8/32/128 cards)",
+    "issue17_cycle_vs_floor": "full poll + map CPU per cycle <= 5x the floor (open/read/close of the same files)",
+    "issue17_rss32_mb": "RSS <= 50 MB at 32 cards",
+    "issue17_rss_mb_per_card": "RSS grows <= 0.1 MB per card",
+    "issue17_spawn_s": "spawn to first successful scrape <= 0.5 s",
+    "issue17_p99_vs_node": "scrape p99 <= 0.2x node_exporter's (sequential and 50 clients)",
 }
 
 
@@ -167,9 +174,85 @@ def budgets(r: dict) -> dict:
                     for n in sizes if n in fl and fl[n]["floor_cpu_s_per_cycle"]}
             put("issue10_cycle_vs_floor", {n: round(x, 1) for n, x in mult.items()}, 3.0,
                 all(x <= 3.0 for x in mult.values()))
+    if sizes:
+        put("issue17_cpu_vs_node", {n: round(x, 2) for n, x in cpu.items()}, 1.0,
+            all(x <= 1.0 for x in cpu.values()) if cpu else None)
+        put("issue17_p99_vs_node", {n: round(x, 3) for n, x in p99.items()}, 0.2,
+            all(x <= 0.2 for x in p99.values()) if p99 else None)
+        spawn = {n: s["spawn_to_first_200_s"]["ours"] for n, s in sizes.items() if "spawn_to_first_200_s" in s}
+        put("issue17_spawn_s", {n: round(x, 2) for n, x in spawn.items()}, 0.5,
+            all(x <= 0.5 for x in spawn.values()) if spawn else None)
+        rss32 = rss.get(32, rss.get("32"))
+        put("issue17_rss32_mb", None if rss32 is None else round(rss32, 1), 50,
+            None if rss32 is None else rss32 <= 50)
+        slope = _per_card(rss)
+        put("issue17_rss_mb_per_card", None if slope is None else round(slope, 3), 0.1,
+            None if slope is None else slope <= 0.1)
+        fl = r.get("floor", {}).get("sizes", {})
+        mult = {n: f["source_poll_map_x_floor"] for n, f in fl.items()}
+        put("issue17_cycle_vs_floor", {n: round(x, 1) for n, x in mult.items()}, 5.0,
+            all(x <= 5.0 for x in mult.values()) if mult else None)
     for key in BUDGETS:
         if key not in out:
             put(key, None, None, None)
+    return out
+
+
+def _per_card(by_size: dict) -> float | None:
+    """Slope between the smallest and the largest size (the per-card part, without fixed costs)."""
+    pts = sorted((int(n), v) for n, v in by_size.items() if v is not None)
+    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+        return None
+    return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
+def issue17_table(r: dict) -> str | None:
+    """Issue 17's table: ours vs node_exporter per size, as ratios; per-card cost; C-floor ratio."""
+    sizes = r.get("peer", {}).get("sizes", {})
+    if not sizes:
+        return None
+    fl = r.get("floor", {}).get("sizes", {})
+    cols = list(sizes)
+    rows = []
+
+    def row(name, fn, target=""):
+        vals = []
+        for n in cols:
+            try:
+                vals.append(fn(sizes[n], fl.get(n, {}), int(n)))
+            except (KeyError, TypeError, ZeroDivisionError):
+                vals.append("-")
+        rows.append([name, *vals, target])
+
+    row("CPU, ours / node_exporter", lambda s, f, n: f"{_f(s['ratios']['cpu'])}x", "<= 1.0x")
+    row("CPU, lean / node_exporter", lambda s, f, n: f"{_f(s['ratios']['cpu_lean'])}x", "")
+    row("CPU s/100 scrapes ours (node)", lambda s, f, n:
+        f"{_f(s['cpu_s_per_100_scrapes']['ours'])} ({_f(s['cpu_s_per_100_scrapes']['node'])})", "")
+    row("ms/s per card, ours (node)", lambda s, f, n:
+        f"{_f(s['paced']['ours']['cpu_s'] / s['paced']['ours']['seconds'] * 1000 / n)} "
+        f"({_f(s['paced']['node']['cpu_s'] / s['paced']['node']['seconds'] * 1000 / n)})", "")
+    row("ms/s per card idle, ours", lambda s, f, n: _f(s["idle_cpu_s_per_s"]["ours"] * 1000 / n), "")
+    row("RSS MB, ours (node)", lambda s, f, n:
+        f"{_f(s['rss_bytes']['ours'] / MB, '.1f')} ({_f(s['rss_bytes']['node'] / MB, '.1f')})", "50 @32")
+    row("scrape p99 c1, ours / node", lambda s, f, n: f"{_f(s['ratios']['p99_c1'], '.3f')}x", "<= 0.2x")
+    c_hi = max(int(k.split("_c")[1]) for k in next(iter(sizes.values()))["load"])
+    row(f"scrape p99 c{c_hi}, ours / node", lambda s, f, n: f"{_f(s['ratios'][f'p99_c{c_hi}'], '.3f')}x",
+        "<= 0.2x")
+    row("spawn to first 200 s, ours (node)", lambda s, f, n:
+        f"{_f(s['spawn_to_first_200_s']['ours'])} ({_f(s['spawn_to_first_200_s']['node'])})", "<= 0.5")
+    row("full poll+map / C floor", lambda s, f, n: f"{_f(f['source_poll_map_x_floor'], '.1f')}x", "<= 5x")
+    row("full poll+map ms/cycle (floor)", lambda s, f, n:
+        f"{_f(f['source_poll_map_s'] * 1000, '.1f')} ({_f(f['floor_cpu_s_per_cycle'] * 1000, '.1f')})", "")
+    out = _table("issue 17: same amdgpu tree with real gpu_metrics tables, ours (defaults, indicators on) "
+                 "vs node_exporter, one scrape per second", ["", *[f"{n} cards" for n in cols], "target"], rows)
+    paced = {n: s["paced"]["ours"]["cpu_s"] / s["paced"]["ours"]["seconds"] for n, s in sizes.items()}
+    node_paced = {n: s["paced"]["node"]["cpu_s"] / s["paced"]["node"]["seconds"] for n, s in sizes.items()}
+    rss = {n: s["rss_bytes"]["ours"] / MB for n, s in sizes.items()}
+    per_card, node_card, rss_card = _per_card(paced), _per_card(node_paced), _per_card(rss)
+    if per_card is not None:
+        out += (f"\nper card per second of sampling (slope smallest->largest size, full poll 1 s + fast 250 ms + "
+                f"indicators + 1 scrape/s): ours {per_card * 1000:.2f} ms/s, node_exporter "
+                f"{_f(None if node_card is None else node_card * 1000)} ms/s; RSS {_f(rss_card, '.3f')} MB/card")
     return out
 
 
@@ -331,6 +414,9 @@ def render_table(r: dict) -> str:
                      f"{_f(ind.get('cpu_percent'))} % of one core", "< 5 %"])
     if rows:
         parts.append(_table("other", ["benchmark", "setup", "result", "budget"], rows))
+    t17 = issue17_table(r)
+    if t17:
+        parts.append(t17)
     b = r.get("budgets", {})
     if b:
         parts.append(_table("budgets", ["status", "budget", "value"],

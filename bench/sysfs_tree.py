@@ -9,7 +9,9 @@ address, arranged as on a real node by ``tests/amd_fixture_tree.add_card``:
 
 so node_exporter's drm and hwmon collectors and our amdgpu source read the same files.  Each
 clone gets a unique hwmon number, ``unique_id`` (where the dump has one) and ``PCI_SLOT_NAME``.
-No ``gpu_metrics`` table is added: the dumps have none and node_exporter would not read it.
+Every card also gets the real ``gpu_metrics`` v1_3 table captured on an RX 6900 XT (the dumps
+have none; node_exporter does not read it, our source decodes it on every full and fast poll), read
+from the shared fixtures (``gpu_metrics=None`` leaves it out).
 """
 
 from __future__ import annotations
@@ -23,21 +25,25 @@ from tests.amd_fixture_tree import REAL_CARDS, add_card  # noqa: E402
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
 DUMPS = SHARED / "amd" / "sysfs-amdgpu-sysfs-rs"
+GPU_METRICS = SHARED / "amd" / "gpu_metrics_v1_3_rx6900xt_navi21.bin"
 
 
 def pci_address(i: int) -> str:
     return f"0000:{0x10 + i // 8:02x}:{i % 8:02x}.0"
 
 
-def build_tree(root: Path, cards: int, dumps: Path = DUMPS) -> Path:
+def build_tree(root: Path, cards: int, dumps: Path = DUMPS, gpu_metrics: Path | None = GPU_METRICS) -> Path:
     """Create ``root`` (a sysfs mount point) with ``cards`` amdgpu cards; returns ``root``."""
     if not dumps.is_dir():
         raise FileNotFoundError(f"real amdgpu dumps not found at {dumps}")
+    table = gpu_metrics.read_bytes() if gpu_metrics is not None else None
     root.mkdir(parents=True, exist_ok=True)
     for i in range(cards):
         name = REAL_CARDS[i % len(REAL_CARDS)]
         pci = pci_address(i)
         dev = add_card(root, i, pci, source_dir=dumps / name)
+        if table is not None:
+            (dev / "gpu_metrics").write_bytes(table)
         uevent = dev / "uevent"
         lines = [f"PCI_SLOT_NAME={pci}" if ln.startswith("PCI_SLOT_NAME=") else ln
                  for ln in uevent.read_text().splitlines()]

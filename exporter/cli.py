@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import math
 import signal
@@ -254,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         daemon.load()
         if args.web_config is not None:
             _check_web_config(args.web_config)
+        # modules, schema, mappings and config are loaded for good: move them out of the cyclic
+        # collector's generations so its passes over the poll loop's garbage stay short
+        gc.collect()
+        gc.freeze()
         return _run(_serve(args, daemon))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

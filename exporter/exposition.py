@@ -10,8 +10,7 @@ import gzip
 import logging
 import platform
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
 from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as om_format
@@ -83,15 +82,38 @@ def _histogram_order(sample: tuple[str, Labels, float]) -> tuple:
     return (rest, 1 if name.endswith("_sum") else 2, 0.0)
 
 
-@dataclass
 class Rendered:
-    text: bytes
-    text_gz: bytes
-    openmetrics: bytes
-    openmetrics_gz: bytes
-    series: int
-    at: float
-    failed: bool = False  # the full render failed: only self-metrics are in these bytes
+    """One cycle's exposition.  The text format is rendered with the cycle; OpenMetrics and the
+    gzip of each only when first asked for (most scrapers want one of the four), then kept."""
+
+    def __init__(self, text: bytes, openmetrics: bytes | Callable[[], bytes], series: int, at: float,
+                 failed: bool = False):
+        self.text = text
+        self._om = openmetrics
+        self._text_gz: bytes | None = None
+        self._om_gz: bytes | None = None
+        self.series = series
+        self.at = at
+        self.failed = failed  # the full render failed: only self-metrics are in these bytes
+
+    @property
+    def openmetrics(self) -> bytes:
+        om = self._om
+        if callable(om):
+            om = self._om = om()
+        return om
+
+    @property
+    def text_gz(self) -> bytes:
+        if self._text_gz is None:
+            self._text_gz = gzip.compress(self.text, 1)
+        return self._text_gz
+
+    @property
+    def openmetrics_gz(self) -> bytes:
+        if self._om_gz is None:
+            self._om_gz = gzip.compress(self.openmetrics, 1)
+        return self._om_gz
 
 
 class Renderer:
@@ -214,7 +236,7 @@ class Renderer:
         try:
             families = self.build(store, extra, static_labels, per_device)
             text = write_exposition(families, self._prefixes, openmetrics=False)
-            om = write_exposition(families, self._prefixes, openmetrics=True)
+            om = _openmetrics_later(families, self._prefixes)
         except Exception as exc:  # noqa: BLE001 - never serve stale bytes silently
             failed = True
             self.render_errors += 1
@@ -226,12 +248,17 @@ class Renderer:
             self._prefixes = PrefixCache()  # a poisoned cache entry must not survive
             families = self._self_metrics(store)
             text = write_exposition(families, self._prefixes, openmetrics=False)
-            om = write_exposition(families, self._prefixes, openmetrics=True)
+            om = write_exposition(families, self._prefixes, openmetrics=True)  # small: at once
         else:
             if self.last_error:
                 log.info("render recovered")
             self.last_error = ""
-        rendered = Rendered(text, gzip.compress(text, 1), om, gzip.compress(om, 1),
-                            sum(len(f.samples) for f in families), time.time(), failed)
+        rendered = Rendered(text, om, sum(len(f.samples) for f in families), time.time(), failed)
         self.render_duration = time.perf_counter() - t0
         return rendered
+
+
+def _openmetrics_later(families: list, prefixes: PrefixCache) -> Callable[[], bytes]:
+    """OpenMetrics bytes of these families, rendered when first served (prefixes depend only on
+    name and labels, so a cache rotated meanwhile still gives the same bytes)."""
+    return lambda: write_exposition(families, prefixes, openmetrics=True)

@@ -223,6 +223,9 @@ class Mapper:
 
     def __init__(self, mappings: MappingSet):
         self.mappings = mappings
+        # (device key, raw field, raw labels) -> (device, plan): the rules with their series keys,
+        # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
+        self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
         self._raw: dict[tuple, _RawState] = {}
         self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
@@ -235,35 +238,33 @@ class Mapper:
         # (order, combine, delta or None, initial total) for counters
         gauges: dict[SeriesKey, list[tuple[int, str, float]]] = {}
         counters: dict[SeriesKey, list[tuple[int, str, float | None, float]]] = {}
+        plans = self._plans
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
                 out.malformed += 1
                 continue
-            cm = self.mappings.get(dev.mapping)
-            rules = cm.rules.get(r.field) if cm is not None else None
-            if not rules:
+            hit = plans.get((r.device, r.field, r.labels))
+            if hit is not None and (hit[0] is dev or hit[0] == dev):
+                plan = hit[1]
+            else:
+                plan = self._compile(r, dev)
+            if plan is None:
                 out.unmapped_fields.add(f"{dev.mapping}:{r.field}")
                 continue
-            raw_labels = dict(r.labels) if r.labels else {}
-            for rule in rules:
+            for rule, key, lookup, skey in plan:
                 value = r.value
                 if value in rule.invalid:
                     out.malformed += 1
                     break
-                if rule.values:
-                    looked_up = dict(rule.values).get(value)
+                if lookup is not None:
+                    looked_up = lookup.get(value)
                     if looked_up is None:
                         out.malformed += 1
                         continue
                     value = looked_up
-                extra = dict(rule.fixed)
-                for raw_name, canon in rule.label_map:
-                    if raw_name in raw_labels:
-                        extra[canon] = raw_labels[raw_name]
-                key: SeriesKey = (rule.series, device_labels(dev) + tuple(sorted(extra.items())))
                 if rule.is_counter:
-                    delta = self._delta((r.device, rule.order, r.labels), rule, value, now)
+                    delta = self._delta(skey, rule, value, now)
                     initial = value * rule.scale
                     if not math.isfinite(initial) or (delta is not None and not math.isfinite(delta)):
                         out.malformed += 1
@@ -271,7 +272,7 @@ class Mapper:
                     counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
                     continue
                 if rule.rate:
-                    value = self._rate((r.device, rule.order, r.labels), rule, value, now)
+                    value = self._rate(skey, rule, value, now)
                     if value is None:
                         continue
                 else:
@@ -294,6 +295,28 @@ class Mapper:
         self._expire()
         self._derive(out.series)
         return out
+
+    def _compile(self, r, dev: Device) -> tuple | None:
+        cm = self.mappings.get(dev.mapping)
+        rules = cm.rules.get(r.field) if cm is not None else None
+        plan: tuple | None = None
+        if rules:
+            raw_labels = dict(r.labels) if r.labels else {}
+            base = device_labels(dev)
+            steps = []
+            for rule in rules:
+                extra = dict(rule.fixed)
+                for raw_name, canon in rule.label_map:
+                    if raw_name in raw_labels:
+                        extra[canon] = raw_labels[raw_name]
+                key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())))
+                steps.append((rule, key, dict(rule.values) if rule.values else None,
+                              (r.device, rule.order, r.labels)))
+            plan = tuple(steps)
+        if len(self._plans) >= MAX_STATE:
+            self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
+        self._plans[(r.device, r.field, r.labels)] = (dev, plan)
+        return plan
 
     def _total(self, key: SeriesKey, cands: list[tuple[int, str, float | None, float]]) -> float | None:
         cands.sort(key=lambda c: c[0])

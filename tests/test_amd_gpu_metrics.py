@@ -198,3 +198,49 @@ def test_known_headers_with_random_bodies_decode(version, data):
     table = parse_gpu_metrics(struct.pack("<HBB", layout.size, *version) + body)
     for name, value, labels in table_readings(table):
         assert name.startswith("gpu_metrics.") and value >= 0 and isinstance(labels, tuple)
+
+
+# ---- the precompiled path (gm.readings) gives exactly what the generic walk gives
+
+
+@pytest.mark.parametrize("binary", ["gpu_metrics_v1_3_rx6900xt_navi21.bin", "gpu_metrics_v2_2_mangohud_apu.bin"])
+def test_precompiled_readings_equal_the_generic_walk_on_real_tables(shared_fixtures, binary):
+    data = _read(shared_fixtures, binary)
+    walk = table_readings(parse_gpu_metrics(data))
+    assert gm.readings(data) == walk
+    fast = gm.readings(data, gm.FAST_FIELDS)
+    assert fast and all(r in walk for r in fast)
+    assert {n.split(".", 1)[1].removesuffix("_apu").removesuffix("_centi") for n, _, _ in fast} <= gm.FAST_FIELDS
+    assert [r for r in walk if r not in fast and "activity" in r[0]
+            and any(f in r[0] for f in gm.FAST_FIELDS)] == []
+
+
+def test_precompiled_readings_of_a_partitioned_v1_5_table():
+    data = pack_gpu_metrics_v1_5()
+    assert gm.readings(data) == table_readings(parse_gpu_metrics(data))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(gm.LAYOUTS)), st.data())
+def test_precompiled_readings_equal_the_walk_on_random_bodies(version, data):
+    layout = data.draw(st.sampled_from(gm.LAYOUTS[version]))
+    body = data.draw(st.binary(min_size=layout.size - 4, max_size=layout.size - 4))
+    raw = struct.pack("<HBB", layout.size, *version) + body
+    walk = table_readings(parse_gpu_metrics(raw))
+    assert gm.readings(raw) == walk
+    assert gm.readings(raw, gm.FAST_FIELDS) == [
+        r for r in walk if r[0].split(".", 1)[1].removesuffix("_apu").removesuffix("_centi") in gm.FAST_FIELDS]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=4200))
+def test_precompiled_readings_reject_what_the_parser_rejects(data):
+    try:
+        walk = table_readings(parse_gpu_metrics(data))
+    except GpuMetricsError:
+        with pytest.raises(GpuMetricsError):
+            gm.readings(data)
+        with pytest.raises(GpuMetricsError):
+            gm.readings(data, gm.FAST_FIELDS)
+        return
+    assert gm.readings(data) == walk

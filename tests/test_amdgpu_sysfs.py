@@ -384,3 +384,85 @@ def test_poll_fast_reads_busy_files_and_the_table_only(tmp_path):
     assert "gpu_busy_percent" in fields and "gpu_metrics.average_umc_activity" in fields
     assert not any(f.startswith(("hwmon.", "mem_info_", "pp_dpm_")) for f in fields)
     assert sorted(int(d.index) for d in fast.devices) == list(MI300X_CARDS)
+
+
+# ------------------------------------------------------------------------------------------------
+# kept-open attribute files (keep_open: always here; auto keeps them only on a sysfs mount)
+
+
+def test_kept_open_files_read_fresh_values_and_survive_unplug_and_replug(tmp_path):
+    devs = arrange_mi300x_node(tmp_path, cards=(0, 1))
+    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False, "keep_open": "always"})
+    src.open()
+    try:
+        first = src.poll()
+        kept = src._kept  # noqa: SLF001
+        assert kept is not None and len(kept.fds) > 20
+        plain = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False, "keep_open": "never"})
+        plain.open()
+        assert plain._kept is None  # noqa: SLF001
+        def rows(sample):
+            return sorted((r.device, r.field, r.value, r.labels) for r in sample.readings)
+
+        assert rows(first) == rows(plain.poll())
+        plain.close()
+        (devs[0] / "gpu_busy_percent").write_text("77\n")          # rewritten in place: seen
+        fast = src.poll_fast()
+        assert ("gpu_busy_percent", 77.0) in {(r.field, r.value) for r in fast.readings if r.device == mi300x_pci(0)}
+        gone = devs[1].with_name("gone")
+        os.rename(devs[1], gone)                                     # unplugged
+        sample = src.poll()
+        assert sample.device_up[mi300x_pci(1)] is False and sample.errors == {"device_lost": 1}
+        assert not [p for p in kept.fds if p.startswith(str(devs[1]) + "/")]
+        os.rename(gone, devs[1])                                     # back again
+        (devs[1] / "gpu_busy_percent").write_text("55\n")
+        sample = src.poll()
+        assert sample.device_up[mi300x_pci(1)] is True and not sample.errors
+        assert ("gpu_busy_percent", 55.0) in {(r.field, r.value) for r in sample.readings
+                                              if r.device == mi300x_pci(1)}
+    finally:
+        src.close()
+    assert src._kept is not None and src._kept.fds == {}  # noqa: SLF001
+
+
+def test_kept_descriptor_failing_with_enodev_is_reopened_and_enoent_is_absent(tmp_path, monkeypatch):
+    from exporter.sources import sysfs_util
+
+    f = tmp_path / "attr"
+    f.write_text("1\n")
+    kept = sysfs_util.KeptFiles(budget=10)
+    assert kept.read(str(f)) == b"1\n" and str(f) in kept.fds
+    real = os.pread
+    calls = []
+
+    def flaky(fd, n, off):
+        if not calls:
+            calls.append(fd)
+            raise OSError(errno.ENODEV, "No such device")
+        return real(fd, n, off)
+
+    monkeypatch.setattr(sysfs_util.os, "pread", flaky)
+    f.write_text("2\n")
+    assert kept.read(str(f)) == b"2\n" and kept.reopened == 1
+    monkeypatch.setattr(sysfs_util.os, "pread", real)
+    f.unlink()
+    os.close(kept.fds[str(f)])                                       # the descriptor is gone too: EBADF
+    with pytest.raises(FileNotFoundError):
+        kept.read(str(f))
+    assert str(f) not in kept.fds
+    small = sysfs_util.KeptFiles(budget=0)                          # over budget: plain reads
+    g = tmp_path / "g"
+    g.write_text("3\n")
+    assert small.read(str(g)) == b"3\n" and small.fds == {}
+
+
+def test_on_sysfs_reads_the_mount_table(tmp_path):
+    from exporter.sources.sysfs_util import on_sysfs
+
+    mi = tmp_path / "mountinfo"
+    mi.write_text("22 1 0:21 / /sys rw,nosuid shared:7 - sysfs sysfs rw\n"
+                  "30 22 0:26 / /sys/fs/cgroup rw shared:9 - cgroup2 cgroup2 rw\n"
+                  f"40 1 0:30 / {tmp_path} rw - tmpfs tmpfs rw\n")
+    assert on_sysfs("/sys", str(mi)) and on_sysfs("/sys/class/drm", str(mi))
+    assert not on_sysfs("/sys/fs/cgroup/x", str(mi)) and not on_sysfs(tmp_path / "sys", str(mi))
+    assert not on_sysfs("/sys", str(tmp_path / "missing"))

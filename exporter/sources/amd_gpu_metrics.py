@@ -37,35 +37,65 @@ class Layout:
     offsets: dict[str, int] = field(init=False, compare=False, repr=False)
     size: int = field(init=False, compare=False)
     align: int = field(init=False, compare=False)
+    flat_format: str = field(init=False, compare=False, repr=False)  # struct format without byte order
+    nvalues: int = field(init=False, compare=False, repr=False)  # values in one flat unpack
+    packer: struct.Struct = field(init=False, compare=False, repr=False)  # one precompiled unpack
 
     def __post_init__(self) -> None:
         offsets: dict[str, int] = {}
         pos = 0
         max_align = 1
+        fmt: list[str] = []  # flat little-endian format, C padding spelled out as pad bytes
+        nvalues = 0
         for fname, ftype, count in self.fields:
             if isinstance(ftype, Layout):
                 size, align = ftype.size, ftype.align
             else:
                 size = align = _PRIMS[ftype][1]
-            pos = (pos + align - 1) // align * align
+            aligned = (pos + align - 1) // align * align
+            if aligned > pos:
+                fmt.append(f"{aligned - pos}x")
+            pos = aligned
             offsets[fname] = pos
+            if isinstance(ftype, Layout):
+                fmt.append(ftype.flat_format * count)
+                nvalues += ftype.nvalues * count
+            else:
+                fmt.append(f"{count}{_PRIMS[ftype][0]}")
+                nvalues += count
             pos += size * count
             max_align = max(max_align, align)
+        size = (pos + max_align - 1) // max_align * max_align
+        if size > pos:
+            fmt.append(f"{size - pos}x")
         object.__setattr__(self, "offsets", offsets)
-        object.__setattr__(self, "size", (pos + max_align - 1) // max_align * max_align)
+        object.__setattr__(self, "size", size)
         object.__setattr__(self, "align", max_align)
+        object.__setattr__(self, "flat_format", "".join(fmt))
+        object.__setattr__(self, "nvalues", nvalues)
+        object.__setattr__(self, "packer", struct.Struct("<" + self.flat_format))
+
+    def _split(self, values: tuple, start: int) -> tuple[dict[str, object], int]:
+        out: dict[str, object] = {}
+        i = start
+        for fname, ftype, count in self.fields:
+            if isinstance(ftype, Layout):
+                parts = []
+                for _ in range(count):
+                    part, i = ftype._split(values, i)
+                    parts.append(part)
+                out[fname] = parts
+            elif count == 1:
+                out[fname] = values[i]
+                i += 1
+            else:
+                out[fname] = list(values[i:i + count])
+                i += count
+        return out, i
 
     def decode(self, data: bytes, base: int = 0) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for fname, ftype, count in self.fields:
-            off = base + self.offsets[fname]
-            if isinstance(ftype, Layout):
-                out[fname] = [ftype.decode(data, off + i * ftype.size) for i in range(count)]
-                continue
-            code, width = _PRIMS[ftype]
-            values = struct.unpack_from(f"<{count}{code}", data, off)
-            out[fname] = values[0] if count == 1 else list(values)
-        return out
+        """Every field by name (nested layouts as lists of dicts), from one precompiled unpack."""
+        return self._split(self.packer.unpack_from(data, base), 0)[0]
 
     def bits(self, fname: str) -> int:
         """Width in bits of a primitive field (for the all-ones test)."""
@@ -236,18 +266,8 @@ class GpuMetricsTable:
 
 def parse_gpu_metrics(data: bytes) -> GpuMetricsTable:
     """Decode one table.  Raises ``GpuMetricsError`` for anything short, unknown or inconsistent."""
-    if len(data) < HEADER.size:
-        raise GpuMetricsError(f"gpu_metrics: {len(data)} bytes, shorter than the 4-byte header")
-    size, frev, crev = struct.unpack_from("<HBB", data, 0)
-    candidates = LAYOUTS.get((frev, crev))
-    if candidates is None:
-        raise GpuMetricsError(f"gpu_metrics: unknown format {frev}.{crev} (structure_size {size})")
-    layout = next((lay for lay in candidates if lay.size == size), None)
-    if layout is None:
-        known = ", ".join(str(lay.size) for lay in candidates)
-        raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: structure_size {size} is not a known layout ({known})")
-    if len(data) < size:
-        raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: truncated, {len(data)} of {size} bytes")
+    layout, frev, crev = _layout_of(data)
+    size = layout.size
     decoded = layout.decode(data)
     decoded.pop("common_header")
     return GpuMetricsTable(size, frev, crev, layout, decoded)
@@ -324,7 +344,144 @@ def _emit_array(out: list, name: str, values: list[int], bits: int, label: str,
             out.append((name, float(v), extra + ((label, str(i)),)))
 
 
-def table_readings(table: GpuMetricsTable) -> list[tuple[str, float, tuple[tuple[str, str], ...]]]:
+Reading = tuple[str, float, tuple[tuple[str, str], ...]]
+
+
+class _Plan:
+    """Precompiled readings of one layout under one (format, content) revision.
+
+    Built once per layout from the same rules as the generic walk (``raw_name``, all-ones
+    sentinels, array index labels, xcp partitions, throttle bits); applied to the flat tuple of
+    one ``Layout.packer.unpack_from`` with no per-field name or format work.
+    """
+
+    def __init__(self, layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None):
+        self.layout = layout
+        self.steps: list[tuple] = []
+        probe = GpuMetricsTable(layout.size, frev, crev, layout, {})
+        index = {}
+        i = 0
+        for fname, ftype, count in layout.fields:
+            index[fname] = i
+            i += ftype.nvalues * count if isinstance(ftype, Layout) else count
+        for fname, ftype, count in layout.fields:
+            at = index[fname]
+            if fname in _SKIP or fname == "common_header":
+                continue
+            if only is not None and fname not in only:
+                continue
+            if isinstance(ftype, Layout):  # xcp_stats: (kind, at, parts, stride, num_partition index, subs)
+                np_at = index.get("num_partition")
+                if np_at is None:
+                    continue
+                subs = []
+                j = 0
+                for sub, stype, scount in ftype.fields:
+                    ones = (1 << (_PRIMS[stype][1] * 8)) - 1  # type: ignore[index]
+                    label = _ARRAY_LABEL.get(sub, "instance")
+                    subs.append((j, scount, f"{PREFIX}xcp.{sub}", ones, label))
+                    j += scount
+                self.steps.append(("xcp", at, count, ftype.nvalues, np_at, tuple(subs)))
+                continue
+            ones = (1 << layout.bits(fname)) - 1
+            name = raw_name(probe, fname)
+            if count > 1:
+                label = _ARRAY_LABEL.get(fname, "instance")
+                labels = tuple(((label, str(k)),) for k in range(count))
+                self.steps.append(("array", at, count, name, ones, labels))
+            elif fname == "indep_throttle_status":
+                bits = tuple((bit, f"{name}.{bit_name}") for bit, bit_name in INDEP_THROTTLE_BITS.items())
+                classes = tuple((f"{name}.class_{cls}", shift) for cls, shift in INDEP_THROTTLE_CLASSES)
+                self.steps.append(("indep", at, name, ones, bits, classes))
+            else:
+                self.steps.append(("scalar", at, name, ones))
+        self.fields = frozenset(index)
+
+    def apply(self, values: tuple) -> list[Reading]:
+        out: list[Reading] = []
+        append = out.append
+        for step in self.steps:
+            kind = step[0]
+            if kind == "scalar":
+                v = values[step[1]]
+                if v != step[3]:
+                    append((step[2], float(v), ()))
+            elif kind == "array":
+                _, at, count, name, ones, labels = step
+                for k in range(count):
+                    v = values[at + k]
+                    if v != ones:
+                        append((name, float(v), labels[k]))
+            elif kind == "indep":
+                _, at, name, ones, bits, classes = step
+                v = values[at]
+                if v == ones:
+                    continue
+                for bit, bit_name in bits:
+                    append((bit_name, float((v >> bit) & 1), ()))
+                for cls_name, shift in classes:
+                    append((cls_name, float(((v >> shift) & 0xFFFF) != 0), ()))
+            else:  # xcp
+                _, at, parts, stride, np_at, subs = step
+                num_partition = values[np_at]
+                if num_partition == 0xFFFF:
+                    continue
+                for p in range(min(num_partition, parts)):
+                    base = at + p * stride
+                    xcp = ("xcp", str(p))
+                    for j, scount, name, ones, label in subs:
+                        for k in range(scount):
+                            v = values[base + j + k]
+                            if v != ones:
+                                append((name, float(v), (xcp, (label, str(k)))))
+        return out
+
+
+_PLANS: dict[tuple[int, int, int, frozenset[str] | None], _Plan] = {}
+
+
+def _plan(layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None) -> _Plan:
+    key = (layout.size, frev, crev, only)
+    plan = _PLANS.get(key)
+    if plan is None or plan.layout is not layout:
+        plan = _PLANS[key] = _Plan(layout, frev, crev, only)
+    return plan
+
+
+def _layout_of(data: bytes) -> tuple[Layout, int, int]:
+    if len(data) < HEADER.size:
+        raise GpuMetricsError(f"gpu_metrics: {len(data)} bytes, shorter than the 4-byte header")
+    size, frev, crev = _HEADER_STRUCT.unpack_from(data, 0)
+    candidates = LAYOUTS.get((frev, crev))
+    if candidates is None:
+        raise GpuMetricsError(f"gpu_metrics: unknown format {frev}.{crev} (structure_size {size})")
+    layout = next((lay for lay in candidates if lay.size == size), None)
+    if layout is None:
+        known = ", ".join(str(lay.size) for lay in candidates)
+        raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: structure_size {size} is not a known layout ({known})")
+    if len(data) < size:
+        raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: truncated, {len(data)} of {size} bytes")
+    return layout, frev, crev
+
+
+_HEADER_STRUCT = struct.Struct("<HBB")
+
+# the table fields a fast poll needs: the activity averages the contention indicators read
+FAST_FIELDS = frozenset({"average_gfx_activity", "average_umc_activity"})
+
+
+def readings(data: bytes, only: frozenset[str] | None = None) -> list[Reading]:
+    """``table_readings(parse_gpu_metrics(data))`` in one precompiled unpack, without the dict.
+
+    ``only``: restrict to these table field names (``FAST_FIELDS`` for a fast poll).  Raises
+    ``GpuMetricsError`` exactly where ``parse_gpu_metrics`` does.
+    """
+    layout, frev, crev = _layout_of(data)
+    plan = _plan(layout, frev, crev, only)
+    return plan.apply(layout.packer.unpack_from(data, 0))
+
+
+def table_readings(table: GpuMetricsTable) -> list[Reading]:
     """``(raw name, value, labels)`` for every supported (not all-ones) field of a decoded table.
 
     Arrays carry their index as a label (``link``, ``xcc``, ``hbm``, ``core``, ...); per-partition
@@ -333,6 +490,11 @@ def table_readings(table: GpuMetricsTable) -> list[tuple[str, float, tuple[tuple
     defined bit (``gpu_metrics.indep_throttle_status.<bit name>``) plus one per 16-bit class
     (``...class_power|class_current|class_temperature|class_other``: 1 when any bit of it is set).
     """
+    return _table_readings_walk(table)
+
+
+def _table_readings_walk(table: GpuMetricsTable) -> list[Reading]:
+    """The generic walk over decoded fields (the reference ``readings`` is tested against)."""
     out: list[tuple[str, float, tuple[tuple[str, str], ...]]] = []
     layout = table.layout
     num_partition = table.fields.get("num_partition")

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .amd_gpu_metrics import GpuMetricsError, parse_gpu_metrics, table_readings
+from .amd_gpu_metrics import FAST_FIELDS, GpuMetricsError, readings
 from .base import Device, Sample, SourceUnavailable
-from .sysfs_util import error_kind, parse_int
+from .sysfs_util import KeptFiles, error_kind, fd_budget, on_sysfs, parse_int
 
 Reader = Callable[[Path], bytes]
 
@@ -135,6 +135,21 @@ class _Card:
     hwmon: list[tuple[Path, str]]                # (path, raw field name)
     has_gpu_metrics: bool
     has_pcie_bw: bool
+    # built at discovery, read every poll: (file name, kind int|speed|dpm, path) and (path, raw)
+    plan: list[tuple[str, str, str]] = field(default_factory=list)
+    hwmon_plan: list[tuple[str, str]] = field(default_factory=list)
+    fast_plan: list[tuple[str, str]] = field(default_factory=list)
+    gpu_metrics_path: str = ""
+    dir_str: str = ""
+
+    def __post_init__(self) -> None:
+        d = str(self.device_dir)
+        self.dir_str = d
+        self.plan = [(f, "int" if f in INT_FILES else "speed" if f in SPEED_FILES else "dpm", f"{d}/{f}")
+                     for f in self.files]
+        self.hwmon_plan = [(str(path), raw) for path, raw in self.hwmon]
+        self.fast_plan = [(f, f"{d}/{f}") for f in FAST_FILES if f in self.files]
+        self.gpu_metrics_path = f"{d}/gpu_metrics"
 
 
 @dataclass
@@ -169,17 +184,22 @@ class AmdgpuSysfsSource:
         self._bg = _Background()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._kept: KeptFiles | None = None  # set in open() unless a reader= is given or keep_open: never
 
     # -------------------------------------------------------------------------------- reading
-    def _read(self, path: Path, errors: Counter[str] | None) -> bytes | None:
+    def _read(self, path: Path | str, errors: Counter[str] | None) -> bytes | None:
+        """Whole file; a ``str`` path is a poll path (kept open when enabled), a ``Path`` is not."""
         try:
-            return self._reader(path)
+            kept = self._kept
+            if kept is not None and type(path) is str:
+                return kept.read(path)
+            return self._reader(Path(path))
         except OSError as exc:
             if exc.errno not in _ABSENT and errors is not None:
                 errors[error_kind(exc)] += 1
             return None
 
-    def _text(self, path: Path, errors: Counter[str] | None) -> str | None:
+    def _text(self, path: Path | str, errors: Counter[str] | None) -> str | None:
         data = self._read(path, errors)
         if data is None:
             return None
@@ -190,7 +210,7 @@ class AmdgpuSysfsSource:
                 errors["malformed_value"] += 1
             return None
 
-    def _int(self, path: Path, errors: Counter[str]) -> int | None:
+    def _int(self, path: Path | str, errors: Counter[str]) -> int | None:
         text = self._text(path, errors)
         if text is None:
             return None
@@ -288,6 +308,12 @@ class AmdgpuSysfsSource:
         if not self._cards:
             raise SourceUnavailable(f"no amdgpu cards under {self.sysfs / 'class' / 'drm'}")
         self._stop.clear()
+        keep = self.options.get("keep_open", "auto")
+        if self._reader is default_reader and (keep == "always" or keep == "auto" and on_sysfs(self.sysfs)):
+            wanted = sum(len(c.plan) + len(c.hwmon_plan) + c.has_gpu_metrics for c in self._cards)
+            if self._kept is not None:
+                self._kept.close()
+            self._kept = KeptFiles(fd_budget(wanted))
         if self.options.get("pcie_bw", True):
             for card in self._cards:
                 if card.has_pcie_bw:
@@ -298,6 +324,8 @@ class AmdgpuSysfsSource:
         for t in self._threads:
             t.join(timeout=3.0)
         self._threads = []
+        if self._kept is not None:
+            self._kept.close()
 
     @property
     def devices(self) -> list[Device]:
@@ -358,7 +386,9 @@ class AmdgpuSysfsSource:
         for card in self._cards:
             sample.devices.append(card.device)
             key = card.device.key
-            if not card.device_dir.is_dir():
+            if not os.path.isdir(card.dir_str):
+                if self._kept is not None:
+                    self._kept.drop_under(card.dir_str + "/")
                 sample.device_up[key] = False
                 sample.errors["device_lost"] += 1
                 continue
@@ -384,34 +414,35 @@ class AmdgpuSysfsSource:
         for card in self._cards:
             key = card.device.key
             sample.devices.append(card.device)
-            for fname in FAST_FILES:
-                if fname in card.files:
-                    sample.add(key, fname, self._int(card.device_dir / fname, scratch))
-            # the table carries the activity averages the mapping prefers over the busy files
-            self._gpu_metrics(card, sample, scratch)
+            for fname, path in card.fast_plan:
+                sample.add(key, fname, self._int(path, scratch))
+            # the table carries the activity averages the mapping prefers over the busy files;
+            # only those fields are unpacked (a fast poll runs four times a second per card)
+            self._gpu_metrics(card, sample, scratch, FAST_FIELDS)
         return sample
 
-    def _gpu_metrics(self, card: _Card, sample: Sample, errors: Counter[str]) -> None:
+    def _gpu_metrics(self, card: _Card, sample: Sample, errors: Counter[str],
+                     only: frozenset[str] | None = None) -> None:
         if not (card.has_gpu_metrics and self.options.get("gpu_metrics", True)):
             return
-        data = self._read(card.device_dir / "gpu_metrics", errors)
+        data = self._read(card.gpu_metrics_path, errors)
         if data is None:
             return
         try:
-            table = parse_gpu_metrics(data)
+            rows = readings(data, only)
         except GpuMetricsError:
             errors["parse_error"] += 1
             return
-        for raw, value, labels in table_readings(table):
-            sample.add(card.device.key, raw, value, labels)
+        key = card.device.key
+        for raw, value, labels in rows:
+            sample.add(key, raw, value, labels)
 
     def _poll_card(self, card: _Card, sample: Sample) -> None:
-        key, d, errors = card.device.key, card.device_dir, sample.errors
-        for fname in card.files:
-            path = d / fname
-            if fname in INT_FILES:
+        key, errors = card.device.key, sample.errors
+        for fname, kind, path in card.plan:
+            if kind == "int":
                 sample.add(key, fname, self._int(path, errors))
-            elif fname in SPEED_FILES:
+            elif kind == "speed":
                 text = self._text(path, errors)
                 if text is not None:
                     speed = parse_link_speed(text)
@@ -427,6 +458,6 @@ class AmdgpuSysfsSource:
                     errors["malformed_value"] += 1
                 sample.add(key, fname, current)
                 sample.add(key, f"{fname}.max", highest)
-        for path, raw in card.hwmon:
+        for path, raw in card.hwmon_plan:
             sample.add(key, raw, self._int(path, errors))
         self._gpu_metrics(card, sample, errors)

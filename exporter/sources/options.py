@@ -10,7 +10,7 @@ keys that were set (``options_dict``), so its own defaults stay where they are d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -80,6 +80,9 @@ class AmdgpuOptions(Options):
     pcie_bw: bool = True
     pcie_bw_interval: Duration = 1.0
     gpu_metrics: bool = True
+    # attribute files kept open and re-read with pread: auto = when the tree is a sysfs mount
+    # (a fake tree whose files are replaced by rename needs a fresh open per read)
+    keep_open: Literal["auto", "always", "never"] = "auto"
 
 
 class AmdsmiOptions(Options):
