@@ -1,7 +1,8 @@
 """Render the store into exposition bytes once per cycle (text 0.0.4, OpenMetrics, gzip of each).
 
-Families are built fresh from a snapshot (one family, one HELP, per name) and serialised with
-prometheus-client; the scrape path only sends the cached bytes.
+Families are built fresh from a snapshot (one family, one HELP, per name) and serialised by
+``textformat.render`` (prometheus-client supplies only the content-type strings); the scrape
+path only sends the cached bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as om_format
 
 from . import __version__
-from .mapping import Labels
+from .model import Labels, device_id_of
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .seriesfilter import SeriesFilter
 from .store import Store
@@ -131,7 +132,7 @@ class Renderer:
                     return
                 fam = fams[family] = _family(family, mdef.type, mdef.help, mdef.unit)
             if per_device:
-                dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
+                dev = per_device.get(device_id_of(labels))
                 if dev and callable(dev):  # pod attribution: the labels depend on the series
                     dev = dev(labels)
                 if dev:

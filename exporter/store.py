@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from .mapping import SeriesKey
-from .sources.base import Device
+from .model import Device, SeriesKey
 
 
 @dataclass
