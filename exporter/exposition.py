@@ -18,7 +18,7 @@ from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as om_format
 
 from . import __version__
-from .model import Labels, device_id_of
+from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .seriesfilter import SeriesFilter
 from .store import Store
@@ -140,7 +140,7 @@ class Renderer:
             fam.samples.append((name, labels + static_labels if static_labels else labels, value))
 
         for src, dev in store.info_devices():
-            add("gpu_info", (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid),
+            add("gpu_info", identity_labels(dev) + (
                              ("model", dev.model), ("driver", dev.driver),
                              ("pci_bus_id", dev.pci_bus_id), ("serial", dev.serial),
                              ("simulated", "true" if dev.simulated else "false"),
@@ -193,7 +193,7 @@ class Renderer:
             add("source_series", s, float(len(st.series)))
             up: dict[tuple[str, str, str], bool] = {}
             for key, dev in st.devices.items():  # one per identity (a device may have companions)
-                ident = (dev.vendor, dev.index, dev.uuid)
+                ident = dev.id
                 up[ident] = up.get(ident, True) and st.device_up.get(key, True)
             for (vendor, gpu, uuid), ok in up.items():
                 add("device_up", {"source": st.name, "vendor": vendor, "gpu": gpu, "uuid": uuid},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .indicators import IndicatorConfig, IndicatorEngine
 from .indicators.series import InputKey
-from .model import Labels, SeriesKey, device_id_of
+from .model import IDENTITY_WIDTH, Labels, SeriesKey, device_id_of
 from .store import Store
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -45,7 +45,7 @@ class IndicatorFeed:
         k = self._keys.get(skey)
         if k is None:
             name, labels = skey
-            extra = labels[3:]
+            extra = labels[IDENTITY_WIDTH:]
             k = (name, extra) if extra else name
             if len(self._keys) > 200_000:  # bounded: devices and links come and go
                 self._keys.clear()
@@ -62,7 +62,7 @@ class IndicatorFeed:
                 labels = skey[1]
                 dev_id = device_id_of(labels)
                 devices.setdefault(dev_id, {})[self._key(skey)] = value
-                if labels[3:] and {k for k, _ in labels[3:]} <= _ARTEFACT_LABELS:
+                if labels[IDENTITY_WIDTH:] and {k for k, _ in labels[IDENTITY_WIDTH:]} <= _ARTEFACT_LABELS:
                     imported.append((dev_id, skey[0], value))
         # a GPU-level value from a profiler import stands in where no live counter has one
         # (the L2 miss rate for the memory-pressure / saturation attribution)

@@ -18,6 +18,7 @@ DeviceId = tuple[str, str, str]  # (vendor, gpu, uuid)
 
 # Every canonical per-GPU series starts with these three labels, in this order.
 IDENTITY_LABELS = ("vendor", "gpu", "uuid")
+IDENTITY_WIDTH = len(IDENTITY_LABELS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import copy
 from collections import Counter
 
 from .enrich.kubernetes import PodResourcesEnricher
-from .model import DeviceId, Labels, device_id_of, identity_labels
+from .model import IDENTITY_WIDTH, DeviceId, Labels, device_id_of, identity_labels
 from .store import Store
 
 Extra = list[tuple[str, Labels, float]]
@@ -42,8 +42,8 @@ def pod_labels(k8s: PodResourcesEnricher | None, store: Store) -> tuple[dict, Ex
     pids: dict[DeviceId, set[str]] = {}
     for st in store.sources.values():
         for name, labels in st.series:
-            if len(labels) > 3 and name.startswith("gpu_process_"):
-                for k, v in labels[3:]:
+            if len(labels) > IDENTITY_WIDTH and name.startswith("gpu_process_"):
+                for k, v in labels[IDENTITY_WIDTH:]:
                     if k == "pid":
                         pids.setdefault(device_id_of(labels), set()).add(v)
     out: dict = {}

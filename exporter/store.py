@@ -86,7 +86,7 @@ class Store:
             if not st.provides_identity:
                 continue
             for dev in st.devices.values():
-                ident = (dev.vendor, dev.index, dev.uuid)
+                ident = dev.id
                 if ident in seen:
                     continue
                 seen.add(ident)

@@ -37,7 +37,7 @@ from ..importers.detect import MAX_BYTES
 from ..importers.dropdir import DropDir
 from ..importers.model import Profile
 from ..importers.trigger import CaptureTrigger, TriggerConfig
-from ..model import Labels
+from ..model import IDENTITY_WIDTH, Labels
 from .base import Abilities, Device, PollResult, Reading, SourceBase, SourceUnavailable
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -183,7 +183,7 @@ class ProfilesSource(SourceBase):
             return 0
         by_dev: dict[Labels, dict[str, float]] = {}
         for name, labels, value in samples:
-            by_dev.setdefault(tuple(labels[:3]), {})[name] = value
+            by_dev.setdefault(tuple(labels[:IDENTITY_WIDTH]), {})[name] = value
         started = 0
         for dl, series in by_dev.items():
             info = dict(dl)
