@@ -182,7 +182,7 @@ class Daemon:
         # captures from the indicators' output (Abilities.observes_indicators)
         watchers = [rt.source for rt in self.runtimes
                     if rt.source is not None and abilities_of(rt.source).observes_indicators]
-        tick = Ticker(self.fast_interval)
+        tick = Ticker(self.fast_interval, spacing=True)
         while not self._stopping:
             # sampled at the fast interval; served with the next render (once per poll cycle)
             out = self.feed.update(time.monotonic(), self.store)

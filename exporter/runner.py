@@ -191,7 +191,7 @@ class SourceRunner:
 
     async def fast_loop(self, interval: float, mappings: MappingSet) -> None:
         """Cheap signals between full polls; they update the series the indicators read."""
-        tick = Ticker(interval)
+        tick = Ticker(interval, spacing=True)
         while not self.stopped:
             await tick()
             if not self.opened or self.worker.busy or not self.state.up:
