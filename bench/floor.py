@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.mapping import Mapper  # noqa: E402
+from exporter.pipeline import poll_and_map  # noqa: E402
 from exporter.sources.amdgpu_sysfs import AmdgpuSysfsSource, default_reader  # noqa: E402
 from exporter.store import SourceState, Store  # noqa: E402
 from exporter.testing import load_mappings  # noqa: E402
@@ -68,17 +69,11 @@ def source_cpu(tree: Path, cycles: int = 50, keep_open: str = "always") -> dict[
     poll_cpu = map_cpu = 0.0
     try:
         for i in range(cycles + 2):
-            c0 = time.process_time()
-            sample = src.poll()
-            c1 = time.process_time()
-            sample.monotonic = 1000.0 + i
-            devices = store.resolve_devices(state, sample.devices)
-            state.devices = devices
-            mapper.map(sample, devices)
-            c2 = time.process_time()
+            cycle = poll_and_map(src.poll, store, state, mapper, now=1000.0 + i, timer=time.process_time)
+            state.devices = cycle.devices
             if i >= 2:
-                poll_cpu += c1 - c0
-                map_cpu += c2 - c1
+                poll_cpu += cycle.poll_seconds
+                map_cpu += cycle.map_seconds
     finally:
         src.close()
     return {"poll_s": poll_cpu / cycles, "map_s": map_cpu / cycles, "poll_map_s": (poll_cpu + map_cpu) / cycles}

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.mapping import Mapper  # noqa: E402
+from exporter.pipeline import poll_and_map  # noqa: E402
 from exporter.sources.nvml import NvmlSource  # noqa: E402
 from exporter.store import SourceState, Store  # noqa: E402
 from exporter.testing import load_mappings  # noqa: E402
@@ -77,19 +78,14 @@ def run(gpus: int = 8, polls: int = 200, warmup: int = 5) -> dict:
     try:
         for i in range(warmup + polls):
             acc["seconds"], acc["calls"] = 0.0, 0
-            c0 = time.process_time()
-            sample = src.poll()
-            c1 = time.process_time()
-            sample.monotonic = 1000.0 + i
-            devices = store.resolve_devices(state, sample.devices)
-            state.devices = devices
-            result = mapper.map(sample, devices)
-            c2 = time.process_time()
+            cycle = poll_and_map(src.poll, store, state, mapper, now=1000.0 + i, timer=time.process_time)
+            state.devices = cycle.devices
+            result = cycle.result
             clock.t += 1.0
             fake.fake_advance(1.0)
             if i >= warmup:
-                poll_cpu += c1 - c0
-                map_cpu += c2 - c1
+                poll_cpu += cycle.poll_seconds
+                map_cpu += cycle.map_seconds
                 fake_s += acc["seconds"]
                 calls += acc["calls"]
                 series = len(result.series)

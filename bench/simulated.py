@@ -132,8 +132,9 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
 
     from exporter.exposition import Renderer
     from exporter.mapping import Mapper
+    from exporter.pipeline import poll_and_map
     from exporter.schema import default_mappings_dir, load_schema
-    from exporter.sources.simulator import SimulatorSource
+    from exporter.simulate import SimulatorSource
     from exporter.store import SourceState, Store
     from exporter.testing import load_mappings
     from exporter.textformat import PrefixCache
@@ -146,17 +147,12 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
     store.add(state)
     poll_s = map_s = 0.0
     for i in range(2 + repeat):
-        c0 = time.process_time()
-        sample = src.poll()
-        c1 = time.process_time()
-        sample.monotonic = 1000.0 + i
-        devs = store.resolve_devices(state, sample.devices)
-        state.devices = devs
-        result = mapper.map(sample, devs)
-        c2 = time.process_time()
+        cycle = poll_and_map(src.poll, store, state, mapper, now=1000.0 + i, timer=time.process_time)
+        state.devices = cycle.devices
+        result = cycle.result
         if i >= 2:
-            poll_s += c1 - c0
-            map_s += c2 - c1
+            poll_s += cycle.poll_seconds
+            map_s += cycle.map_seconds
     state.series, state.up, state.polls = result.series, True, 1
     renderer = Renderer(load_schema(default_mappings_dir() / "canonical.yaml"))
     t = dict.fromkeys(("build", "text", "openmetrics", "gzip", "render_total"), 0.0)

@@ -27,7 +27,7 @@ def _duration(text: str) -> float:
         value = parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    from .config import MAX_DURATION, MIN_DURATION
+    from .durations import MAX_DURATION, MIN_DURATION
 
     if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
         raise argparse.ArgumentTypeError(f"must be from {MIN_DURATION:g}s to {MAX_DURATION:g}s")

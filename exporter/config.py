@@ -8,23 +8,19 @@ type is an error naming file, line and field, and every error of the file is rep
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
-    Field,
     PrivateAttr,
     ValidationError,
     create_model,
     model_validator,
 )
 
-from .durations import parse_duration
+from .durations import Duration, parse_duration
 from .indicators.config import IndicatorConfig
 from .seriesfilter import ExpositionConfig
 from .sources.options import OPTIONS, NoOptions, Options, SimulatorOptions
@@ -32,24 +28,13 @@ from .yamlfile import ConfigError, load_yaml, validation_message
 
 __all__ = ["Config", "CollectorConfig", "Duration", "load_config", "parse_duration"]
 
-MIN_DURATION = 0.01      # 10 ms: below it a poll loop only burns CPU
-MAX_DURATION = 86400.0   # a day: .inf would freeze values while sources look up
-
-
-def _duration_range(value: float) -> float:
-    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
-        raise ValueError(f"duration {value!r} out of range: use {MIN_DURATION:g}s to {MAX_DURATION:g}s")
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0), AfterValidator(_duration_range)]
 
 
 class CollectorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool | None = None     # None: on by default where the backend is found
     interval: Duration | None = None  # default: the global poll interval
-    timeout: Duration | None = None   # default: max(interval, 2 s) ... see effective_timeout
+    timeout: Duration | None = None   # default: max(interval, 2 s), collector_policy.interval_and_timeout
     options: Options = NoOptions()
 
     def options_dict(self) -> dict[str, Any]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
 
 UNITS: dict[str, float] = {"y": 365 * 86400.0, "w": 7 * 86400.0, "d": 86400.0, "h": 3600.0,
                            "m": 60.0, "s": 1.0, "ms": 0.001}
@@ -53,3 +55,16 @@ def _parse_text(text: str) -> float:
     if not text or pos != len(text):
         raise ValueError(f"invalid duration {text!r}: {HINT}")
     return total
+
+
+MIN_DURATION = 0.01      # 10 ms: below it a poll loop only burns CPU
+MAX_DURATION = 86400.0   # a day: .inf would freeze values while sources look up
+
+
+def _duration_range(value: float) -> float:
+    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
+        raise ValueError(f"duration {value!r} out of range: use {MIN_DURATION:g}s to {MAX_DURATION:g}s")
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0), AfterValidator(_duration_range)]

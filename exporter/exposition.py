@@ -1,7 +1,8 @@
 """Render the store into exposition bytes once per cycle (text 0.0.4, OpenMetrics, gzip of each).
 
-Families are built fresh from a snapshot (one family, one HELP, per name) and serialised with
-prometheus-client; the scrape path only sends the cached bytes.
+Families are built fresh from a snapshot (one family, one HELP, per name) and serialised by
+``textformat.render`` (prometheus-client supplies only the content-type strings); the scrape
+path only sends the cached bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as om_format
 
 from . import __version__
-from .mapping import Labels
+from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .seriesfilter import SeriesFilter
 from .store import Store
@@ -153,7 +154,7 @@ class Renderer:
                     return
                 fam = fams[family] = _family(family, mdef.type, mdef.help, mdef.unit)
             if per_device:
-                dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
+                dev = per_device.get(device_id_of(labels))
                 if dev and callable(dev):  # pod attribution: the labels depend on the series
                     dev = dev(labels)
                 if dev:
@@ -161,7 +162,7 @@ class Renderer:
             fam.samples.append((name, labels + static_labels if static_labels else labels, value))
 
         for src, dev in store.info_devices():
-            add("gpu_info", (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid),
+            add("gpu_info", identity_labels(dev) + (
                              ("model", dev.model), ("driver", dev.driver),
                              ("pci_bus_id", dev.pci_bus_id), ("serial", dev.serial),
                              ("simulated", "true" if dev.simulated else "false"),
@@ -214,7 +215,7 @@ class Renderer:
             add("source_series", s, float(len(st.series)))
             up: dict[tuple[str, str, str], bool] = {}
             for key, dev in st.devices.items():  # one per identity (a device may have companions)
-                ident = (dev.vendor, dev.index, dev.uuid)
+                ident = dev.id
                 up[ident] = up.get(ident, True) and st.device_up.get(key, True)
             for (vendor, gpu, uuid), ok in up.items():
                 add("device_up", {"source": st.name, "vendor": vendor, "gpu": gpu, "uuid": uuid},

@@ -1,7 +1,11 @@
 """Feeds the store's canonical series to the indicator engine and keeps its latest output.
 
-The engine wants, per device, ``{"metric" or 'metric{label="v"}': value}``; the key strings are
-memoised per series key so a 100 ms cycle does no string formatting for series it has seen.
+The engine wants, per device, ``{key: value}`` where the key is the series name, or
+``(name, extra labels)`` for a series with labels beyond the GPU's identity (structured: a label
+value with ``"`` or ``\\`` in it reaches the engine as it is).  Keys are memoised per series key.
+
+The engine's output goes back to sources that declare ``Abilities.observes_indicators`` (the
+profiles source arms triggered captures from it): the daemon's indicator loop hands it over.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ import logging
 from pathlib import Path
 
 from .indicators import IndicatorConfig, IndicatorEngine
-from .mapping import Labels, SeriesKey
+from .indicators.series import InputKey
+from .model import IDENTITY_WIDTH, Labels, SeriesKey, device_id_of
 from .store import Store
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -31,17 +36,17 @@ class IndicatorFeed:
         self.interval = interval
         self.cloud = cloud
         self.latest: list[tuple[str, Labels, float]] = []
-        self._keys: dict[SeriesKey, str] = {}
+        self._keys: dict[SeriesKey, InputKey] = {}
         self._known: set[tuple[str, str, str]] = set()
         self._last_seen: dict[tuple[str, str, str], float] = {}
         self._next_prune = 0.0
 
-    def _key(self, skey: SeriesKey) -> str:
+    def _key(self, skey: SeriesKey) -> InputKey:
         k = self._keys.get(skey)
         if k is None:
             name, labels = skey
-            extra = labels[3:]
-            k = name if not extra else name + "{" + ",".join(f'{a}="{b}"' for a, b in extra) + "}"
+            extra = labels[IDENTITY_WIDTH:]
+            k = (name, extra) if extra else name
             if len(self._keys) > 200_000:  # bounded: devices and links come and go
                 self._keys.clear()
             self._keys[skey] = k
@@ -50,21 +55,21 @@ class IndicatorFeed:
     def update(self, now: float, store: Store) -> list[tuple[str, Labels, float]]:
         if not self.engine.config.enabled:
             return []
-        devices: dict[tuple[str, str, str], dict[str, float]] = {}
+        devices: dict[tuple[str, str, str], dict[InputKey, float]] = {}
         imported: list[tuple[tuple[str, str, str], str, float]] = []
         for st in store.sources.values():
             for skey, value in st.series.items():
                 labels = skey[1]
-                dev_id = (labels[0][1], labels[1][1], labels[2][1])
+                dev_id = device_id_of(labels)
                 devices.setdefault(dev_id, {})[self._key(skey)] = value
-                if labels[3:] and {k for k, _ in labels[3:]} <= _ARTEFACT_LABELS:
+                if labels[IDENTITY_WIDTH:] and {k for k, _ in labels[IDENTITY_WIDTH:]} <= _ARTEFACT_LABELS:
                     imported.append((dev_id, skey[0], value))
         # a GPU-level value from a profiler import stands in where no live counter has one
         # (the L2 miss rate for the memory-pressure / saturation attribution)
         for dev_id, name, value in imported:
             devices[dev_id].setdefault(name, value)
         for _, dev in store.info_devices():
-            dev_id = (dev.vendor, dev.index, dev.uuid)
+            dev_id = dev.id
             if dev_id not in self._known:
                 self._known.add(dev_id)
                 self.engine.set_device_info(dev_id, model=dev.model, vendor=dev.vendor,
@@ -103,7 +108,7 @@ class IndicatorFeed:
         if gone:
             # rebuilt, not only emptied: a dict keeps the table it once grew to
             self._keys = {k: v for k, v in self._keys.items()
-                          if (k[1][0][1], k[1][1][1], k[1][2][1]) in self._last_seen}
+                          if device_id_of(k[1]) in self._last_seen}
             self._last_seen = dict(self._last_seen)
             self._known = set(self._known)
             engine._devices = dict(engine._devices)

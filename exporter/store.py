@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from .mapping import SeriesKey
-from .sources.base import Device
+from .model import Device, SeriesKey
 
 
 @dataclass
@@ -87,7 +86,7 @@ class Store:
             if not st.provides_identity:
                 continue
             for dev in st.devices.values():
-                ident = (dev.vendor, dev.index, dev.uuid)
+                ident = dev.id
                 if ident in seen:
                     continue
                 seen.add(ident)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .mapping import Mapper, MappingSet
+from .pipeline import poll_and_map
 from .schema import default_mappings_dir, load_schema
-from .sources.base import Source
+from .sources.base import Source, abilities_of
 from .store import SourceState, Store
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -35,7 +36,7 @@ def map_source_once(source: Source, cycles: int = 2, interval: float = 1.0,
     mapper = Mapper(mappings)
     store = Store()
     state = SourceState(getattr(source, "name", "test"))
-    state.provides_identity = bool(getattr(source, "provides_identity", True))
+    state.provides_identity = abilities_of(source).provides_identity
     store.add(state)
     if not opened:
         source.open()
@@ -43,11 +44,9 @@ def map_source_once(source: Source, cycles: int = 2, interval: float = 1.0,
     try:
         t = 1000.0
         for i in range(cycles):
-            sample = source.poll()
-            sample.monotonic = t + i * interval
-            devices = store.resolve_devices(state, sample.devices)
-            state.devices = devices
-            result = mapper.map(sample, devices)
+            cycle = poll_and_map(source.poll, store, state, mapper, now=t + i * interval)
+            state.devices = cycle.devices
+            result = cycle.result
     finally:
         if not opened:
             source.close()

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-Labels = tuple[tuple[str, str], ...]
+from .model import Labels
 
 MAX_CACHED = 500_000  # prefixes; cleared when exceeded (label churn, e.g. per-process series)
 

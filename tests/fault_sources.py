@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import ClassVar
 
-from exporter.sources.base import Device, Sample
+from exporter.sources.base import Device, PollResult
 
 RELEASE = threading.Event()  # set by a test's teardown so hung worker threads can finish
 
@@ -25,9 +25,9 @@ class GoodSource:
     def open(self) -> None:
         pass
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         self.polls += 1
-        s = Sample(devices=[_dev(0)])
+        s = PollResult(devices=[_dev(0)])
         s.add(_dev(0).key, "util", 42.0)
         s.add(_dev(0).key, "energy_mj", 1000.0 * self.polls)
         return s
@@ -39,15 +39,15 @@ class GoodSource:
 class HangingSource(GoodSource):
     name: ClassVar[str] = "hanging"
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         RELEASE.wait()
-        return Sample()
+        return PollResult()
 
 
 class RaisingSource(GoodSource):
     name: ClassVar[str] = "raising"
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         raise RuntimeError("library exploded")
 
 
@@ -56,9 +56,9 @@ class FlakySource(GoodSource):
 
     name: ClassVar[str] = "flaky"
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         self.polls += 1
-        s = Sample(devices=[_dev(0), _dev(1)])
+        s = PollResult(devices=[_dev(0), _dev(1)])
         s.add(_dev(0).key, "util", 10.0)
         if self.polls % 2:
             s.add(_dev(1).key, "util", 20.0)

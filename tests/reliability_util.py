@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import aiohttp
 
-from exporter.sources.base import Device, Sample
+from exporter.sources.base import Device, PollResult
 
 REPO = Path(__file__).resolve().parent.parent
 SOAK = bool(os.environ.get("SOAK"))
@@ -232,10 +232,10 @@ class ChurnSource:
     def close(self) -> None:
         pass
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         self.polls += 1
         n = self.polls
-        s = Sample()
+        s = PollResult()
         for slot in range(4):
             gpu = (n // 3 + slot * 7) % 1000   # devices come and go every few polls
             dev = Device(key=f"0000:{gpu % 256:02x}:{gpu // 256:02x}.0", vendor="nvidia", index=str(gpu),

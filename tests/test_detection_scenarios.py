@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.sources.simulator import load_scenario
+from exporter.simulate import load_scenario
 from tests.e2e_util import ProcessSet, http_get, start_exporter
 
 RUN_SECONDS = 100.0

@@ -11,7 +11,7 @@ from exporter.indicator_feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, Ind
 from exporter.indicators import IndicatorConfig
 from exporter.mapping import STATE_TTL_POLLS, Mapper, MappingSet
 from exporter.schema import default_mappings_dir, load_schema
-from exporter.sources.base import Device, Sample
+from exporter.sources.base import Device, PollResult
 from exporter.store import SourceState, Store
 
 FIELDS = ("utilization.gpu", "utilization.memory", "gpm.sm_occupancy", "gpm.sm_util", "gpm.dram_bw_util")
@@ -19,7 +19,7 @@ STEP = 10.0  # seconds of (fake) time per poll
 
 
 def _cycle(mapper: Mapper, feed: IndicatorFeed, renderer: Renderer, uuids: list[str], now: float) -> None:
-    sample = Sample(monotonic=now)
+    sample = PollResult(monotonic=now)
     for i, u in enumerate(uuids):
         dev = Device(key=u, vendor="nvidia", index=str(i % 8), mapping="nvml", uuid=u, model="A10")
         sample.devices.append(dev)

@@ -12,7 +12,7 @@ from exporter.daemon import Daemon, Settings
 from exporter.mapping import Mapper, MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.server import _wants_openmetrics
-from exporter.sources.base import Device, Sample
+from exporter.sources.base import Device, PollResult
 from exporter.yamlfile import ConfigError
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -58,7 +58,7 @@ def test_mapping_nonfinite_numbers_refused(tmp_path, schema, field):
 def test_negative_clock_is_malformed_not_exported(schema):
     mapper = Mapper(MappingSet.load_dir(default_mappings_dir(), schema))
     dev = Device(key="k", vendor="nvidia", index="0", mapping="nvml", uuid="GPU-1")
-    sample = Sample(monotonic=1.0)
+    sample = PollResult(monotonic=1.0)
     sample.add("k", "clock.sm", -5.0)
     sample.add("k", "clock.graphics", 1410.0)
     out = mapper.map(sample, {"k": dev})

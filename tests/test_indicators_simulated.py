@@ -12,7 +12,8 @@ import pytest
 
 from exporter.indicators import IndicatorConfig, IndicatorEngine
 from exporter.mapping import Mapper
-from exporter.sources.simulator import SimulatorSource
+from exporter.pipeline import poll_and_map
+from exporter.simulate import SimulatorSource
 from exporter.store import SourceState, Store
 from exporter.testing import FakeClock, load_mappings
 
@@ -42,10 +43,9 @@ def run_phase(phase: str, seconds: float = 20.0) -> dict[tuple[str, str, str], l
     last: dict[tuple[str, str, str], list] = {}
     for i in range(round(seconds / FAST)):
         clock.now = 5000.0 + i * FAST
-        sample = source.poll()
-        sample.monotonic = clock.now
-        state.devices = store.resolve_devices(state, sample.devices)
-        per = series_by_device(mapper.map(sample, state.devices).series)
+        cycle = poll_and_map(source.poll, store, state, mapper, now=clock.now)
+        state.devices = cycle.devices
+        per = series_by_device(cycle.result.series)
         if i == 0:
             for device in per:
                 engine.set_device_info(device, vendor=device[0])

@@ -9,7 +9,7 @@ import pytest
 
 from exporter.mapping import Mapper, MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
-from exporter.sources.base import Device, Sample
+from exporter.sources.base import Device, PollResult
 from exporter.yamlfile import ConfigError
 
 DEV = Device(key="0000:01:00.0", vendor="nvidia", index="0", mapping="t", uuid="GPU-1")
@@ -28,7 +28,7 @@ def make_set(tmp_path: Path, schema, body: str) -> MappingSet:
 
 
 def run(mapper: Mapper, t: float, *readings) -> dict:
-    s = Sample(monotonic=t)
+    s = PollResult(monotonic=t)
     for r in readings:
         s.add(DEV.key, *r)
     return mapper.map(s, {DEV.key: DEV}).series
@@ -104,7 +104,7 @@ fields:
     m = Mapper(ms)
     key = ("gpu_compute_utilization_percent", DL)
     assert run(m, 1, ("gpu_busy_percent", 40), ("gpu_metrics.average_gfx_activity", 42))[key] == 42
-    s = Sample(monotonic=2)
+    s = PollResult(monotonic=2)
     s.add(DEV.key, "gpu_busy_percent", 40)
     s.add(DEV.key, "gpu_metrics.average_gfx_activity", 65535)
     s.add(DEV.key, "gpu_busy_percent", "N/A")

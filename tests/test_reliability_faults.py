@@ -18,7 +18,7 @@ import pytest
 from exporter.daemon import Daemon, Settings
 from exporter.schema import default_mappings_dir
 from exporter.sources import amdgpu_sysfs, drm_fdinfo, registry
-from exporter.sources.base import Device, Sample
+from exporter.sources.base import Device, PollResult
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.nvml import NvmlSource
 from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
@@ -285,9 +285,9 @@ class ScriptedSource:
     def close(self) -> None:
         pass
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         dev = Device(key="0000:01:00.0", vendor="nvidia", index="0", mapping="churn", uuid="GPU-S-0")
-        s = Sample(devices=[dev], monotonic=1000.0 + self.polls)           # 1 s apart
+        s = PollResult(devices=[dev], monotonic=1000.0 + self.polls)           # 1 s apart
         for k, v in self.SCRIPT[self.polls].items():
             s.add(dev.key, k, v)
         self.polls += 1

@@ -20,13 +20,14 @@ from hypothesis import strategies as st
 
 from exporter.config import load_config
 from exporter.mapping import Mapper, load_mapping
+from exporter.pipeline import poll_and_map
 from exporter.schema import default_mappings_dir, load_schema
+from exporter.simulate import load_scenario
 from exporter.sources import sysfs_util
 from exporter.sources.amdgpu_sysfs import AmdgpuSysfsSource, parse_dpm, parse_link_speed, parse_pcie_bw
-from exporter.sources.base import Sample
+from exporter.sources.base import PollResult
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.intel_sysfs import IntelSysfsSource
-from exporter.sources.simulator import load_scenario
 from exporter.sources.upstream import FetchError, parse_exposition
 from exporter.store import SourceState, Store
 from exporter.testing import load_mappings
@@ -171,10 +172,10 @@ def test_schema_shaped_mappings_load_or_fail_cleanly_and_map_any_value(tmp_path,
     from exporter.sources.base import Device
     dev = Device(key="k", vendor=cm.vendor, index="0", mapping="m", uuid="u")
     for i, v in enumerate(values):
-        s = Sample(devices=[dev], monotonic=1000.0 + i)
+        s = PollResult(devices=[dev], monotonic=1000.0 + i)
         for r in rules:
             s.add("k", r["raw"], v, (("link", "0"), ("pid", "1"), ("process", "p")))
-        out = mapper.map(s, store.resolve_devices(state, s.devices))
+        out = poll_and_map(lambda s=s: s, store, state, mapper).result
         for (_name, _labels), value in out.series.items():
             assert value == value and abs(value) != float("inf"), (rules, values)
 
@@ -265,7 +266,7 @@ def _scribble(root: Path, rnd: random.Random, share: float = 0.5, keep: frozense
     return n
 
 
-def _poll_twice(src) -> list[Sample]:
+def _poll_twice(src) -> list[PollResult]:
     src.open()
     try:
         return [src.poll(), src.poll()]
@@ -282,14 +283,13 @@ def _shipped_mappings():
     return _MAPPINGS[0]
 
 
-def _mapped(src_name: str, samples: list[Sample]) -> None:
+def _mapped(src_name: str, samples: list[PollResult]) -> None:
     """The samples also go through the mapping without raising or emitting non-finite values."""
     mapper = Mapper(_shipped_mappings())
     store, state = Store(), SourceState(src_name)
     store.add(state)
     for i, s in enumerate(samples):
-        s.monotonic = s.monotonic or 1000.0 + i
-        out = mapper.map(s, store.resolve_devices(state, s.devices))
+        out = poll_and_map(lambda s=s: s, store, state, mapper, now=s.monotonic or 1000.0 + i).result
         assert all(v == v and abs(v) != float("inf") for v in out.series.values())
 
 

@@ -12,7 +12,7 @@ import pytest
 from exporter.daemon import Daemon, Settings
 from exporter.schema import default_mappings_dir
 from exporter.sources import registry
-from exporter.sources.base import Device, Sample, SourceUnavailable
+from exporter.sources.base import Device, PollResult, SourceUnavailable
 
 MAPPING = "vendor: nvidia\nfields:\n  - {raw: util, metric: gpu_compute_utilization_percent}\n"
 BACKEND = {"present": True}
@@ -27,7 +27,7 @@ class MissingSource:
     def open(self) -> None:
         raise SourceUnavailable("libmissing.so.1 not found")
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         raise AssertionError("never polled")
 
     def close(self) -> None:
@@ -43,9 +43,9 @@ class VanishingSource(MissingSource):
         if not BACKEND["present"]:
             raise SourceUnavailable("driver not loaded")
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         dev = Device(key="0", vendor="nvidia", index="0", mapping="states", uuid="GPU-s0")
-        s = Sample(devices=[dev])
+        s = PollResult(devices=[dev])
         s.add("0", "util", 50)
         return s
 

@@ -204,13 +204,13 @@ async def test_min_version_tls13_refuses_tls12_client(tmp_path, tls_files):
 @pytest.mark.asyncio
 async def test_basic_auth_401_without_detail_and_headers(tmp_path, tls_files, monkeypatch):
     calls = []
-    real = wc._bcrypt_ok
+    real = wc.auth._bcrypt_ok
 
     def counting(pw, h):
         calls.append(1)
         return real(pw, h)
 
-    monkeypatch.setattr(wc, "_bcrypt_ok", counting)
+    monkeypatch.setattr(wc.auth, "_bcrypt_ok", counting)
     cfg = tls_cfg(tls_files) + (f"basic_auth_users:\n  prometheus: '{HASH}'\n"
                                 "http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
     srv = await serve(WebConfigWatcher(write_cfg(tmp_path, cfg)))

@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..sources.base import Device, Sample
+from ..model import Device, PollResult
 from .model import DeviceInfo, KernelRecord, Profile, quantile
 
 QUANTILES = (("50", 0.5), ("95", 0.95), ("99", 0.99), ("100", 1.0))  # (percentile label, q)
@@ -102,7 +102,7 @@ def group_kernels(recs: list[KernelRecord], top_n: int) -> dict[str, list[Kernel
     return groups
 
 
-def add_profile(sample: Sample, prof: Profile, top_n: int = 10,
+def add_profile(sample: PollResult, prof: Profile, top_n: int = 10,
                 allowed: dict[str, set[str]] | None = None) -> list[Device]:
     """Append one profile's readings to ``sample``; returns the devices it used.
 
@@ -147,8 +147,8 @@ def add_profile(sample: Sample, prof: Profile, top_n: int = 10,
 
 
 def to_sample(profiles: Iterable[Profile], top_n: int = 10,
-              allowed: dict[str, set[str]] | None = None) -> Sample:
-    sample = Sample()
+              allowed: dict[str, set[str]] | None = None) -> PollResult:
+    sample = PollResult()
     seen: dict[str, Device] = {}
     for prof in profiles:
         for dev in add_profile(sample, prof, top_n, allowed):

@@ -25,72 +25,36 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..model import DeviceId
 from .baseline import BaselineStore
 from .config import IndicatorConfig
-from .contention import (
-    BANDWIDTH_UTIL,
-    bandwidth_drop_under_load,
-    compute_signal,
-)
+from .contention import bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
+from .device_state import _DeviceInfo, _DeviceState
 from .robust import DeviationTracker, RobustBaseline, median
 from .rootcause import RootCauseInputs, classify, dominant_cause, miss_rate_risen
-from .series import SeriesIndex
+from .series import InputKey, SeriesIndex
+from .signals import (
+    BANDWIDTH_GBPS,
+    BANDWIDTH_UTIL,
+    INTERCONNECT_BASELINE,
+    MISS_BASELINE,
+    MISS_RATE,
+    REFERENCE_PREFIX,
+    THROTTLE_CAUSES,
+    UTILIZATION,
+    VARIABILITY_SERIES,
+)
 from .state import STARVATION_BASES, STATES, StateInputs, classify_state, signature
-from .variability import VariabilityStats, window_stats
+from .variability import window_stats
 from .window import RingWindow, capacity_for
 
 log = logging.getLogger(__name__)
 
-DeviceId = tuple[str, str, str]  # (vendor, gpu, uuid)
-Sample = tuple[str, dict[str, str], float]
+Output = tuple[str, dict[str, str], float]  # one indicator value: (series, labels, value)
 
-UTILIZATION = "gpu_compute_utilization_percent"
-BANDWIDTH_GBPS = "gpu_memory_bandwidth_gbps"
-MISS_RATE = "gpu_l2_cache_miss_rate_percent"
-
-# metric label -> canonical series feeding the variability windows
-VARIABILITY_SERIES = (
-    ("utilization", UTILIZATION),
-    ("bandwidth", BANDWIDTH_GBPS),
-    ("bandwidth_utilization", BANDWIDTH_UTIL),
-)
-# internal baselines (persisted, not exported)
-MISS_BASELINE = "l2_miss_rate"
-INTERCONNECT_BASELINE = "interconnect_throughput"
-REFERENCE_PREFIX = "memory_bound_"  # + basis: the compute signal while memory-bound, alone
-THROTTLE_CAUSES = ("thermal_throttle", "power_throttle")
-
-
-@dataclass(slots=True)
-class _DeviceState:
-    windows: dict[str, RingWindow]
-    interconnect: RingWindow
-    stats: dict[str, VariabilityStats | None] = field(default_factory=dict)
-    stats_at: float | None = None
-    last_update: float | None = None
-    interconnect_series: int = 0
-    interconnect_anchored: bool = False
-    contention_seconds: dict[str, float] = field(default_factory=dict)
-    cost_dollars: float = 0.0
-    recent: dict[str, RingWindow] = field(default_factory=dict)  # metric -> last compare_seconds
-    trackers: dict[str, DeviationTracker] = field(default_factory=dict)
-    drop: DeviationTracker | None = None  # throughput drop vs the memory-bound reference
-    idle_seconds: float = 0.0
-    drop_seconds: float = 0.0  # throughput drop held without per-process data
-    state: str = "unknown"
-    flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
-
-
-@dataclass(slots=True)
-class _DeviceInfo:
-    vendor: str = ""
-    model: str = ""
-    cloud: str = ""
-    price: float | None = None
 
 
 class IndicatorEngine:
@@ -128,10 +92,10 @@ class IndicatorEngine:
         """
         self.baselines.save()
 
-    def update(self, now: float, devices: Mapping[DeviceId, Mapping[str, float]]) -> list[Sample]:
+    def update(self, now: float, devices: Mapping[DeviceId, Mapping[InputKey, float]]) -> list[Output]:
         if not self.config.enabled:
             return []
-        out: list[Sample] = []
+        out: list[Output] = []
         for device_id, series in devices.items():
             self._update_device(now, device_id, series, out)
         return out
@@ -183,8 +147,8 @@ class IndicatorEngine:
         ring.push(now, value)
         return median(ring.values(now))
 
-    def _update_device(self, now: float, device_id: DeviceId, series: Mapping[str, float],
-                       out: list[Sample]) -> None:
+    def _update_device(self, now: float, device_id: DeviceId, series: Mapping[InputKey, float],
+                       out: list[Output]) -> None:
         cfg = self.config
         st = self._state(device_id)
         if st.last_update is None:

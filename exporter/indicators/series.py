@@ -1,4 +1,9 @@
-"""Reading the canonical series keys the engine receives: ``name`` or ``name{label="v",...}``.
+"""Reading the canonical series keys the engine receives.
+
+A key is the series name (a series without labels beyond the GPU's identity) or, for a labelled
+series, ``(name, ((label, value), ...))``: the daemon's indicator feed hands structured keys, so
+a label value is never quoted and parsed back.  A hand-written ``name{label="v",...}`` string is
+also accepted (tests, tools) and parsed with Prometheus escaping.
 
 Per device, the engine only needs a few labelled families: throttle reasons, interconnect byte
 counters and interconnect utilization.  ``SeriesIndex`` classifies each key once and remembers
@@ -10,6 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from ..model import Labels
+
+InputKey = str | tuple[str, Labels]  # "name" or (name, extra labels)
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
@@ -62,15 +71,15 @@ class SeriesIndex:
     """Classifies series keys (cached) and gathers the labelled signals of one device."""
 
     def __init__(self, max_keys: int = 16384) -> None:
-        self._kind: dict[str, tuple[str, str] | None] = {}
+        self._kind: dict[InputKey, tuple[str, str] | None] = {}
         self._names: dict[str, str] = {}  # pid -> process name of the keys seen
         self._max = max_keys
 
-    def _classify(self, key: str) -> tuple[str, str] | None:
-        if "{" not in key:
-            kind = None
+    def _classify(self, key: InputKey) -> tuple[str, str] | None:
+        if isinstance(key, str) and "{" not in key:
+            kind = None  # no labels: not one of the labelled families
         else:
-            name, labels = parse_key(key)
+            name, labels = (key[0], dict(key[1])) if isinstance(key, tuple) else parse_key(key)
             if name == THROTTLE and "reason" in labels:
                 kind = (THROTTLE, labels["reason"])
             elif name in (IC_BYTES, IC_UTIL):
@@ -86,7 +95,7 @@ class SeriesIndex:
         self._kind[key] = kind
         return kind
 
-    def gather(self, series: Mapping[str, float]) -> LabelledSignals:
+    def gather(self, series: Mapping[InputKey, float]) -> LabelledSignals:
         out = LabelledSignals()
         kinds = self._kind
         ic_sum = 0.0

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .amd_gpu_metrics import FAST_FIELDS, GpuMetricsError, readings
-from .base import Device, Sample, SourceUnavailable
+from .base import Abilities, Device, Sample, SourceBase, SourceUnavailable
 from .sysfs_util import KeptFiles, error_kind, fd_budget, on_sysfs, parse_int
 
 Reader = Callable[[Path], bytes]
@@ -171,8 +171,9 @@ class _Background:
     ready: dict[str, threading.Event] = field(default_factory=dict)
 
 
-class AmdgpuSysfsSource:
+class AmdgpuSysfsSource(SourceBase):
     name = "amdgpu"
+    abilities = Abilities(fast_poll=True)
 
     def __init__(self, sysfs: Path = Path("/sys"), options: dict[str, Any] | None = None,
                  reader: Reader | None = None, clock: Callable[[], float] = time.monotonic, **_: Any):

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import Device, Sample, SourceUnavailable
+from .base import Device, PollResult, SourceBase, SourceUnavailable
 
 NOT_SUPPORTED = 2  # amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED
 _TIMEOUTS = (8, 9)  # AMDSMI_STATUS_TIMEOUT, AMDSMI_STATUS_RETRY
@@ -75,7 +75,7 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-class AmdsmiSource:
+class AmdsmiSource(SourceBase):
     name = "amdsmi"
 
     def __init__(self, sysfs: Path = Path("/sys"), options: dict[str, Any] | None = None,
@@ -175,8 +175,8 @@ class AmdsmiSource:
             return None
 
     # -------------------------------------------------------------------------------- poll
-    def poll(self) -> Sample:
-        sample = Sample()
+    def poll(self) -> PollResult:
+        sample = PollResult()
         for handle, dev in self._handles:
             sample.devices.append(dev)
             sample.device_up[dev.key] = True
@@ -186,7 +186,7 @@ class AmdsmiSource:
                 sample.errors["read_error"] += 1
         return sample
 
-    def _poll_device(self, h: Any, key: str, sample: Sample) -> None:
+    def _poll_device(self, h: Any, key: str, sample: PollResult) -> None:
         errors = sample.errors
         total = self._call(key, "amdsmi_get_gpu_total_ecc_count", h, errors=errors)
         if isinstance(total, dict):
@@ -215,7 +215,7 @@ class AmdsmiSource:
         if self.options.get("processes", False):
             self._poll_processes(h, key, sample)
 
-    def _poll_processes(self, h: Any, key: str, sample: Sample) -> None:
+    def _poll_processes(self, h: Any, key: str, sample: PollResult) -> None:
         procs = self._call(key, "amdsmi_get_gpu_process_list", h, errors=sample.errors)
         if not isinstance(procs, list):
             return

@@ -10,10 +10,18 @@ source may block (NVML, amdsmi, slow sysfs files) without stalling anything else
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
+
+from ..model import Device, Labels, PollResult, Reading
+
+# the poll result's former name; the amdgpu sysfs readers still spell it this way
+Sample = PollResult
+
+__all__ = ["Abilities", "Device", "PollFailed", "PollResult", "Reading", "Sample", "Source", "SourceBase",
+           "SourceUnavailable", "abilities_of"]
 
 
 class SourceUnavailable(Exception):
@@ -24,71 +32,44 @@ class SourceUnavailable(Exception):
     """
 
 
+class PollFailed(Exception):
+    """A poll that failed as a whole, saying why in error kinds (as ``PollResult.errors`` would).
+
+    The daemon adds ``errors`` to the source's error counters instead of one ``exception``.
+    """
+
+    def __init__(self, errors: Counter[str], message: str) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
 @dataclass(frozen=True, slots=True)
-class Device:
-    """Identity of one GPU (or one MIG/partition instance's parent GPU) as a source sees it.
+class Abilities:
+    """What a source can do beyond ``open``/``poll``/``close``; the daemon reads nothing else.
 
-    ``key`` is unique within the source and stable across polls (PCI bus id or UUID).
-    ``index`` becomes the canonical ``gpu`` label: the vendor's stable index on the node
-    (NVML index, DRM card minor number).  ``mapping`` names the file in ``mappings/`` whose
-    rules translate this device's raw readings.
+    ``secondary``: its GPUs give way to a native source reading the same GPU (upstream scrape).
+    ``provides_identity``: its devices name GPUs; False for a source that borrows identity from
+    others by PCI address or UUID (profiler artefacts).
+    ``fast_poll``: ``poll_fast`` returns the fast-changing readings (power, clocks) cheaply and the
+    daemon calls it between full polls.
+    ``observes_indicators``: ``observe_indicator_output`` is handed the indicators' output each
+    fast cycle (the profiles source arms triggered captures from it): the one edge from the
+    indicators back to a source.
     """
 
-    key: str
-    vendor: str
-    index: str
-    mapping: str
-    uuid: str = ""
-    model: str = ""
-    pci_bus_id: str = ""
-    driver: str = ""
-    serial: str = ""
-    simulated: bool = False
-    # (gpu_instance, MIG UUID) of each MIG instance: pod attribution matches MIG devices by these
-    partitions: tuple[tuple[str, str], ...] = ()
+    secondary: bool = False
+    provides_identity: bool = True
+    fast_poll: bool = False
+    observes_indicators: bool = False
 
 
-@dataclass(slots=True)
-class Reading:
-    """One raw value: ``(device key, vendor field name, value)`` plus optional raw labels.
-
-    ``labels`` carries per-reading dimensions such as a link number, a process id or a MIG
-    instance id, as ``(name, value)`` pairs; the mapping renames them to canonical label names.
-    """
-
-    device: str
-    field: str
-    value: float
-    labels: tuple[tuple[str, str], ...] = ()
+DEFAULT_ABILITIES = Abilities()
 
 
-@dataclass(slots=True)
-class Sample:
-    """What one ``poll`` returns."""
-
-    devices: list[Device] = field(default_factory=list)
-    readings: list[Reading] = field(default_factory=list)
-    # device key -> False when the device was found before but cannot be read now (lost GPU)
-    device_up: dict[str, bool] = field(default_factory=dict)
-    # error kind -> count during this poll (malformed value, not_supported, read_error, ...)
-    errors: Counter[str] = field(default_factory=Counter)
-    # monotonic time at which the readings were taken (set by the daemon when left at 0)
-    monotonic: float = 0.0
-
-    def add(self, device: str, field_name: str, value: float | int | None,
-            labels: tuple[tuple[str, str], ...] = ()) -> None:
-        """Append a reading; a value that is not a finite number is counted, not stored."""
-        if value is None:
-            return
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            self.errors["malformed_value"] += 1
-            return
-        if not math.isfinite(v):
-            self.errors["malformed_value"] += 1
-            return
-        self.readings.append(Reading(device, field_name, v, labels))
+def abilities_of(source: object) -> Abilities:
+    """The abilities ``source`` declares; a duck-typed source (a test double) has the defaults."""
+    declared = getattr(type(source), "abilities", None)
+    return declared if isinstance(declared, Abilities) else DEFAULT_ABILITIES
 
 
 @runtime_checkable
@@ -96,12 +77,38 @@ class Source(Protocol):
     """One backend.  ``name`` is the collector name used by ``--collector.<name>``."""
 
     name: ClassVar[str]
+    abilities: ClassVar[Abilities]  # optional: a source without it has DEFAULT_ABILITIES
 
     def open(self) -> None:
         """Initialise the backend; raise ``SourceUnavailable`` with a reason when it is absent."""
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         """Read every device once.  Must not raise for a single bad device or value."""
 
     def close(self) -> None:
         """Release the backend.  Called on shutdown and before a reload re-opens it."""
+
+
+class SourceBase:
+    """Explicit defaults for the optional part of the contract; every built-in source derives
+    from it and states what it can do in ``abilities``."""
+
+    name: ClassVar[str]
+    abilities: ClassVar[Abilities] = DEFAULT_ABILITIES
+
+    def open(self) -> None:
+        pass
+
+    def poll(self) -> PollResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def poll_fast(self) -> PollResult:
+        """Only the fast-changing readings; called when ``abilities.fast_poll``."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare fast_poll")
+
+    def observe_indicator_output(self, now: float, samples: Iterable[tuple[str, Labels, float]]) -> int:
+        """Called with the indicators' output when ``abilities.observes_indicators``."""
+        return 0

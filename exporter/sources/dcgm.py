@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Device, Sample, SourceUnavailable
+from .base import Device, PollResult, SourceBase, SourceUnavailable
 
 BINDING_PATHS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")
 
@@ -69,7 +69,7 @@ def _bus(bus_id: Any) -> str:
     return s
 
 
-class DcgmSource:
+class DcgmSource(SourceBase):
     name: ClassVar[str] = "dcgm"
 
     def __init__(self, *, sysfs: Path = Path("/sys"), procfs: Path = Path("/proc"),
@@ -108,10 +108,10 @@ class DcgmSource:
             self.devices[int(gpu_id)] = Device(key=bus or uuid or f"dcgm{gpu_id}", vendor="nvidia",
                                                index=str(gpu_id), mapping="dcgm", uuid=uuid, pci_bus_id=bus)
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         if self.reader is None:
             raise RuntimeError("DcgmSource.poll() before open()")
-        sample = Sample()
+        sample = PollResult()
         errors: Counter[str] = sample.errors
         try:
             data = self.reader.GetLatestGpuValuesAsFieldIdDict() or {}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .base import Device, Sample, SourceUnavailable
+from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
 from .sysfs_util import read_kv, read_text
 
@@ -207,7 +207,7 @@ def card_indices(sysfs: Path) -> dict[str, str]:
     return out
 
 
-class DrmFdinfoSource:
+class DrmFdinfoSource(SourceBase):
     """Per-process engine utilization and memory from ``/proc/*/fdinfo`` (all DRM drivers)."""
 
     name: ClassVar[str] = "fdinfo"
@@ -252,8 +252,8 @@ class DrmFdinfoSource:
         self._devices[pdev] = dev
         return dev
 
-    def poll(self) -> Sample:
-        sample = Sample()
+    def poll(self) -> PollResult:
+        sample = PollResult()
         now = self._clock()
         sample.monotonic = now
         seen: dict[tuple[str, str], _ClientState] = {}
@@ -289,7 +289,7 @@ class DrmFdinfoSource:
             self._emit(sample, pdev, by_pid)
         return sample
 
-    def _emit(self, sample: Sample, pdev: str, by_pid: dict[str, _Proc]) -> None:
+    def _emit(self, sample: PollResult, pdev: str, by_pid: dict[str, _Proc]) -> None:
         ranked = sorted(by_pid.values(), key=lambda p: (-p.rank()[0], -p.rank()[1], int(p.pid)))
         keep = ranked if self.top_n < 0 else ranked[: self.top_n]
         rest = [] if self.top_n < 0 else ranked[self.top_n:]

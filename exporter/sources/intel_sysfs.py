@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .base import Device, Sample, SourceUnavailable
+from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .fdinfo_parser import normalize_pdev
 from .sysfs_util import link_name, read_int, read_kv, read_text
 
@@ -159,7 +159,7 @@ def discover(sysfs: Path) -> list[_Card]:
     return out
 
 
-class IntelSysfsSource:
+class IntelSysfsSource(SourceBase):
     """Intel i915/xe GPUs from ``<sysfs>/class/drm`` and their hwmon directories."""
 
     name: ClassVar[str] = "intel"
@@ -177,8 +177,8 @@ class IntelSysfsSource:
     def close(self) -> None:
         self._cards = []
 
-    def poll(self) -> Sample:
-        sample = Sample()
+    def poll(self) -> PollResult:
+        sample = PollResult()
         for card in self._cards:
             sample.devices.append(card.device)
             if not (card.path / "device").exists():
@@ -198,7 +198,7 @@ class IntelSysfsSource:
         return sample
 
     # -- i915 ---------------------------------------------------------------------------------
-    def _poll_i915(self, sample: Sample, card: _Card) -> None:
+    def _poll_i915(self, sample: PollResult, card: _Card) -> None:
         key, err = card.device.key, sample.errors
         gts = _subdirs(card.path / "gt", "gt")
         for gt in gts:
@@ -215,7 +215,7 @@ class IntelSysfsSource:
         sample.add(key, "i915.lmem_total_bytes", read_int(card.path / "device" / "lmem_total_bytes", err))
 
     # -- xe -----------------------------------------------------------------------------------
-    def _poll_xe(self, sample: Sample, card: _Card) -> None:
+    def _poll_xe(self, sample: PollResult, card: _Card) -> None:
         key, err = card.device.key, sample.errors
         vram_total, vram_seen = 0, False
         for tile in _subdirs(card.path / "device", "tile"):
@@ -236,7 +236,7 @@ class IntelSysfsSource:
             sample.add(key, "xe.physical_vram_size_bytes", vram_total)
 
     @staticmethod
-    def _xe_throttle(sample: Sample, key: str, throttle: Path, labels: tuple) -> None:
+    def _xe_throttle(sample: PollResult, key: str, throttle: Path, labels: tuple) -> None:
         err = sample.errors
         files = _files(throttle)
         reason_files = [f for f in files if f.startswith("reason_")]
@@ -255,7 +255,7 @@ class IntelSysfsSource:
 
     # -- PCIe link (the PCI device directory) ------------------------------------------------
     @staticmethod
-    def _poll_pcie(sample: Sample, card: _Card) -> None:
+    def _poll_pcie(sample: PollResult, card: _Card) -> None:
         """current/max link speed and width of the card's PCI function.  Absent files (an
         integrated GPU has no link) are not an error.  On discrete cards behind the on-board
         switch this is the link to that switch."""
@@ -278,7 +278,7 @@ class IntelSysfsSource:
                     sample.add(key, f"pcie.{name}", width)
 
     # -- hwmon --------------------------------------------------------------------------------
-    def _poll_hwmon(self, sample: Sample, card: _Card) -> None:
+    def _poll_hwmon(self, sample: PollResult, card: _Card) -> None:
         key, err = card.device.key, sample.errors
         for hwmon in _subdirs(card.path / "device" / "hwmon", "hwmon"):
             drv = read_text(hwmon / "name", err)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Device, Sample, SourceUnavailable
+from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .drm_fdinfo import card_indices
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class _L0Device:
     prev_bw: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # read, write, ts
 
 
-class LevelZeroSource:
+class LevelZeroSource(SourceBase):
     """Level Zero Sysman engine activity, memory state and memory bandwidth."""
 
     name: ClassVar[str] = "levelzero"
@@ -165,8 +165,8 @@ class LevelZeroSource:
         self._devices = []
 
     # -- polling ------------------------------------------------------------------------------
-    def poll(self) -> Sample:
-        sample = Sample()
+    def poll(self) -> PollResult:
+        sample = PollResult()
         for dev in self._devices:
             sample.devices.append(dev.device)
             lost = sample.errors["device_lost"]
@@ -175,7 +175,7 @@ class LevelZeroSource:
             sample.device_up[dev.device.key] = sample.errors["device_lost"] == lost
         return sample
 
-    def _poll_engines(self, sample: Sample, dev: _L0Device) -> None:
+    def _poll_engines(self, sample: PollResult, dev: _L0Device) -> None:
         zes = self._zes
         for i, (eh, group, sub) in enumerate(dev.engines):
             st = zes.zes_engine_stats_t()
@@ -190,7 +190,7 @@ class LevelZeroSource:
             pct = (st.activeTime - prev[0]) / (st.timestamp - prev[1]) * 100.0
             sample.add(dev.device.key, f"l0.engine.{group}", pct, (("subdevice", sub),) if sub else ())
 
-    def _poll_memory(self, sample: Sample, dev: _L0Device) -> None:
+    def _poll_memory(self, sample: PollResult, dev: _L0Device) -> None:
         zes = self._zes
         size = free = 0
         have_state = False

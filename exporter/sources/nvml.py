@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Device, Sample, SourceUnavailable
+from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .nvml_calls import LOST_CODES, CallGuard, DeviceLost
 from .nvml_events import XidWatcher
 from .nvml_gpm import DEFAULT_GPM_METRICS, GpmReader
@@ -64,8 +64,9 @@ def mig_profile(name: str) -> str:
     return m.group(1) if m else ""
 
 
-class NvmlSource:
+class NvmlSource(SourceBase):
     name: ClassVar[str] = "nvml"
+    abilities = Abilities(fast_poll=True)
 
     def __init__(self, *, sysfs: Path = Path("/sys"), procfs: Path = Path("/proc"),
                  options: dict[str, Any] | None = None, module: Any = None,
@@ -249,10 +250,10 @@ class NvmlSource:
             self.gpm.drop_device(st.key)
 
     # -- polling -----------------------------------------------------------------------------
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         if self.nv is None:
             raise RuntimeError("NvmlSource.poll() before open()")
-        sample = Sample()
+        sample = PollResult()
         sample.errors.update(self._pending)
         self._pending.clear()
         self._polls += 1
@@ -276,11 +277,11 @@ class NvmlSource:
         self._read_xid(sample)
         return sample
 
-    def poll_fast(self) -> Sample:
+    def poll_fast(self) -> PollResult:
         """Cheap signals for the contention indicators between full polls: utilization and,
         on Hopper and newer, GPM (SM occupancy, DRAM bandwidth) over the window since the
         previous GPM read.  MIG GPUs and lost GPUs are left to the full poll."""
-        sample = Sample()
+        sample = PollResult()
         if self.nv is None:
             return sample
         now = self._clock()
@@ -301,7 +302,7 @@ class NvmlSource:
                 continue  # the next full poll marks it lost and re-discovers
         return sample
 
-    def _read_gpu(self, sample: Sample, st: GpuState, now: float) -> None:
+    def _read_gpu(self, sample: PollResult, st: GpuState, now: float) -> None:
         assert self.reader is not None
         self.reader.read(sample, st)
         st.polls_since_mig_scan += 1
@@ -323,7 +324,7 @@ class NvmlSource:
         if self.procs is not None:
             self.procs.read(sample, st.key, st.handle)
 
-    def _read_xid(self, sample: Sample) -> None:
+    def _read_xid(self, sample: PollResult) -> None:
         if self.xid is None:
             return
         counts, last, errs = self.xid.snapshot()

@@ -38,7 +38,7 @@ class XidWatcher:
         self._uuids: dict[str, str] = {}         # uuid -> device key
         self.counts: dict[str, Counter[int]] = {}
         self.last: dict[str, float] = {}
-        self.errors: Counter[str] = Counter()    # drained into the next Sample
+        self.errors: Counter[str] = Counter()    # drained into the next PollResult
         self.unsupported: set[str] = set()
         self._mask = int(getattr(nvml, "nvmlEventTypeXidCriticalError", 0x8))
 

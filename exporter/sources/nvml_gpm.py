@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Sample
+from .base import PollResult
 from .nvml_calls import INVALID_ARGUMENT, LOST_CODES, SUCCESS, UNSUPPORTED_CODES, CallGuard, DeviceLost
 
 # What we ask for by default: the memory-contention set (names of NVML_GPM_METRIC_* constants).
@@ -110,7 +110,7 @@ class GpmReader:
         return st
 
     # -- one poll --------------------------------------------------------------------------
-    def read(self, sample: Sample, key: str, handle: Any, now: float, gi: int | None = None,
+    def read(self, sample: PollResult, key: str, handle: Any, now: float, gi: int | None = None,
              labels: tuple[tuple[str, str], ...] = ()) -> None:
         """Take a sample for (key, gi) and emit metrics over [previous, now] when valid.
 
@@ -157,7 +157,7 @@ class GpmReader:
         st.min_gap = gap if st.min_gap <= 0 else min(st.min_gap, gap)
         st.prev, st.prev_t = cur, now
 
-    def _metrics(self, sample: Sample, key: str, st: GpmStream, s1: Any, s2: Any,
+    def _metrics(self, sample: PollResult, key: str, st: GpmStream, s1: Any, s2: Any,
                  labels: tuple[tuple[str, str], ...]) -> None:
         nv = self.nvml
         mg = nv.c_nvmlGpmMetricsGet_t()

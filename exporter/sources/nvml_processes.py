@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import Sample
+from .base import PollResult
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 
 INVALID_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
@@ -53,7 +53,7 @@ class ProcessReader:
         self._names[pid] = name
         return name
 
-    def read(self, sample: Sample, key: str, handle: Any) -> None:
+    def read(self, sample: PollResult, key: str, handle: Any) -> None:
         errors = sample.errors
         procs: dict[int, _Proc] = {}
         running = self.guard.call(errors, key, "process.memory_used",

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Device, Sample
+from .base import Device, PollResult
 from .nvml_calls import LOST_CODES, SUCCESS, CallGuard, DeviceLost
 
 CLOCKS = (("graphics", "NVML_CLOCK_GRAPHICS"), ("sm", "NVML_CLOCK_SM"),
@@ -172,7 +172,7 @@ class DeviceReader:
         return links
 
     # -- every poll ----------------------------------------------------------------------------
-    def read(self, sample: Sample, st: GpuState) -> None:
+    def read(self, sample: PollResult, st: GpuState) -> None:
         nv, g, k, h = self.nvml, self.guard, st.key, st.handle
         errors = sample.errors
         add = sample.add
@@ -221,7 +221,7 @@ class DeviceReader:
             for name, v in zip(("correctable", "uncorrectable", "pending", "failure"), rows, strict=False):
                 add(k, f"remapped_rows.{name}", v)
 
-    def read_memory(self, sample: Sample, key: str, handle: Any,
+    def read_memory(self, sample: PollResult, key: str, handle: Any,
                     labels: tuple[tuple[str, str], ...] = ()) -> None:
         nv = self.nvml
         fieldname = "memory" if not labels else "memory.mig"
@@ -238,7 +238,7 @@ class DeviceReader:
         else:
             sample.add(key, "memory_v1.used", mem.used, labels)
 
-    def read_fields(self, sample: Sample, st: GpuState) -> None:
+    def read_fields(self, sample: PollResult, st: GpuState) -> None:
         if not st.fields:
             return
         g, k = self.guard, st.key

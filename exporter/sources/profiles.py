@@ -37,16 +37,16 @@ from ..importers.detect import MAX_BYTES
 from ..importers.dropdir import DropDir
 from ..importers.model import Profile
 from ..importers.trigger import CaptureTrigger, TriggerConfig
-from .base import Device, Reading, Sample, SourceUnavailable
-
-Labels = tuple[tuple[str, str], ...]
+from ..model import IDENTITY_WIDTH, Labels
+from .base import Abilities, Device, PollResult, Reading, SourceBase, SourceUnavailable
 
 log = logging.getLogger("unified_gpu_exporter")
 
 
-class ProfilesSource:
+class ProfilesSource(SourceBase):
     name: ClassVar[str] = "profiles"
-    provides_identity = False
+    # borrows identity from native sources; arms triggered captures from the indicators' output
+    abilities = Abilities(provides_identity=False, observes_indicators=True)
 
     def __init__(self, options: dict[str, Any] | None = None, mappings: Any = None):
         opts = dict(options or {})
@@ -88,8 +88,8 @@ class ProfilesSource:
         self._thread = threading.Thread(target=self._loop, name="profiles-import", daemon=True)
         self._thread.start()
 
-    def poll(self) -> Sample:
-        sample = Sample()
+    def poll(self) -> PollResult:
+        sample = PollResult()
         with self._lock:
             if self.ttl > 0:
                 cutoff = self.clock() - self.ttl
@@ -151,7 +151,7 @@ class ProfilesSource:
 
     def add(self, prof: Profile, count: bool = True) -> None:
         """Convert one profile and keep its readings (replacing an older one of the same key)."""
-        sample = Sample()
+        sample = PollResult()
         devices = add_profile(sample, prof, self.top_kernels, self._allowed)
         key = (prof.tool, prof.trace_id, tuple(sorted(d.key for d in devices)))
         with self._lock:
@@ -183,7 +183,7 @@ class ProfilesSource:
             return 0
         by_dev: dict[Labels, dict[str, float]] = {}
         for name, labels, value in samples:
-            by_dev.setdefault(tuple(labels[:3]), {})[name] = value
+            by_dev.setdefault(tuple(labels[:IDENTITY_WIDTH]), {})[name] = value
         started = 0
         for dl, series in by_dev.items():
             info = dict(dl)

@@ -43,7 +43,7 @@ COLLECTORS: dict[str, Collector] = {c.name: c for c in [
               "scrape vendor exporters already on the node and normalise their series"),
     Collector("profiles", "exporter.sources.profiles", "ProfilesSource", False,
               "profiler artifacts (ncu, nsys, rocprof, Kineto) from a drop directory"),
-    Collector("simulator", "exporter.sources.simulator", "SimulatorSource", False,
+    Collector("simulator", "exporter.simulate", "SimulatorSource", False,
               "the built-in simulated node (--simulate)"),
 ]}
 

@@ -19,10 +19,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..config import Duration
+from ..durations import Duration
+from ..model import Device, PollResult
 from ..schema import default_mappings_dir, parse_operand
+from ..sources.base import Abilities, SourceBase, SourceUnavailable
 from ..yamlfile import ConfigError, load_model
-from .base import Device, Sample, SourceUnavailable
 
 Value = float | list[float] | str
 _REF_RE = re.compile(r"^=\s*([^*]+?)\s*(?:\*\s*([-+0-9.eE]+))?\s*$")
@@ -146,8 +147,9 @@ class _SimState:
     outputs: list[tuple[Device, str]] = field(default_factory=list)
 
 
-class SimulatorSource:
+class SimulatorSource(SourceBase):
     name: ClassVar[str] = "simulator"
+    abilities = Abilities(fast_poll=True)
 
     def __init__(self, options: dict[str, Any] | None = None, mappings: Any = None):
         options = options or {}
@@ -192,14 +194,14 @@ class SimulatorSource:
     def close(self) -> None:
         pass
 
-    def poll(self) -> Sample:
+    def poll(self) -> PollResult:
         now = self.clock()
         if self._start is None:
             self._start = now
         dt = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
         phase, _ = self.scenario.phase_at(now - self._start + self.offset)
-        sample = Sample(monotonic=now)
+        sample = PollResult(monotonic=now)
         for st in self._states:
             targets = self._targets(st, phase)
             for dev, mapping in st.outputs:
@@ -220,7 +222,7 @@ class SimulatorSource:
                         sample.add(dev.key, emit.raw, raw, emit.raw_labels)
         return sample
 
-    def poll_fast(self) -> Sample:
+    def poll_fast(self) -> PollResult:
         """Simulated readings are cheap: the fast path is a full poll."""
         return self.poll()
 

@@ -1,0 +1,21 @@
+"""The canonical series the engine reads, and the names of its internal baselines."""
+
+from __future__ import annotations
+
+from .contention import BANDWIDTH_UTIL
+
+UTILIZATION = "gpu_compute_utilization_percent"
+BANDWIDTH_GBPS = "gpu_memory_bandwidth_gbps"
+MISS_RATE = "gpu_l2_cache_miss_rate_percent"
+
+# metric label -> canonical series feeding the variability windows
+VARIABILITY_SERIES = (
+    ("utilization", UTILIZATION),
+    ("bandwidth", BANDWIDTH_GBPS),
+    ("bandwidth_utilization", BANDWIDTH_UTIL),
+)
+# internal baselines (persisted, not exported)
+MISS_BASELINE = "l2_miss_rate"
+INTERCONNECT_BASELINE = "interconnect_throughput"
+REFERENCE_PREFIX = "memory_bound_"  # + basis: the compute signal while memory-bound, alone
+THROTTLE_CAUSES = ("thermal_throttle", "power_throttle")

@@ -1,0 +1,273 @@
+"""``Mapper``: applies compiled mapping files to one source's raw readings, poll after poll.
+
+Mapping a reading is one dict lookup on the raw field name followed by arithmetic.  State that
+outlives one poll (counter offsets across resets, the previous value for rates) lives here, one
+``Mapper`` per source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .model import Device, Labels, PollResult, SeriesKey, identity_labels
+
+if TYPE_CHECKING:
+    from .mapping import MappingSet, Rule
+
+device_labels = identity_labels
+
+
+@dataclass(slots=True)
+class _RawState:
+    """The previous value of one raw counter (per device, rule and raw labels)."""
+
+    last_raw: float
+    last_t: float
+    seen: int  # poll number when last read
+
+
+@dataclass
+class MapResult:
+    series: dict[SeriesKey, float] = field(default_factory=dict)
+    malformed: int = 0
+    unmapped_fields: set[str] = field(default_factory=set)
+
+
+# raw counter state and exported totals not seen for this many polls are forgotten (a device or
+# link that went away); a shorter gap (one missed poll, a flapping fallback) keeps them
+STATE_TTL_POLLS = 120
+MAX_STATE = 200_000  # raw + total entries; above it, state of series absent this poll goes
+
+
+class Mapper:
+    """Turns one source's samples into canonical series; keeps counter and rate state.
+
+    Counter metrics are exported as a running total per canonical series: each poll adds the
+    delta of the raw counter that feeds the series (a decrease is a reset: the new value is the
+    delta), so the total never goes down, even when the feeding raw counter changes (fallback) or
+    a poll misses the value.
+    """
+
+    def __init__(self, mappings: MappingSet):
+        self.mappings = mappings
+        # (device key, raw field, raw labels) -> (device, plan): the rules with their series keys,
+        # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
+        self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
+        self._raw: dict[tuple, _RawState] = {}
+        self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
+        self._poll = 0
+
+    def map(self, sample: PollResult, devices: dict[str, Device]) -> MapResult:
+        out = MapResult()
+        self._poll += 1
+        now = sample.monotonic
+        # candidates per series: (order, combine, value) for gauges,
+        # (order, combine, delta or None, initial total) for counters
+        gauges: dict[SeriesKey, list[tuple[int, str, float]]] = {}
+        counters: dict[SeriesKey, list[tuple[int, str, float | None, float]]] = {}
+        plans = self._plans
+        for r in sample.readings:
+            dev = devices.get(r.device)
+            if dev is None:
+                out.malformed += 1
+                continue
+            hit = plans.get((r.device, r.field, r.labels))
+            if hit is not None and (hit[0] is dev or hit[0] == dev):
+                plan = hit[1]
+            else:
+                plan = self._compile(r, dev)
+            if plan is None:
+                out.unmapped_fields.add(f"{dev.mapping}:{r.field}")
+                continue
+            for rule, key, lookup, skey in plan:
+                value = r.value
+                if value in rule.invalid:
+                    out.malformed += 1
+                    break
+                if lookup is not None:
+                    looked_up = lookup.get(value)
+                    if looked_up is None:
+                        out.malformed += 1
+                        continue
+                    value = looked_up
+                if rule.is_counter:
+                    delta = self._delta(skey, rule, value, now)
+                    initial = value * rule.scale
+                    if not math.isfinite(initial) or (delta is not None and not math.isfinite(delta)):
+                        out.malformed += 1
+                        continue
+                    counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
+                    continue
+                if rule.rate:
+                    value = self._rate(skey, rule, value, now)
+                    if value is None:
+                        continue
+                else:
+                    value = value * rule.scale + rule.offset
+                if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
+                    out.malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                    continue
+                if rule.clamp:
+                    value = min(max(value, rule.clamp[0]), rule.clamp[1])
+                if not math.isfinite(value):  # overflow of a garbage raw value: never exported
+                    out.malformed += 1
+                    continue
+                gauges.setdefault(key, []).append((rule.order, rule.combine, value))
+        for key, cands in gauges.items():
+            out.series[key] = _combine([(o, c, v) for o, c, v in cands])
+        for key, cands in counters.items():
+            total = self._total(key, cands)
+            if total is not None:
+                out.series[key] = total
+        self._expire()
+        self._derive(out.series)
+        return out
+
+    def _compile(self, r, dev: Device) -> tuple | None:
+        cm = self.mappings.get(dev.mapping)
+        rules = cm.rules.get(r.field) if cm is not None else None
+        plan: tuple | None = None
+        if rules:
+            raw_labels = dict(r.labels) if r.labels else {}
+            base = device_labels(dev)
+            steps = []
+            for rule in rules:
+                extra = dict(rule.fixed)
+                for raw_name, canon in rule.label_map:
+                    if raw_name in raw_labels:
+                        extra[canon] = raw_labels[raw_name]
+                key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())))
+                steps.append((rule, key, dict(rule.values) if rule.values else None,
+                              (r.device, rule.order, r.labels)))
+            plan = tuple(steps)
+        if len(self._plans) >= MAX_STATE:
+            self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
+        self._plans[(r.device, r.field, r.labels)] = (dev, plan)
+        return plan
+
+    def _total(self, key: SeriesKey, cands: list[tuple[int, str, float | None, float]]) -> float | None:
+        cands.sort(key=lambda c: c[0])
+        if cands[0][1] == "sum":
+            used = cands
+        else:
+            used = cands[:1]  # the preferred raw counter present this poll
+        prev = self._totals.get(key)
+        if prev is None:
+            total = sum(c[3] for c in used)  # starts at the device's own counter value
+        else:
+            # a raw counter seen for the first time (fallback switch) adds nothing this poll
+            total = prev[0] + sum(c[2] for c in used if c[2] is not None)
+        if not math.isfinite(total):
+            return None
+        self._totals[key] = (total, self._poll)
+        return total
+
+    def _step(self, skey: tuple, rule: Rule, raw: float, now: float) -> tuple[float, float] | None:
+        """(raw increase, seconds) since the raw counter's last reading; None on first sight.
+
+        A decrease is a wrap (with ``wrap``) or else a reset (driver reload): the increase is then
+        the new raw value and the seconds are -1, so a rate skips that poll.
+        """
+        st = self._raw.get(skey)
+        self._raw[skey] = _RawState(raw, now, self._poll)
+        if st is None:
+            return None
+        delta = raw - st.last_raw
+        if delta < 0:
+            if rule.wrap is not None and st.last_raw < rule.wrap and raw < rule.wrap:
+                delta += rule.wrap
+            else:
+                return raw, -1.0  # reset (driver reload): the counter restarted from zero
+        return delta, now - st.last_t
+
+    def _delta(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        """Scaled increase of a raw counter since its last reading; None on first sight."""
+        step = self._step(skey, rule, raw, now)
+        return None if step is None else step[0] * rule.scale
+
+    def _rate(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        """Per-second rate of a raw counter between two polls, then scale and offset."""
+        step = self._step(skey, rule, raw, now)
+        if step is None or step[1] <= 0:
+            return None  # first reading, a reset (no rate this poll) or no time elapsed
+        return (step[0] / step[1]) * rule.scale + rule.offset
+
+    def _expire(self) -> None:
+        """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls, or, above
+        MAX_STATE entries (an identity storm), of every series not seen in this poll."""
+        over = len(self._raw) + len(self._totals) > MAX_STATE
+        if self._poll % 16 and not over:
+            return
+        horizon = self._poll if over else self._poll - STATE_TTL_POLLS
+        stale = [k for k, st in self._raw.items() if st.seen < horizon]
+        for k in stale:
+            del self._raw[k]
+        gone = [k for k, (_, seen) in self._totals.items() if seen < horizon]
+        for k in gone:
+            del self._totals[k]
+        if stale or gone:  # rebuilt: a dict keeps the table it once grew to (identity storms)
+            self._raw, self._totals = dict(self._raw), dict(self._totals)
+
+    def state_size(self) -> int:
+        return len(self._raw) + len(self._totals)
+
+    def _derive(self, series: dict[SeriesKey, float]) -> None:
+        derived = self.mappings.schema.derived()
+        if not derived:
+            return
+        by_metric: dict[str, list[tuple[Labels, float]]] = {}
+        for (name, labels), v in series.items():
+            by_metric.setdefault(name, []).append((labels, v))
+        for name, mdef in derived:
+            assert mdef.derive is not None
+            (a_name, a_sel), (b_name, b_sel) = mdef.derive.operands
+            a_vals = _select(by_metric.get(a_name, ()), a_sel)
+            if not a_vals:
+                continue
+            b_vals = _select(by_metric.get(b_name, ()), b_sel)
+            new: list[tuple[Labels, float]] = []
+            for k, av in a_vals.items():
+                bv = b_vals.get(k)
+                if bv is None or (name, k) in series:
+                    continue
+                if mdef.derive.op == "ratio":
+                    if bv == 0:
+                        continue
+                    v = av / bv * mdef.derive.scale
+                else:
+                    v = av * bv * mdef.derive.scale
+                if not math.isfinite(v):
+                    continue
+                series[(name, k)] = v
+                new.append((k, v))
+            if new:
+                by_metric.setdefault(name, []).extend(new)
+
+
+def _combine(cands: list[tuple[int, str, float]]) -> float:
+    """Several entries feeding one gauge series: first listed wins, or max / sum."""
+    if len(cands) == 1:
+        return cands[0][2]
+    cands.sort(key=lambda c: c[0])
+    how = cands[0][1]
+    if how == "max":
+        return max(c[2] for c in cands)
+    if how == "sum":
+        return sum(c[2] for c in cands)
+    return cands[0][2]
+
+
+def _select(items, selector: Labels) -> dict[Labels, float]:
+    """Series whose labels include the selector, keyed by their labels minus the selector."""
+    out: dict[Labels, float] = {}
+    sel = dict(selector)
+    for labels, v in items:
+        if sel:
+            d = dict(labels)
+            if any(d.get(k) != val for k, val in sel.items()):
+                continue
+            labels = tuple((k, val) for k, val in labels if k not in sel)
+        out[labels] = v
+    return out

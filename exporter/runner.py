@@ -1,0 +1,223 @@
+"""``SourceRunner``: one enabled source with its worker thread, mapper, timeout and loops.
+
+Every call into the source (open, poll, poll_fast, close) runs on the source's own ``Worker``
+under the collector's timeout.  A source that hangs keeps only its own thread busy: its series
+are dropped, it is reported ``source_up 0`` with a ``timeout`` error, and no second call is
+started until the stuck one returns.  A failed poll drops the source's series and counts the
+error kinds; the next poll that succeeds brings them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .collector_policy import missing_backend_state
+from .mapping import Mapper, MappingSet
+from .periodic import Ticker
+from .pipeline import Cycle, poll_and_map
+from .sources.base import PollFailed, Source, SourceUnavailable
+from .sources.registry import Collector
+from .store import SourceState, Store
+from .worker import Worker
+
+log = logging.getLogger("unified_gpu_exporter")
+
+REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
+# canonical metrics a fast poll may refresh between full polls: the contention indicators' inputs
+FAST_METRICS = frozenset({
+    "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
+    "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
+    "gpu_l2_cache_miss_rate_percent",
+})
+
+_fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
+
+
+def fast_fields(mappings: MappingSet) -> dict[str, frozenset[str]]:
+    """Per mapping file, the raw fields that feed a FAST_METRICS series (cached per load)."""
+    global _fast_fields_for
+    cached = _fast_fields_for
+    if cached is None or cached[0] is not mappings:
+        table = {name: frozenset(raw for raw, rules in cm.rules.items()
+                                 if any(r.metric in FAST_METRICS for r in rules))
+                 for name, cm in mappings.mappings.items()}
+        cached = (mappings, table)
+        _fast_fields_for = cached
+    return cached[1]
+
+
+@dataclass
+class SourceRunner:
+    """One enabled source with its worker and mapping state."""
+
+    collector: Collector
+    source: Source | None
+    state: SourceState
+    mapper: Mapper
+    interval: float
+    timeout: float
+    worker: Worker
+    fast_mapper: Mapper | None = None  # set when the source declares fast_poll
+    store: Store | None = None         # the store this runner publishes to
+    opened: bool = False
+    backend_missing: bool = False  # the last open raised SourceUnavailable
+    pending: asyncio.Future | None = None       # the last open/poll call
+    fast_pending: asyncio.Future | None = None  # the last poll_fast call
+    stopped: bool = False
+
+    # ------------------------------------------------------------ one poll
+    def _cycle(self) -> Cycle:
+        """Runs in the worker thread: poll, then map (mapper state is per source)."""
+        assert self.source is not None and self.store is not None
+        return poll_and_map(self.source.poll, self.store, self.state, self.mapper)
+
+    async def poll_once(self) -> bool:
+        """Open if needed, poll one time; update the store.  True when the poll succeeded."""
+        st = self.state
+        if self.source is None:
+            return False
+        if self.fast_pending is not None and not self.fast_pending.done():
+            # a fast poll is using the worker: wait for it instead of queueing behind it
+            await asyncio.wait({self.fast_pending}, timeout=self.timeout)
+        if self.pending is not None and not self.pending.done():
+            st.errors["timeout"] += 1  # still stuck in the previous call
+            st.clear()
+            st.state, st.reason = "down", f"previous call still running after {self.timeout:g}s"
+            return False
+        if not self.opened:
+            try:
+                await self._call(self.source.open)
+            except SourceUnavailable as exc:
+                self._backend_missing(str(exc))
+                return False
+            except Exception as exc:  # noqa: BLE001
+                self._failed(exc, "open")
+                return False
+            self.opened = True
+            log.info("source opened", extra={"source": st.name})
+        try:
+            cycle = await self._call(self._cycle)
+        except Exception as exc:  # noqa: BLE001
+            self._failed(exc, "poll")
+            return False
+        sample, devices, result = cycle.sample, cycle.devices, cycle.result
+        st.devices = devices
+        st.device_up = {k: sample.device_up.get(k, True) for k in devices}
+        st.series = result.series
+        st.errors.update(sample.errors)
+        if result.malformed:
+            st.errors["malformed_value"] += result.malformed
+        st.last_duration = cycle.poll_seconds
+        st.last_success = time.time()
+        st.polls += 1
+        st.up, st.state, st.reason = True, "up", ""
+        st.was_up = True
+        self.backend_missing = False
+        self._touch()
+        return True
+
+    def _touch(self) -> None:
+        if self.store is not None:
+            self.store.touch()
+
+    def _backend_missing(self, reason: str) -> None:
+        """The backend is not there: ``absent`` or ``down`` by ``missing_backend_state``."""
+        st = self.state
+        self.backend_missing = True
+        new_state = missing_backend_state(st.explicit, st.was_up)
+        if st.state != new_state or st.reason != reason:
+            if new_state == "down":
+                log.error("source down: backend not found", extra={"source": st.name, "reason": reason})
+            else:
+                log.info("source absent", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = new_state, reason
+        st.clear()
+        self._touch()
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        self.pending = self.worker.submit(fn)
+        try:
+            # asyncio.timeout, not wait_for: wait_for on 3.11 can swallow a cancellation that
+            # races with the result, which would keep a stopped source loop running
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.shield(self.pending)
+        except TimeoutError:
+            raise TimeoutError(f"timed out after {self.timeout:g}s") from None
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        st = self.state
+        kinds = exc.errors if isinstance(exc, PollFailed) else None  # which errors failed the poll
+        kind = "timeout" if isinstance(exc, TimeoutError) else "exception"
+        if kinds:
+            st.errors.update(kinds)
+        else:
+            st.errors[kind] += 1
+        reason = f"{what} {exc}" if kind == "timeout" else f"{what} failed: {type(exc).__name__}: {exc}"
+        if st.state != "down" or st.reason != reason:
+            log.warning("source down", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = "down", reason
+        st.clear()
+        self._touch()
+
+    # ------------------------------------------------------------ loops
+    async def loop(self, polled: Callable[[str], None]) -> None:
+        """Poll every ``interval``; ``polled(name)`` after each poll (the render cycle wakes)."""
+        tick = Ticker(self.interval)
+        while not self.stopped:
+            await self.poll_once()
+            polled(self.state.name)
+            if self.state.state == "absent":
+                return  # on by default, backend not on this node: the source stays off
+            if self.backend_missing:  # asked for (or up before): retry now and then, stay down
+                await asyncio.sleep(REOPEN_INTERVAL)
+                tick.restart()
+                continue
+            await tick()
+
+    def _fast_cycle(self, mappings: MappingSet) -> Cycle:
+        assert self.source is not None and self.store is not None and self.fast_mapper is not None
+        fields = fast_fields(mappings)
+
+        def keep(r: Any, devices: dict) -> bool:  # map only what can end up in the fast overlay
+            d = devices.get(r.device)
+            return d is not None and r.field in fields.get(d.mapping, ())
+
+        return poll_and_map(self.source.poll_fast, self.store, self.state, self.fast_mapper, keep=keep)
+
+    async def fast_loop(self, interval: float, mappings: MappingSet) -> None:
+        """Cheap signals between full polls; they update the series the indicators read."""
+        tick = Ticker(interval, spacing=True)
+        while not self.stopped:
+            await tick()
+            if not self.opened or self.worker.busy or not self.state.up:
+                continue
+            try:
+                self.fast_pending = self.worker.submit(lambda: self._fast_cycle(mappings))
+                async with asyncio.timeout(self.timeout):
+                    cycle = await asyncio.shield(self.fast_pending)
+            except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
+                self.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
+                continue
+            if not self.state.up:
+                continue  # the full poll failed meanwhile: its series stay dropped
+            self.state.errors.update(cycle.sample.errors)
+            # only the indicator inputs: counters and other gauges keep their full-poll values
+            # (a second mapper's counter totals must never replace the full poll's)
+            fast = {k: v for k, v in cycle.result.series.items() if k[0] in FAST_METRICS}
+            if fast:
+                self.state.series = {**self.state.series, **fast}  # replaced, never mutated
+
+    async def close(self, timeout: float = 1.0) -> None:
+        """Close the source on its worker (skipped while a call hangs) and end the worker."""
+        if self.source is not None and self.opened and not self.worker.busy:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.worker.submit(self.source.close)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("source close failed", extra={"source": self.state.name, "reason": str(exc)})
+        self.worker.stop()

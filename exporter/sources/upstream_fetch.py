@@ -1,0 +1,325 @@
+"""Fetching and reading one upstream exporter: targets, HTTP with bounds, parsing, identity.
+
+Every limit here fails the target, never the process: bodies are capped on the wire and after
+decompression, and series, label values and label lengths are bounded per target.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import re
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_prometheus_text
+
+from .base import PollFailed
+from .upstream_identity import (
+    EXPORTERS,
+    ExporterSpec,
+    SeriesIdentity,
+    dimension_labels,
+    field_name,
+)
+
+log = logging.getLogger("exporter.sources.upstream")
+
+DEFAULT_TIMEOUT_S = 5.0
+MAX_BODY_BYTES = 32 * 1024 * 1024       # on the wire, and again after decompression
+# per target and poll; past a limit the target fails this poll (kind limit_exceeded), as a
+# Prometheus scrape past sample_limit / label_value_length_limit fails as a whole
+DEFAULT_MAX_SERIES = 20_000
+DEFAULT_MAX_LABEL_VALUES = 1_000           # distinct values of one label name
+MAX_LABEL_VALUE_LENGTH = 1_024
+MAX_ERROR_TEXT = 300                       # characters of an error (a malformed line) kept/logged
+_ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
+
+
+class FetchError(Exception):
+    """A target could not be read; ``kind`` is the error kind counted in ``PollResult.errors``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        # a malformed 30 MiB line must not end up whole in every log line and error
+        if len(message) > MAX_ERROR_TEXT:
+            message = message[:MAX_ERROR_TEXT] + f"... ({len(message)} characters)"
+        super().__init__(message)
+        self.kind = kind
+
+
+class UpstreamDown(PollFailed):
+    """Every configured target failed this poll: the source is down (``up`` = 0).
+
+    ``errors`` holds the error kinds of the failed targets (as ``PollResult.errors`` would).
+    """
+
+    def __init__(self, errors: Counter[str], message: str) -> None:
+        super().__init__(errors, message)
+        self.kind = errors.most_common(1)[0][0] if errors else "read_error"
+
+
+class UpstreamTimeout(UpstreamDown, TimeoutError):
+    """Every target failed and all of them by timing out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    url: str
+    spec: ExporterSpec
+    timeout: float = DEFAULT_TIMEOUT_S
+    metric_prefix: str = ""
+    ssl_context: ssl.SSLContext | None = None
+    authorization: str = ""
+    max_series: int = DEFAULT_MAX_SERIES
+    max_label_values: int = DEFAULT_MAX_LABEL_VALUES
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+def parse_targets(options: Mapping[str, Any]) -> list[Target]:
+    """Validate the ``targets`` option; raises ``ValueError`` naming the bad entry."""
+    raw = options.get("targets") or []
+    if not isinstance(raw, list):
+        raise ValueError("upstream.targets must be a list")
+    targets: list[Target] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        where = f"upstream.targets[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{where} must be a mapping")
+        url = str(entry.get("url", ""))
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{where}.url must be an http:// or https:// URL with a host, got {url!r}")
+        exporter = str(entry.get("exporter", ""))
+        if exporter not in EXPORTERS:
+            raise ValueError(f"{where}.exporter must be one of {sorted(EXPORTERS)}, got {exporter!r}")
+        name = str(entry.get("name") or f"{exporter}-{i}")
+        if name in seen:
+            raise ValueError(f"{where}.name {name!r} is used twice")
+        seen.add(name)
+        timeout = float(entry.get("timeout", DEFAULT_TIMEOUT_S))
+        if not math.isfinite(timeout) or not 0.01 <= timeout <= 3600:
+            raise ValueError(f"{where}.timeout must be a number of seconds from 0.01 to 3600")
+        limits = {}
+        for key, default, top in (("max_series", DEFAULT_MAX_SERIES, 1_000_000),
+                                  ("max_label_values", DEFAULT_MAX_LABEL_VALUES, 100_000)):
+            v = entry.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+                raise ValueError(f"{where}.{key} must be a whole number from 1 to {top}")
+            limits[key] = v
+        targets.append(Target(
+            name=name,
+            url=url,
+            spec=EXPORTERS[exporter],
+            timeout=timeout,
+            metric_prefix=str(entry.get("metric_prefix", "")),
+            ssl_context=_ssl_context(entry.get("tls"), where) if url.startswith("https://") else None,
+            authorization=_authorization(entry.get("basic_auth"), where),
+            **limits,
+        ))
+    return targets
+
+
+def _ssl_context(tls: Any, where: str) -> ssl.SSLContext:
+    tls = tls or {}
+    if not isinstance(tls, Mapping):
+        raise ValueError(f"{where}.tls must be a mapping")
+    ctx = ssl.create_default_context(cafile=tls.get("ca_file") or None)
+    if tls.get("cert_file"):
+        ctx.load_cert_chain(tls["cert_file"], tls.get("key_file") or None)
+    if tls.get("insecure_skip_verify"):
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _authorization(auth: Any, where: str) -> str:
+    if not auth:
+        return ""
+    if not isinstance(auth, Mapping) or not auth.get("username"):
+        raise ValueError(f"{where}.basic_auth needs a username")
+    password = auth.get("password", "")
+    if auth.get("password_file"):
+        password = Path(auth["password_file"]).read_text().rstrip("\n")
+    token = base64.b64encode(f"{auth['username']}:{password}".encode()).decode("ascii")
+    return f"Basic {token}"
+
+
+# --- reading one target ----------------------------------------------------------------------
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: the configured URL is the only one read (no file://, no other host)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib API
+        raise FetchError("read_error", f"HTTP {code} redirect to {newurl!r} refused (redirects "
+                                       "are not followed; configure the final URL)")
+
+
+def _opener(target: Target) -> urllib.request.OpenerDirector:
+    # no proxy from the environment (a node-local exporter), no redirects, http(s) only
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(),
+                                       urllib.request.HTTPSHandler(context=target.ssl_context))
+
+
+def _gunzip(body: bytes) -> bytes:
+    """Decompress at most MAX_BODY_BYTES: a gzip bomb fails instead of filling memory."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = d.decompress(body, MAX_BODY_BYTES)
+    if d.unconsumed_tail or (not d.eof and d.decompress(b"", 1)):
+        raise FetchError("read_error", f"decompressed body larger than {MAX_BODY_BYTES} bytes")
+    return out
+
+
+def fetch(target: Target) -> tuple[str, str]:
+    """GET the target; returns (body text, content type).  Raises ``FetchError``.
+
+    The timeout bounds the whole request, not only each socket operation, so an exporter that
+    trickles its body cannot hold the poll.
+    """
+    deadline = time.monotonic() + target.timeout
+    request = urllib.request.Request(target.url, headers={"Accept": _ACCEPT})
+    if target.authorization:
+        request.add_header("Authorization", target.authorization)
+    try:
+        with _opener(target).open(request, timeout=target.timeout) as resp:
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := resp.read1(65536):  # returns what arrived: the deadline is checked
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise FetchError("read_error", f"body larger than {MAX_BODY_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise FetchError("timeout", f"no complete answer within {target.timeout} s")
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            if resp.headers.get("Content-Encoding", "").lower() == "gzip":
+                body = _gunzip(body)
+            content_type = resp.headers.get("Content-Type", "")
+    except FetchError:
+        raise
+    except urllib.error.HTTPError as e:
+        raise FetchError("read_error", f"HTTP {e.code} {e.reason}") from e
+    except urllib.error.URLError as e:
+        kind = "timeout" if isinstance(e.reason, TimeoutError) else "read_error"
+        raise FetchError(kind, str(e.reason)) from e
+    except TimeoutError as e:
+        raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
+    except (OSError, EOFError, ValueError, zlib.error) as e:  # reset, bad gzip, http.client errors
+        raise FetchError("read_error", f"{type(e).__name__}: {e}") from e
+    try:
+        return body.decode("utf-8"), content_type
+    except UnicodeDecodeError as e:
+        raise FetchError("parse_error", f"body is not UTF-8: {e}") from e
+
+
+def parse_exposition(text: str, content_type: str = "") -> list[tuple[str, dict[str, str], float]]:
+    """All samples of a Prometheus text (or OpenMetrics) body as (name, labels, value).
+
+    Raises ``FetchError("parse_error")`` when any line is malformed: a half-understood body is
+    not trusted at all.  ``X_created`` samples of counters ``X_total`` are dropped.
+    """
+    openmetrics = "openmetrics" in content_type.lower()
+    parser = parse_openmetrics if openmetrics else parse_prometheus_text
+    # prometheus_client's text parser appends "_total" to every sample of a family declared
+    # `# TYPE x counter` (dcgm-exporter does this: DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); undo
+    # it so that raw fields are the names on the wire.
+    munged = set() if openmetrics else {
+        m[1] for m in _COUNTER_TYPE_RE.finditer(text) if not m[1].endswith("_total")
+    }
+    try:
+        samples = [
+            (_wire_name(s.name, family, munged), dict(s.labels), s.value)
+            for family in parser(text)
+            for s in family.samples
+        ]
+    except Exception as e:  # the parsers raise ValueError, but also TypeError/IndexError on junk
+        raise FetchError("parse_error", f"malformed exposition: {e}") from e
+    names = {name for name, _, _ in samples}
+    return [
+        s for s in samples
+        if not (s[0].endswith("_created") and f"{s[0][: -len('_created')]}_total" in names)
+    ]
+
+
+_COUNTER_TYPE_RE = re.compile(r"^[ \t]*#[ \t]*TYPE[ \t]+(\S+)[ \t]+counter[ \t]*$", re.MULTILINE)
+
+
+def _wire_name(name: str, family: Any, munged: set[str]) -> str:
+    if family.type == "counter" and family.name in munged and name.endswith("_total"):
+        return name[: -len("_total")]
+    return name
+
+
+@dataclass(slots=True)
+class TargetReadings:
+    """What one target yielded in one poll, devices keyed by their identity ``ref``."""
+
+    identities: dict[str, SeriesIdentity]
+    readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]]  # (ref, field, value, labels)
+
+
+def read_series(
+    target: Target, samples: Iterable[tuple[str, dict[str, str], float]]
+) -> TargetReadings:
+    """Group samples by GPU, derive each GPU's identity and the raw readings.
+
+    Duplicate series (same GPU, field and labels; seen with XPU Manager, issue #112) keep the
+    first value.
+    """
+    spec = target.spec
+    samples = list(samples)
+    if len(samples) > target.max_series:
+        raise FetchError("limit_exceeded", f"{len(samples)} series, above max_series "
+                                           f"{target.max_series}")
+    values: dict[str, set[str]] = {}
+    for _, labels, _ in samples:
+        for k, v in labels.items():
+            if len(v) > MAX_LABEL_VALUE_LENGTH:
+                raise FetchError("limit_exceeded", f"label {k} has a value of {len(v)} characters, "
+                                                   f"above {MAX_LABEL_VALUE_LENGTH}")
+            seen_values = values.setdefault(k, set())
+            seen_values.add(v)
+            if len(seen_values) > target.max_label_values:
+                raise FetchError("limit_exceeded", f"label {k} has more than "
+                                                   f"{target.max_label_values} distinct values "
+                                                   f"(max_label_values)")
+    identities: dict[str, SeriesIdentity] = {}
+    readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]] = []
+    seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
+    prefix = target.metric_prefix
+    for name, labels, value in samples:
+        ident = spec.identify(labels)
+        if ident is None:
+            continue
+        known = identities.get(ident.ref)
+        identities[ident.ref] = ident if known is None else known.merged(ident)
+        if prefix and name.startswith(prefix):
+            name = name[len(prefix):]
+        fld = field_name(name, labels, spec.selector_labels)
+        dims = dimension_labels(labels, spec)
+        key = (ident.ref, fld, dims)
+        if key in seen:
+            continue
+        seen.add(key)
+        readings.append((ident.ref, fld, value, dims))
+    return TargetReadings(identities, readings)
+
+
+def scrape_target(target: Target) -> TargetReadings:
+    text, content_type = fetch(target)
+    return read_series(target, parse_exposition(text, content_type))
