@@ -121,7 +121,7 @@ class Mapper:
             total = self._total(key, cands)
             if total is not None:
                 out.series[key] = total
-        self._expire()
+        self._expire(devices)
         self._derive(out.series)
         return out
 
@@ -194,12 +194,15 @@ class Mapper:
             return None  # first reading, a reset (no rate this poll) or no time elapsed
         return (step[0] / step[1]) * rule.scale + rule.offset
 
-    def _expire(self) -> None:
+    def _expire(self, devices: dict[str, Device]) -> None:
         """Bounded memory: forget state of series not seen for STATE_TTL_POLLS polls, or, above
-        MAX_STATE entries (an identity storm), of every series not seen in this poll."""
+        MAX_STATE entries (an identity storm), of every series not seen in this poll; and the
+        compiled plans of devices the source no longer lists (rebuilt on sight if they return)."""
         over = len(self._raw) + len(self._totals) > MAX_STATE
         if self._poll % 16 and not over:
             return
+        if any(key[0] not in devices for key in self._plans):
+            self._plans = {k: v for k, v in self._plans.items() if k[0] in devices}
         horizon = self._poll if over else self._poll - STATE_TTL_POLLS
         stale = [k for k, st in self._raw.items() if st.seen < horizon]
         for k in stale:
