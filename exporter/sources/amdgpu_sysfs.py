@@ -37,11 +37,21 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .amd_gpu_metrics import FAST_FIELDS, GpuMetricsError, readings
+from .amdgpu_card import (  # noqa: F401 - FAST_FILES etc. stay importable from here
+    DPM_FILES,
+    FAST_FILES,
+    HWMON_PATTERNS,
+    INT_FILES,
+    SPEED_FILES,
+    Card,
+    PcieBw,
+    PcieBwThreads,
+)
+from .amdgpu_text import label_token, parse_dpm, parse_link_speed, parse_pcie_bw  # noqa: F401
 from .base import Abilities, Device, Sample, SourceBase, SourceUnavailable
 from .sysfs_util import KeptFiles, error_kind, fd_budget, on_sysfs, parse_int
 
@@ -51,124 +61,10 @@ _CARD_RE = re.compile(r"^card(\d+)$")
 _PCI_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
 
-INT_FILES = (
-    "gpu_busy_percent", "mem_busy_percent", "vcn_busy_percent",
-    "mem_info_vram_used", "mem_info_vram_total", "mem_info_vis_vram_used", "mem_info_vis_vram_total",
-    "mem_info_gtt_used", "mem_info_gtt_total", "current_link_width", "max_link_width", "pcie_replay_count",
-)
-SPEED_FILES = ("current_link_speed", "max_link_speed")
-DPM_FILES = ("pp_dpm_sclk", "pp_dpm_mclk", "pp_dpm_socclk", "pp_dpm_fclk", "pp_dpm_vclk", "pp_dpm_dclk")
-
-_HWMON_PATTERNS = (
-    (re.compile(r"^temp(\d+)_input$"), "temp"),
-    (re.compile(r"^in(\d+)_input$"), "in"),
-    (re.compile(r"^freq(\d+)_input$"), "freq"),
-    (re.compile(r"^power\d+_(average|input|cap|cap_max|cap_min|cap_default)$"), None),
-    (re.compile(r"^energy\d+_input$"), None),
-    (re.compile(r"^fan\d+_input$"), None),
-    (re.compile(r"^pwm\d+$"), None),
-)
-
-_DPM_LINE = re.compile(r"^\s*(\w+)\s*:\s*(\d+(?:\.\d+)?)\s*mhz\b[^*]*(\*)?", re.IGNORECASE)
-
-
-# what poll_fast reads: the busy percentages that feed the contention indicators
-FAST_FILES = ("gpu_busy_percent", "mem_busy_percent")
-
-
-def parse_dpm(text: str) -> tuple[float | None, float | None]:
-    """``pp_dpm_<clk>`` text -> (current MHz, highest level MHz).
-
-    The current level is the line marked ``*`` (the first one when a driver marks several equal
-    levels).  Variants: ``1: 1000Mhz *``; old ASICs end other lines with a space; ``S: 19Mhz *`` is
-    deep sleep; RDNA3/RDNA4 print three lines where the middle one (``1: 0Mhz *``) is the current
-    clock rather than a level.  The deep-sleep line is not a level for the maximum.
-    """
-    current: float | None = None
-    highest: float | None = None
-    for line in text.splitlines():
-        m = _DPM_LINE.match(line)
-        if not m:
-            continue
-        value = float(m.group(2))
-        if m.group(3) and current is None:
-            current = value
-        if m.group(1).upper() != "S":
-            highest = value if highest is None else max(highest, value)
-    return current, highest
-
-
-def parse_link_speed(text: str) -> float | None:
-    """``16.0 GT/s PCIe`` -> 16.0; ``Unknown`` -> None."""
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*GT/s", text)
-    return float(m.group(1)) if m else None
-
-
-def parse_pcie_bw(text: str) -> tuple[int, int, int] | None:
-    """``<received> <sent> <max payload size>`` -> ints, None when malformed."""
-    parts = text.split()
-    if len(parts) != 3:
-        return None
-    try:
-        received, sent, mps = (int(p) for p in parts)
-    except ValueError:
-        return None
-    return received, sent, mps
-
-
 def default_reader(path: Path) -> bytes:
     """Whole file to EOF (``read()`` on an unbuffered file loops until the kernel returns 0)."""
     with open(path, "rb", buffering=0) as fh:
         return fh.readall()
-
-
-def _label_token(text: str) -> str:
-    return re.sub(r"[^a-z0-9_]+", "_", text.strip().lower()).strip("_")
-
-
-@dataclass
-class _Card:
-    number: int
-    device_dir: Path
-    device: Device
-    files: list[str]                             # device-level attribute files present at open
-    hwmon: list[tuple[Path, str]]                # (path, raw field name)
-    has_gpu_metrics: bool
-    has_pcie_bw: bool
-    # built at discovery, read every poll: (file name, kind int|speed|dpm, path) and (path, raw)
-    plan: list[tuple[str, str, str]] = field(default_factory=list)
-    hwmon_plan: list[tuple[str, str]] = field(default_factory=list)
-    fast_plan: list[tuple[str, str]] = field(default_factory=list)
-    gpu_metrics_path: str = ""
-    dir_str: str = ""
-
-    def __post_init__(self) -> None:
-        d = str(self.device_dir)
-        self.dir_str = d
-        self.plan = [(f, "int" if f in INT_FILES else "speed" if f in SPEED_FILES else "dpm", f"{d}/{f}")
-                     for f in self.files]
-        self.hwmon_plan = [(str(path), raw) for path, raw in self.hwmon]
-        self.fast_plan = [(f, f"{d}/{f}") for f in FAST_FILES if f in self.files]
-        self.gpu_metrics_path = f"{d}/gpu_metrics"
-
-
-@dataclass
-class _PcieBw:
-    received: int = 0
-    sent: int = 0
-    mps: int = 0
-    received_bytes: float = 0.0
-    sent_bytes: float = 0.0
-    last_t: float | None = None
-    valid: bool = False
-
-
-@dataclass
-class _Background:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    values: dict[str, _PcieBw] = field(default_factory=dict)
-    errors: Counter[str] = field(default_factory=Counter)
-    ready: dict[str, threading.Event] = field(default_factory=dict)
 
 
 class AmdgpuSysfsSource(SourceBase):
@@ -181,8 +77,8 @@ class AmdgpuSysfsSource(SourceBase):
         self.options = dict(options or {})
         self._reader = reader or default_reader
         self._clock = clock
-        self._cards: list[_Card] = []
-        self._bg = _Background()
+        self._cards: list[Card] = []
+        self._bg = PcieBwThreads()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._kept: KeptFiles | None = None  # set in open() unless a reader= is given or keep_open: never
@@ -266,21 +162,21 @@ class AmdgpuSysfsSource(SourceBase):
             except OSError:
                 continue
             for fname in names:
-                for pattern, kind in _HWMON_PATTERNS:
+                for pattern, kind in HWMON_PATTERNS:
                     m = pattern.match(fname)
                     if not m:
                         continue
                     raw = f"hwmon.{fname}"
                     if kind is not None:
-                        label = _label_token(self._text(hw / f"{kind}{m.group(1)}_label", None) or "")
+                        label = label_token(self._text(hw / f"{kind}{m.group(1)}_label", None) or "")
                         if label:
                             raw = f"hwmon.{kind}.{label}"
                     out.append((hw / fname, raw))
                     break
         return out
 
-    def discover(self) -> list[_Card]:
-        cards: list[_Card] = []
+    def discover(self) -> list[Card]:
+        cards: list[Card] = []
         drm = self.sysfs / "class" / "drm"
         try:
             entries = sorted(os.listdir(drm))
@@ -295,7 +191,7 @@ class AmdgpuSysfsSource(SourceBase):
                 continue
             number = int(m.group(1))
             present = [f for f in INT_FILES + SPEED_FILES + DPM_FILES if os.path.lexists(device_dir / f)]
-            cards.append(_Card(
+            cards.append(Card(
                 number=number, device_dir=device_dir, device=self._identity(number, device_dir),
                 files=present, hwmon=self._hwmon_files(device_dir),
                 has_gpu_metrics=os.path.lexists(device_dir / "gpu_metrics"),
@@ -333,17 +229,17 @@ class AmdgpuSysfsSource(SourceBase):
         return [c.device for c in self._cards]
 
     # -------------------------------------------------------------------------------- pcie_bw
-    def _start_pcie_bw(self, card: _Card) -> None:
+    def _start_pcie_bw(self, card: Card) -> None:
         key = card.device.key
         with self._bg.lock:
-            self._bg.values[key] = _PcieBw()
+            self._bg.values[key] = PcieBw()
             self._bg.ready[key] = threading.Event()
         t = threading.Thread(target=self._pcie_bw_loop, args=(card,), name=f"amdgpu-pcie_bw-card{card.number}",
                              daemon=True)
         self._threads.append(t)
         t.start()
 
-    def _pcie_bw_loop(self, card: _Card) -> None:
+    def _pcie_bw_loop(self, card: Card) -> None:
         key = card.device.key
         path = card.device_dir / "pcie_bw"
         interval = float(self.options.get("pcie_bw_interval", 1.0))
@@ -422,7 +318,7 @@ class AmdgpuSysfsSource(SourceBase):
             self._gpu_metrics(card, sample, scratch, FAST_FIELDS)
         return sample
 
-    def _gpu_metrics(self, card: _Card, sample: Sample, errors: Counter[str],
+    def _gpu_metrics(self, card: Card, sample: Sample, errors: Counter[str],
                      only: frozenset[str] | None = None) -> None:
         if not (card.has_gpu_metrics and self.options.get("gpu_metrics", True)):
             return
@@ -438,7 +334,7 @@ class AmdgpuSysfsSource(SourceBase):
         for raw, value, labels in rows:
             sample.add(key, raw, value, labels)
 
-    def _poll_card(self, card: _Card, sample: Sample) -> None:
+    def _poll_card(self, card: Card, sample: Sample) -> None:
         key, errors = card.device.key, sample.errors
         for fname, kind, path in card.plan:
             if kind == "int":
