@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import gc
 import logging
-import math
 import signal
 import sys
 from pathlib import Path
@@ -23,15 +22,12 @@ DEFAULT_PORT = 9632
 
 
 def _duration(text: str) -> float:
+    from .durations import check_interval
+
     try:
-        value = parse_duration(text)
+        return check_interval(parse_duration(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    from .durations import MAX_DURATION, MIN_DURATION
-
-    if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
-        raise argparse.ArgumentTypeError(f"must be from {MIN_DURATION:g}s to {MAX_DURATION:g}s")
-    return value
 
 
 def _connections(text: str) -> int:

@@ -61,10 +61,11 @@ MIN_DURATION = 0.01      # 10 ms: below it a poll loop only burns CPU
 MAX_DURATION = 86400.0   # a day: .inf would freeze values while sources look up
 
 
-def _duration_range(value: float) -> float:
+def check_interval(value: float) -> float:
+    """An interval setting (config, flags): finite, from MIN_DURATION to MAX_DURATION."""
     if not math.isfinite(value) or not MIN_DURATION <= value <= MAX_DURATION:
         raise ValueError(f"duration {value!r} out of range: use {MIN_DURATION:g}s to {MAX_DURATION:g}s")
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0), AfterValidator(_duration_range)]
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0), AfterValidator(check_interval)]
