@@ -185,9 +185,11 @@ class Daemon:
         tick = Ticker(self.fast_interval, spacing=True)
         while not self._stopping:
             # sampled at the fast interval; served with the next render (once per poll cycle)
-            out = self.feed.update(time.monotonic(), self.store)
-            for source in watchers:  # returns at once
-                source.observe_indicator_output(time.monotonic(), out)  # type: ignore[union-attr]
+            self.feed.advance(time.monotonic(), self.store)
+            if watchers:  # labelled output only for them (the render reads it once a cycle)
+                out = self.feed.latest
+                for source in watchers:  # returns at once
+                    source.observe_indicator_output(time.monotonic(), out)  # type: ignore[union-attr]
             if time.monotonic() >= next_save and not self._state_worker.busy:
                 next_save = time.monotonic() + STATE_SAVE_INTERVAL
                 self._state_worker.submit(self.feed.save)

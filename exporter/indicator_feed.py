@@ -14,11 +14,19 @@ import logging
 from pathlib import Path
 
 from .indicators import IndicatorConfig, IndicatorEngine
-from .indicators.series import InputKey
-from .model import IDENTITY_WIDTH, Labels, SeriesKey, device_id_of
-from .store import Store
+from .indicators.contention import BANDWIDTH_UTIL, BASIS_SERIES
+from .indicators.series import IC_BYTES, IC_UTIL, PROC_UTIL, THROTTLE, InputKey
+from .indicators.signals import BANDWIDTH_GBPS, MISS_RATE, UTILIZATION, VARIABILITY_SERIES
+from .model import IDENTITY_WIDTH, DeviceId, Labels, SeriesKey, device_id_of
+from .store import SourceState, Store
 
 log = logging.getLogger("unified_gpu_exporter")
+# the canonical series the engine reads (tests/test_indicator_feed_inputs.py checks that feeding
+# only these gives the engine's output for every series): a poll's other series are not walked
+ENGINE_INPUTS = frozenset({
+    UTILIZATION, BANDWIDTH_UTIL, BANDWIDTH_GBPS, MISS_RATE, *BASIS_SERIES.values(),
+    *(name for _, name in VARIABILITY_SERIES), THROTTLE, IC_BYTES, IC_UTIL, PROC_UTIL,
+})
 # labels of a per-GPU (not per-kernel) series imported from a profiler artefact
 _ARTEFACT_LABELS = frozenset({"source", "trace_id"})
 # a device not seen for this long is forgotten (windows, price info, counters); its baselines
@@ -35,11 +43,15 @@ class IndicatorFeed:
         self.engine = IndicatorEngine(config, state_dir, interval)
         self.interval = interval
         self.cloud = cloud
-        self.latest: list[tuple[str, Labels, float]] = []
+        # the engine's output of the last update, per device; ``latest`` labels it when read
+        self._raw: list[tuple[DeviceId, list[tuple[str, dict[str, str], float]]]] = []
+        self._latest: list[tuple[str, Labels, float]] | None = []
         self._keys: dict[SeriesKey, InputKey] = {}
         self._known: set[tuple[str, str, str]] = set()
         self._last_seen: dict[tuple[str, str, str], float] = {}
         self._next_prune = 0.0
+        # per source: [full-poll series seen, fast overlay applied, inputs per device, artefact values]
+        self._by_source: dict[str, list] = {}
 
     def _key(self, skey: SeriesKey) -> InputKey:
         k = self._keys.get(skey)
@@ -52,22 +64,56 @@ class IndicatorFeed:
             self._keys[skey] = k
         return k
 
+    @property
+    def latest(self) -> list[tuple[str, Labels, float]]:
+        """The last update's output as series (GPU identity labels first, then the indicator's
+        own, sorted).  Built when read: the engine runs at the fast interval, the render reads
+        once per poll cycle."""
+        out = self._latest
+        if out is None:
+            out = []
+            for dev_id, samples in self._raw:
+                dl = (("vendor", dev_id[0]), ("gpu", dev_id[1]), ("uuid", dev_id[2]))
+                for name, extra, value in samples:
+                    out.append((name, dl + tuple(sorted(extra.items())) if extra else dl, value))
+            self._latest = out
+        return out
+
     def update(self, now: float, store: Store) -> list[tuple[str, Labels, float]]:
+        """``advance``, then the output as series (``latest``)."""
+        self.advance(now, store)
+        return self.latest
+
+    def advance(self, now: float, store: Store) -> None:
+        """One engine step over the store's current series; the output is kept for ``latest``."""
         if not self.engine.config.enabled:
-            return []
-        devices: dict[tuple[str, str, str], dict[InputKey, float]] = {}
-        imported: list[tuple[tuple[str, str, str], str, float]] = []
+            self._raw, self._latest = [], []
+            return
+        devices: dict[DeviceId, dict[InputKey, float]] = {}
+        imported: list[tuple[DeviceId, str, float]] = []
+        shared: set[DeviceId] = set()  # devices whose dict is a source's cached one (copy before merging)
         for st in store.sources.values():
-            for skey, value in st.series.items():
-                labels = skey[1]
-                dev_id = device_id_of(labels)
-                devices.setdefault(dev_id, {})[self._key(skey)] = value
-                if labels[IDENTITY_WIDTH:] and {k for k, _ in labels[IDENTITY_WIDTH:]} <= _ARTEFACT_LABELS:
-                    imported.append((dev_id, skey[0], value))
+            per_device, from_artefacts = self._inputs(st)
+            imported += from_artefacts
+            for dev_id, series in per_device.items():
+                have = devices.get(dev_id)
+                if have is None:
+                    devices[dev_id] = series
+                    shared.add(dev_id)
+                else:  # two sources report this GPU: the later one's values win, as before
+                    if dev_id in shared:
+                        have = devices[dev_id] = dict(have)
+                        shared.discard(dev_id)
+                    have.update(series)
         # a GPU-level value from a profiler import stands in where no live counter has one
         # (the L2 miss rate for the memory-pressure / saturation attribution)
         for dev_id, name, value in imported:
-            devices[dev_id].setdefault(name, value)
+            have = devices[dev_id]
+            if name not in have:
+                if dev_id in shared:
+                    have = devices[dev_id] = dict(have)
+                    shared.discard(dev_id)
+                have[name] = value
         for _, dev in store.info_devices():
             dev_id = dev.id
             if dev_id not in self._known:
@@ -79,14 +125,48 @@ class IndicatorFeed:
         if now >= self._next_prune or len(self._last_seen) > MAX_TRACKED_DEVICES:
             self._next_prune = now + min(DEVICE_TTL_SECONDS / 10, 60.0)
             self.prune(now, set(devices))
-        out: list[tuple[str, Labels, float]] = []
-        for dev_id, series in devices.items():
-            dl = (("vendor", dev_id[0]), ("gpu", dev_id[1]), ("uuid", dev_id[2]))
-            # one device per call: the engine's samples carry only the indicator's own labels
-            for name, extra, value in self.engine.update(now, {dev_id: series}):
-                out.append((name, dl + tuple(sorted(extra.items())), value))
-        self.latest = out
-        return out
+        # one device per call: the engine's samples carry only the indicator's own labels
+        self._raw = [(dev_id, self.engine.update(now, {dev_id: series})) for dev_id, series in devices.items()]
+        self._latest = None
+
+    def _inputs(self, st: SourceState) -> tuple[dict[DeviceId, dict[InputKey, float]],
+                                                 list[tuple[DeviceId, str, float]]]:
+        """One source's engine inputs per device, and its per-GPU values from profiler artefacts.
+
+        Built from the last full poll (``st.polled``) once per poll, then refreshed in place
+        with what fast polls changed since (``st.fast``); a source state without ``polled``
+        (a test's, a reload's carried one) is read from ``series`` each time.
+        """
+        base = st.polled if st.polled is not None else st.series
+        overlay = st.fast if st.polled is not None else None
+        cached = self._by_source.get(st.name)
+        if cached is None or cached[0] is not base:
+            per_device, imported = self._group(base.items())
+            cached = [base, None, per_device, imported]
+            self._by_source[st.name] = cached
+        if overlay and cached[1] is not overlay:
+            cached[1] = overlay
+            fresh, _ = self._group(overlay.items())
+            for dev_id, series in fresh.items():
+                cached[2].setdefault(dev_id, {}).update(series)
+        return cached[2], cached[3]
+
+    def _group(self, items) -> tuple[dict[DeviceId, dict[InputKey, float]], list[tuple[DeviceId, str, float]]]:
+        per_device: dict[DeviceId, dict[InputKey, float]] = {}
+        imported: list[tuple[DeviceId, str, float]] = []
+        inputs = ENGINE_INPUTS
+        for skey, value in items:
+            if skey[0] not in inputs:
+                continue  # the engine does not read it
+            labels = skey[1]
+            dev_id = device_id_of(labels)
+            series = per_device.get(dev_id)
+            if series is None:
+                series = per_device[dev_id] = {}
+            series[self._key(skey)] = value
+            if labels[IDENTITY_WIDTH:] and {k for k, _ in labels[IDENTITY_WIDTH:]} <= _ARTEFACT_LABELS:
+                imported.append((dev_id, skey[0], value))
+        return per_device, imported
 
     def prune(self, now: float, present: set[tuple[str, str, str]]) -> int:
         """Forget devices gone for DEVICE_TTL_SECONDS (an identity storm must not grow memory

@@ -32,7 +32,6 @@ class _RawState:
 class MapResult:
     series: dict[SeriesKey, float] = field(default_factory=dict)
     malformed: int = 0
-    unmapped_fields: set[str] = field(default_factory=set)
 
 
 # raw counter state and exported totals not seen for this many polls are forgotten (a device or
@@ -58,20 +57,27 @@ class Mapper:
         self._raw: dict[tuple, _RawState] = {}
         self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
+        # derived metrics in dependency order, operands parsed once: (name, op, scale, a, b)
+        self._derived = [(name, mdef.derive.op, mdef.derive.scale, *mdef.derive.operands)
+                         for name, mdef in mappings.schema.derived() if mdef.derive is not None]
+        self._operand_names = frozenset(n for d in self._derived for n in (d[3][0], d[4][0]))
 
     def map(self, sample: PollResult, devices: dict[str, Device]) -> MapResult:
         out = MapResult()
         self._poll += 1
         now = sample.monotonic
-        # candidates per series: (order, combine, value) for gauges,
-        # (order, combine, delta or None, initial total) for counters
-        gauges: dict[SeriesKey, list[tuple[int, str, float]]] = {}
+        # candidates per series: (order, combine, value) for gauges -- one tuple, or a list once
+        # a second entry feeds the same series -- and a list of (order, combine, delta or None,
+        # initial total) for counters
+        gauges: dict[SeriesKey, tuple[int, str, float] | list[tuple[int, str, float]]] = {}
         counters: dict[SeriesKey, list[tuple[int, str, float | None, float]]] = {}
         plans = self._plans
+        isfinite = math.isfinite
+        malformed = 0
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
-                out.malformed += 1
+                malformed += 1
                 continue
             hit = plans.get((r.device, r.field, r.labels))
             if hit is not None and (hit[0] is dev or hit[0] == dev):
@@ -79,50 +85,63 @@ class Mapper:
             else:
                 plan = self._compile(r, dev)
             if plan is None:
-                out.unmapped_fields.add(f"{dev.mapping}:{r.field}")
-                continue
-            for rule, key, lookup, skey in plan:
+                continue  # no rule maps this raw field
+            for rule, key, lookup, skey, simple in plan:
                 value = r.value
-                if value in rule.invalid:
-                    out.malformed += 1
-                    break
-                if lookup is not None:
-                    looked_up = lookup.get(value)
-                    if looked_up is None:
-                        out.malformed += 1
-                        continue
-                    value = looked_up
-                if rule.is_counter:
-                    delta = self._delta(skey, rule, value, now)
-                    initial = value * rule.scale
-                    if not math.isfinite(initial) or (delta is not None and not math.isfinite(delta)):
-                        out.malformed += 1
-                        continue
-                    counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
-                    continue
-                if rule.rate:
-                    value = self._rate(skey, rule, value, now)
-                    if value is None:
+                if simple:  # a plain gauge: scale and offset, nothing else to check
+                    value = value * rule.scale + rule.offset
+                    if not isfinite(value):
+                        malformed += 1
                         continue
                 else:
-                    value = value * rule.scale + rule.offset
-                if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
-                    out.malformed += 1  # e.g. an SM clock of -5 MHz: never exported
-                    continue
-                if rule.clamp:
-                    value = min(max(value, rule.clamp[0]), rule.clamp[1])
-                if not math.isfinite(value):  # overflow of a garbage raw value: never exported
-                    out.malformed += 1
-                    continue
-                gauges.setdefault(key, []).append((rule.order, rule.combine, value))
+                    if value in rule.invalid:
+                        malformed += 1
+                        break
+                    if lookup is not None:
+                        looked_up = lookup.get(value)
+                        if looked_up is None:
+                            malformed += 1
+                            continue
+                        value = looked_up
+                    if rule.is_counter:
+                        delta = self._delta(skey, rule, value, now)
+                        initial = value * rule.scale
+                        if not isfinite(initial) or (delta is not None and not isfinite(delta)):
+                            malformed += 1
+                            continue
+                        counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
+                        continue
+                    if rule.rate:
+                        value = self._rate(skey, rule, value, now)
+                        if value is None:
+                            continue
+                    else:
+                        value = value * rule.scale + rule.offset
+                    if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
+                        malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                        continue
+                    if rule.clamp:
+                        value = min(max(value, rule.clamp[0]), rule.clamp[1])
+                    if not isfinite(value):  # overflow of a garbage raw value: never exported
+                        malformed += 1
+                        continue
+                have = gauges.get(key)
+                if have is None:
+                    gauges[key] = (rule.order, rule.combine, value)
+                elif type(have) is tuple:
+                    gauges[key] = [have, (rule.order, rule.combine, value)]
+                else:
+                    have.append((rule.order, rule.combine, value))
+        out.malformed = malformed
+        series = out.series
         for key, cands in gauges.items():
-            out.series[key] = _combine([(o, c, v) for o, c, v in cands])
+            series[key] = cands[2] if type(cands) is tuple else _combine(cands)  # type: ignore[arg-type]
         for key, cands in counters.items():
             total = self._total(key, cands)
             if total is not None:
-                out.series[key] = total
+                series[key] = total
         self._expire(devices)
-        self._derive(out.series)
+        self._derive(series)
         return out
 
     def _compile(self, r, dev: Device) -> tuple | None:
@@ -139,8 +158,10 @@ class Mapper:
                     if raw_name in raw_labels:
                         extra[canon] = raw_labels[raw_name]
                 key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())))
+                simple = not (rule.invalid or rule.values or rule.is_counter or rule.rate
+                              or rule.valid or rule.clamp)
                 steps.append((rule, key, dict(rule.values) if rule.values else None,
-                              (r.device, rule.order, r.labels)))
+                              (r.device, rule.order, r.labels), simple))
             plan = tuple(steps)
         if len(self._plans) >= MAX_STATE:
             self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
@@ -217,15 +238,14 @@ class Mapper:
         return len(self._raw) + len(self._totals)
 
     def _derive(self, series: dict[SeriesKey, float]) -> None:
-        derived = self.mappings.schema.derived()
-        if not derived:
+        if not self._derived:
             return
+        names = self._operand_names
         by_metric: dict[str, list[tuple[Labels, float]]] = {}
         for (name, labels), v in series.items():
-            by_metric.setdefault(name, []).append((labels, v))
-        for name, mdef in derived:
-            assert mdef.derive is not None
-            (a_name, a_sel), (b_name, b_sel) = mdef.derive.operands
+            if name in names:
+                by_metric.setdefault(name, []).append((labels, v))
+        for name, op, scale, (a_name, a_sel), (b_name, b_sel) in self._derived:
             a_vals = _select(by_metric.get(a_name, ()), a_sel)
             if not a_vals:
                 continue
@@ -235,17 +255,17 @@ class Mapper:
                 bv = b_vals.get(k)
                 if bv is None or (name, k) in series:
                     continue
-                if mdef.derive.op == "ratio":
+                if op == "ratio":
                     if bv == 0:
                         continue
-                    v = av / bv * mdef.derive.scale
+                    v = av / bv * scale
                 else:
-                    v = av * bv * mdef.derive.scale
+                    v = av * bv * scale
                 if not math.isfinite(v):
                     continue
                 series[(name, k)] = v
                 new.append((k, v))
-            if new:
+            if new and name in names:
                 by_metric.setdefault(name, []).extend(new)
 
 

@@ -19,6 +19,7 @@ DeviceId = tuple[str, str, str]  # (vendor, gpu, uuid)
 # Every canonical per-GPU series starts with these three labels, in this order.
 IDENTITY_LABELS = ("vendor", "gpu", "uuid")
 IDENTITY_WIDTH = len(IDENTITY_LABELS)
+_EXACT = 1 << 1000  # an int within this converts to a finite float
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,9 @@ class PollResult:
             labels: tuple[tuple[str, str], ...] = ()) -> None:
         """Append a reading; a value that is not a finite number is counted, not stored."""
         if value is None:
+            return
+        if type(value) is int and -_EXACT <= value <= _EXACT:  # most sysfs readings: finite as is
+            self.readings.append(Reading(device, field_name, float(value), labels))
             return
         try:
             v = float(value)

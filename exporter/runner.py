@@ -108,7 +108,8 @@ class SourceRunner:
         sample, devices, result = cycle.sample, cycle.devices, cycle.result
         st.devices = devices
         st.device_up = {k: sample.device_up.get(k, True) for k in devices}
-        st.series = result.series
+        st.series = st.polled = result.series
+        st.fast = {}
         st.errors.update(sample.errors)
         if result.malformed:
             st.errors["malformed_value"] += result.malformed
@@ -209,8 +210,10 @@ class SourceRunner:
             # only the indicator inputs: counters and other gauges keep their full-poll values
             # (a second mapper's counter totals must never replace the full poll's)
             fast = {k: v for k, v in cycle.result.series.items() if k[0] in FAST_METRICS}
-            if fast:
-                self.state.series = {**self.state.series, **fast}  # replaced, never mutated
+            st = self.state
+            if fast and st.polled is not None:  # replaced, never mutated
+                st.fast = {**st.fast, **fast}
+                st.series = {**st.polled, **st.fast}
 
     async def close(self, timeout: float = 1.0) -> None:
         """Close the source on its worker (skipped while a call hangs) and end the worker."""

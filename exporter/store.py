@@ -32,9 +32,16 @@ class SourceState:
     devices: dict[str, Device] = field(default_factory=dict)
     device_up: dict[str, bool] = field(default_factory=dict)
     series: dict[SeriesKey, float] = field(default_factory=dict)
+    # ``series`` is the last full poll's series (``polled``) overlaid with what fast polls
+    # refreshed since (``fast``).  The runner keeps the two apart so the indicator feed re-reads
+    # the full poll once per poll, not at every fast poll.  All three are replaced, never mutated.
+    polled: dict[SeriesKey, float] | None = None
+    fast: dict[SeriesKey, float] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.series = {}
+        self.polled = None
+        self.fast = {}
         self.up = False
 
 

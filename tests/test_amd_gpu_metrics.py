@@ -244,3 +244,22 @@ def test_precompiled_readings_reject_what_the_parser_rejects(data):
             gm.readings(data, gm.FAST_FIELDS)
         return
     assert gm.readings(data) == walk
+
+
+@pytest.mark.parametrize("binary", ["gpu_metrics_v1_3_rx6900xt_navi21.bin", "gpu_metrics_v2_2_mangohud_apu.bin"])
+def test_wanted_raw_names_select_exactly_those_readings(shared_fixtures, binary):
+    """``readings(data, wanted=...)`` is the full list filtered by raw name, in the same order,
+    for any selection (the source passes the raw fields its mapping file maps)."""
+    import random
+
+    data = _read(shared_fixtures, binary)
+    everything = gm.readings(data)
+    names = sorted({name for name, _, _ in everything})
+    rng = random.Random(3)
+    for _ in range(20):
+        wanted = frozenset(rng.sample(names, rng.randint(0, len(names))) + ["gpu_metrics.not_a_field"])
+        assert gm.readings(data, wanted=wanted) == [r for r in everything if r[0] in wanted]
+    assert gm.readings(data, wanted=frozenset()) == []
+    # the fast selection composes with it
+    fast = gm.readings(data, gm.FAST_FIELDS)
+    assert gm.readings(data, gm.FAST_FIELDS, frozenset(n for n, _, _ in fast)) == fast

@@ -372,7 +372,7 @@ def test_pcie_bw_empty_file_is_malformed_and_apu_enodata_stops_the_thread(tmp_pa
     assert first.errors == {"not_supported": 1} and calls == [1]
 
 
-def test_poll_fast_reads_busy_files_and_the_table_only(tmp_path):
+def test_poll_fast_reads_the_busy_files_only_where_both_are_there(tmp_path):
     arrange_mi300x_node(tmp_path)
     src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
     src.open()
@@ -381,8 +381,9 @@ def test_poll_fast_reads_busy_files_and_the_table_only(tmp_path):
     finally:
         src.close()
     fields = {r.field for r in fast.readings}
-    assert "gpu_busy_percent" in fields and "gpu_metrics.average_umc_activity" in fields
-    assert not any(f.startswith(("hwmon.", "mem_info_", "pp_dpm_")) for f in fields)
+    # both busy files on every card: they win over the table's averages, which is not read
+    # (test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing covers the fallback)
+    assert fields == {"gpu_busy_percent", "mem_busy_percent"}
     assert sorted(int(d.index) for d in fast.devices) == list(MI300X_CARDS)
 
 
@@ -466,3 +467,82 @@ def test_on_sysfs_reads_the_mount_table(tmp_path):
     assert on_sysfs("/sys", str(mi)) and on_sysfs("/sys/class/drm", str(mi))
     assert not on_sysfs("/sys/fs/cgroup/x", str(mi)) and not on_sysfs(tmp_path / "sys", str(mi))
     assert not on_sysfs("/sys", str(tmp_path / "missing"))
+
+
+def test_with_the_mapping_set_unmapped_files_and_table_fields_are_not_read(real_node):
+    """Handed the loaded mappings (as the daemon does), the source reads only files whose raw
+    field a rule maps and emits only mapped table fields; the canonical series are the same."""
+    from exporter.testing import load_mappings
+
+    mappings = load_mappings()
+    mapped = set(mappings.get("amdgpu").rules)
+    read: list[str] = []
+
+    def reader(path):
+        read.append(str(path))
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    full = map_source_once(AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False}), mappings=mappings)
+    src = AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False}, reader=reader, mappings=mappings)
+    lean = map_source_once(src, mappings=mappings)
+    assert lean == full
+    src.open()
+    try:
+        read.clear()
+        sample = src.poll()
+    finally:
+        src.close()
+    assert {r.field for r in sample.readings} <= mapped
+    names = {os.path.basename(p) for p in read}
+    # unmapped on every card: the caps' min and default, the video clocks' levels
+    assert not names & {"power1_cap_min", "power1_cap_default", "pp_dpm_dclk"}, sorted(names)
+    assert {"gpu_busy_percent", "power1_cap", "gpu_metrics", "pp_dpm_sclk"} <= names
+    # no mapping set (a tool, a test): everything is read, as before
+    plain = AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False})
+    plain.open()
+    try:
+        fields = {r.field for r in plain.poll().readings}
+    finally:
+        plain.close()
+    assert fields - mapped, "without mappings the unmapped raw fields are still emitted"
+
+
+def test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing(tmp_path, shared_fixtures):
+    """The busy files win over the table's averages in mappings/amdgpu.yaml (listed first), so a
+    fast poll skips the table on a card with both files and reads it where one is missing or fails."""
+    from exporter.testing import load_mappings
+
+    rules = load_mappings().get("amdgpu").rules
+    for file_raw, table_raw in (("gpu_busy_percent", "gpu_metrics.average_gfx_activity"),
+                                ("mem_busy_percent", "gpu_metrics.average_umc_activity")):
+        (file_rule,), (table_rule,) = rules[file_raw], rules[table_raw]
+        assert file_rule.metric == table_rule.metric and file_rule.order < table_rule.order
+    metrics = (shared_fixtures / "amd" / "gpu_metrics_v1_3_rx6900xt_navi21.bin").read_bytes()
+    arrange_real_card(tmp_path, shared_fixtures, "rx6900xt", 0, metrics)   # both busy files
+    arrange_real_card(tmp_path, shared_fixtures, "rx7800xt", 1, metrics)   # no mem_busy_percent
+    def reader(path):
+        if path.name == "gpu_busy_percent" and "/card0/" in str(path):  # card0: the rx6900xt
+            raise OSError(errno.EOPNOTSUPP, "not supported")
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src.open()
+    try:
+        by_card = {}
+        for r in src.poll_fast().readings:
+            by_card.setdefault(r.device, set()).add(r.field)
+    finally:
+        src.close()
+    both, missing = PCI["rx6900xt"], PCI["rx7800xt"]
+    assert by_card[both] == {"gpu_busy_percent", "mem_busy_percent"}
+    assert "gpu_metrics.average_umc_activity" in by_card[missing]
+    # a busy file that fails at run time: the table stands in on that poll
+    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False}, reader=reader)
+    src.open()
+    try:
+        fields = {r.field for r in src.poll_fast().readings if r.device == both}
+    finally:
+        src.close()
+    assert "gpu_metrics.average_gfx_activity" in fields

@@ -162,7 +162,8 @@ class _Plan:
     one ``Layout.packer.unpack_from`` with no per-field name or format work.
     """
 
-    def __init__(self, layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None):
+    def __init__(self, layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None,
+                 wanted: frozenset[str] | None = None):
         self.layout = layout
         self.steps: list[tuple] = []
         probe = GpuMetricsTable(layout.size, frev, crev, layout, {})
@@ -186,20 +187,29 @@ class _Plan:
                 for sub, stype, scount in ftype.fields:
                     ones = (1 << (_PRIMS[stype][1] * 8)) - 1  # type: ignore[index]
                     label = _ARRAY_LABEL.get(sub, "instance")
-                    subs.append((j, scount, f"{PREFIX}xcp.{sub}", ones, label))
+                    sub_name = f"{PREFIX}xcp.{sub}"
+                    if wanted is None or sub_name in wanted:
+                        subs.append((j, scount, sub_name, ones, label))
                     j += scount
-                self.steps.append(("xcp", at, count, ftype.nvalues, np_at, tuple(subs)))
+                if subs:
+                    self.steps.append(("xcp", at, count, ftype.nvalues, np_at, tuple(subs)))
                 continue
             ones = (1 << layout.bits(fname)) - 1
             name = raw_name(probe, fname)
+            if fname == "indep_throttle_status":
+                bits = tuple((bit, f"{name}.{bit_name}") for bit, bit_name in INDEP_THROTTLE_BITS.items()
+                             if wanted is None or f"{name}.{bit_name}" in wanted)
+                classes = tuple((f"{name}.class_{cls}", shift) for cls, shift in INDEP_THROTTLE_CLASSES
+                                if wanted is None or f"{name}.class_{cls}" in wanted)
+                if bits or classes:
+                    self.steps.append(("indep", at, name, ones, bits, classes))
+                continue
+            if wanted is not None and name not in wanted:
+                continue  # no mapping rule reads it: neither unpacked into a reading nor emitted
             if count > 1:
                 label = _ARRAY_LABEL.get(fname, "instance")
                 labels = tuple(((label, str(k)),) for k in range(count))
                 self.steps.append(("array", at, count, name, ones, labels))
-            elif fname == "indep_throttle_status":
-                bits = tuple((bit, f"{name}.{bit_name}") for bit, bit_name in INDEP_THROTTLE_BITS.items())
-                classes = tuple((f"{name}.class_{cls}", shift) for cls, shift in INDEP_THROTTLE_CLASSES)
-                self.steps.append(("indep", at, name, ones, bits, classes))
             else:
                 self.steps.append(("scalar", at, name, ones))
         self.fields = frozenset(index)
@@ -244,18 +254,28 @@ class _Plan:
         return out
 
 
-_PLANS: dict[tuple[int, int, int, frozenset[str] | None], _Plan] = {}
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 256  # layouts x revisions x a few field selections; a bound, not a working size
 
 
-def _plan(layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None) -> _Plan:
-    key = (layout.size, frev, crev, only)
+def _plan(layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None,
+          wanted: frozenset[str] | None = None) -> _Plan:
+    key = (layout.size, frev, crev, only, wanted)
     plan = _PLANS.get(key)
     if plan is None or plan.layout is not layout:
-        plan = _PLANS[key] = _Plan(layout, frev, crev, only)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(layout, frev, crev, only, wanted)
     return plan
 
 
+_KNOWN_HEADERS: dict[bytes, tuple[Layout, int, int]] = {}  # the 4 header bytes of a known layout
+
+
 def _layout_of(data: bytes) -> tuple[Layout, int, int]:
+    known = _KNOWN_HEADERS.get(data[:4])
+    if known is not None and len(data) >= known[0].size:
+        return known
     if len(data) < HEADER.size:
         raise GpuMetricsError(f"gpu_metrics: {len(data)} bytes, shorter than the 4-byte header")
     size, frev, crev = _HEADER_STRUCT.unpack_from(data, 0)
@@ -268,6 +288,7 @@ def _layout_of(data: bytes) -> tuple[Layout, int, int]:
         raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: structure_size {size} is not a known layout ({known})")
     if len(data) < size:
         raise GpuMetricsError(f"gpu_metrics v{frev}.{crev}: truncated, {len(data)} of {size} bytes")
+    _KNOWN_HEADERS[bytes(data[:4])] = (layout, frev, crev)  # bounded: one entry per known layout
     return layout, frev, crev
 
 
@@ -277,14 +298,16 @@ _HEADER_STRUCT = struct.Struct("<HBB")
 FAST_FIELDS = frozenset({"average_gfx_activity", "average_umc_activity"})
 
 
-def readings(data: bytes, only: frozenset[str] | None = None) -> list[Reading]:
+def readings(data: bytes, only: frozenset[str] | None = None,
+             wanted: frozenset[str] | None = None) -> list[Reading]:
     """``table_readings(parse_gpu_metrics(data))`` in one precompiled unpack, without the dict.
 
-    ``only``: restrict to these table field names (``FAST_FIELDS`` for a fast poll).  Raises
-    ``GpuMetricsError`` exactly where ``parse_gpu_metrics`` does.
+    ``only``: restrict to these table field names (``FAST_FIELDS`` for a fast poll).  ``wanted``:
+    emit only these raw names (the fields a mapping file maps; None emits every field).  Raises
+    ``GpuMetricsError`` exactly where ``parse_gpu_metrics`` does, whatever is selected.
     """
     layout, frev, crev = _layout_of(data)
-    plan = _plan(layout, frev, crev, only)
+    plan = _plan(layout, frev, crev, only, wanted)
     return plan.apply(layout.packer.unpack_from(data, 0))
 
 

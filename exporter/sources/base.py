@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..model import Device, Labels, PollResult, Reading
 
@@ -21,7 +21,7 @@ from ..model import Device, Labels, PollResult, Reading
 Sample = PollResult
 
 __all__ = ["Abilities", "Device", "PollFailed", "PollResult", "Reading", "Sample", "Source", "SourceBase",
-           "SourceUnavailable", "abilities_of"]
+           "SourceUnavailable", "abilities_of", "mapped_fields"]
 
 
 class SourceUnavailable(Exception):
@@ -70,6 +70,19 @@ def abilities_of(source: object) -> Abilities:
     """The abilities ``source`` declares; a duck-typed source (a test double) has the defaults."""
     declared = getattr(type(source), "abilities", None)
     return declared if isinstance(declared, Abilities) else DEFAULT_ABILITIES
+
+
+def mapped_fields(mappings: Any, name: str) -> frozenset[str] | None:
+    """The raw field names mapping file ``name`` has rules for, or None (read everything).
+
+    A source handed the loaded mapping set (the ``mappings=`` keyword the daemon passes) may skip
+    reading and emitting raw fields no rule maps: the mapper would drop them anyway.  Without a
+    mapping set, or without that file in it, there is nothing to go by and None says so.
+    """
+    get = getattr(mappings, "get", None)
+    compiled = get(name) if callable(get) else None
+    rules = getattr(compiled, "rules", None)
+    return frozenset(rules) if isinstance(rules, dict) else None
 
 
 @runtime_checkable
