@@ -332,7 +332,7 @@ class AmdgpuSysfsSource(SourceBase):
             except Exception:  # one card must never break the others
                 sample.errors["read_error"] += 1
             if key in bw:
-                for fname, value in zip(PCIE_BW_FIELDS, bw[key]):
+                for fname, value in zip(PCIE_BW_FIELDS, bw[key], strict=True):
                     if wanted is None or fname in wanted:
                         sample.add(key, fname, value)
         return sample
