@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
 from pathlib import Path
 
-from . import __version__
+from . import __version__, gctune
 from .config import parse_duration
 from .daemon import Daemon, Settings
 from .logs import setup_logging
@@ -251,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         daemon.load()
         if args.web_config is not None:
             _check_web_config(args.web_config)
-        # modules, schema, mappings and config are loaded for good: move them out of the cyclic
-        # collector's generations so its passes over the poll loop's garbage stay short
-        gc.collect()
-        gc.freeze()
+        # modules, schema, mappings and config are loaded for good: out of the cyclic
+        # collector's generations, and its passes spaced out (exporter/gctune.py says why)
+        gctune.after_load()
         return _run(_serve(args, daemon))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import gctune
 from .collector_policy import collector_options, enabled_collectors, interval_and_timeout
 from .config import Config
 from .enrich.cloud import CloudEnricher
@@ -43,6 +44,7 @@ log = logging.getLogger("unified_gpu_exporter")
 
 STARTUP_WAIT = 2.0  # seconds start() waits for the first poll of every source
 STATE_SAVE_INTERVAL = 60.0  # seconds between saves of the indicators' learned state
+WARM_RENDERS = 3  # renders (every source polled twice or more) before the warm-up GC freeze
 
 @dataclass
 class Settings:
@@ -198,6 +200,7 @@ class Daemon:
     async def _render_loop(self) -> None:
         assert self._dirty is not None
         last_version = -1
+        renders = 0
         while not self._stopping:
             await self._dirty.wait()
             self._dirty.clear()
@@ -205,6 +208,9 @@ class Daemon:
             if version != last_version or self.rendered is None:
                 last_version = version
                 await self.render()
+                renders += 1
+                if renders == WARM_RENDERS:  # per-device state is built: out of the GC's way
+                    gctune.after_warmup()
             # at most one render per quarter poll interval, however fast indicators update
             await asyncio.sleep(min(self.poll_interval, 1.0) / 4)
 
