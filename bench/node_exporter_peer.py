@@ -24,6 +24,7 @@ Caveat printed with the numbers: node_exporter 1.5's drm collector globs ``card[
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -88,6 +89,36 @@ def node(name: str, tree: Path, binary: str) -> Proc:
                        "--web.max-requests=0", "--log.level=warn"], port, ready_path="/metrics")
 
 
+_STAGE = re.compile(rb'^unified_gpu_exporter_stage_cpu_seconds_total\{([^}]*)\} (\S+)$', re.M)
+_LABEL = re.compile(rb'(\w+)="([^"]*)"')
+_PROCESS = re.compile(rb"^process_cpu_seconds_total (\S+)$", re.M)
+
+
+def stage_cpu(body: bytes) -> dict[str, float]:
+    """From one exposition of ours: CPU seconds per pipeline stage (summed over sources) and the
+    process total (``process``)."""
+    out: dict[str, float] = {}
+    for labels, value in _STAGE.findall(body):
+        stage = dict(_LABEL.findall(labels)).get(b"stage", b"?").decode()
+        out[stage] = out.get(stage, 0.0) + float(value)
+    m = _PROCESS.search(body)
+    if m:
+        out["process"] = float(m.group(1))
+    return out
+
+
+def stage_breakdown(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """ms of CPU per second per stage over a window, and ``other`` (process minus the stages:
+    event loop, HTTP, garbage collector, pcie_bw threads)."""
+    if not seconds or "process" not in after or "process" not in before:
+        return {}
+    out = {k: (after[k] - before.get(k, 0.0)) / seconds * 1000 for k in after if k != "process"}
+    total = (after["process"] - before["process"]) / seconds * 1000
+    out["other"] = total - sum(out.values())
+    out["total"] = total
+    return {k: round(v, 2) for k, v in out.items()}
+
+
 def count_series(body: bytes, prefixes: tuple[bytes, ...]) -> int:
     return sum(1 for line in body.splitlines() if line.startswith(prefixes))
 
@@ -131,13 +162,18 @@ def run(tmp: Path, trees: dict[int, Path], load_s: float = 3.0, idle_s: float = 
         cpu0 = {p.name: p.cpu() for p in everyone}
         time.sleep(idle_s)
         idle = {p.name: p.cpu() - cpu0[p.name] for p in everyone}
+        stages0 = {n: stage_cpu(group["ours"].get()) for n, group in procs.items()}
         paced = paced_scrapes(everyone, paced_s, 1.0)
+        stages1 = {n: stage_cpu(group["ours"].get()) for n, group in procs.items()}
         for n, group in procs.items():
             res = out["sizes"][n]
             res["idle_cpu_s_per_s"] = {k: idle[p.name] / idle_s for k, p in group.items()}
             res["paced"] = {k: paced[p.name] for k, p in group.items()}
             res["cpu_s_per_100_scrapes"] = {
                 k: paced[p.name]["cpu_s"] / max(paced[p.name]["scrapes"], 1) * 100 for k, p in group.items()}
+            # read from ours' own self-metrics (rendered once per poll: the window is the paced
+            # one give or take a poll interval)
+            res["stages_ms_per_s"] = stage_breakdown(stages0[n], stages1[n], paced[group["ours"].name]["seconds"])
             res["memory"] = {k: memory(p.pid) for k, p in group.items()}
             res["rss_bytes"] = {k: m["rss_bytes"] for k, m in res["memory"].items()}
             lo = res["load"]

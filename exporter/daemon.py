@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import gctune
+from . import cpustats, gctune
 from .collector_policy import collector_options, enabled_collectors, interval_and_timeout
 from .config import Config
 from .enrich.cloud import CloudEnricher
@@ -187,7 +187,9 @@ class Daemon:
         tick = Ticker(self.fast_interval, spacing=True)
         while not self._stopping:
             # sampled at the fast interval; served with the next render (once per poll cycle)
+            c0 = cpustats.clock()
             self.feed.advance(time.monotonic(), self.store)
+            cpustats.add("indicators", "", cpustats.clock() - c0)
             if watchers:  # labelled output only for them (the render reads it once a cycle)
                 out = self.feed.latest
                 for source in watchers:  # returns at once
@@ -217,16 +219,22 @@ class Daemon:
     async def render(self) -> Rendered:
         assert self.renderer is not None
         snap = snapshot(self.store)
-        extra = self.extra_series(snap)
+        c0 = cpustats.clock()
+        extra = self.extra_series(snap)  # labelling the indicators' output: their stage's cost
+        cpustats.add("indicators", "", cpustats.clock() - c0)
         static = self._static_labels
         if self.cloud is not None and self.cloud.labels():
             own = {k for k, _ in static}
             static = static + tuple(sorted((k, v) for k, v in self.cloud.labels().items() if k not in own))
 
         def build() -> Rendered:  # pod attribution reads only cached dicts; off the event loop
+            c0 = cpustats.clock()
             per_device, pods = self._pod_labels(snap)
-            return self.renderer.render(snap, [*extra, *pods] if pods else extra,  # type: ignore[union-attr]
-                                        static, per_device)
+            try:
+                return self.renderer.render(snap, [*extra, *pods] if pods else extra,  # type: ignore[union-attr]
+                                            static, per_device)
+            finally:
+                cpustats.add("render", "", cpustats.clock() - c0)
 
         self.rendered = await self._render_worker.submit(build)
         self._rendered_up = any(st.up for st in snap.sources.values())

@@ -14,6 +14,7 @@ from .mapping import Mapper, MapResult
 from .model import Device, PollResult, Reading
 from .store import SourceState, Store
 
+cpu_clock = time.thread_time
 # keeps a reading (given the resolved devices) before mapping; the fast loop maps only its inputs
 ReadingFilter = Callable[[Reading, dict[str, Device]], bool]
 
@@ -28,6 +29,8 @@ class Cycle:
     result: MapResult
     poll_seconds: float
     map_seconds: float
+    poll_cpu: float = 0.0  # CPU seconds of this thread in the poll, and in resolve + map
+    map_cpu: float = 0.0
 
 
 def poll_and_map(poll: Callable[[], PollResult], store: Store, state: SourceState, mapper: Mapper,
@@ -40,9 +43,11 @@ def poll_and_map(poll: Callable[[], PollResult], store: Store, state: SourceStat
     ``now`` stamps the poll (a test's fake clock); otherwise a source that left ``monotonic`` at
     0 is stamped with ``time.monotonic()``.  Nothing in ``state`` or ``store`` is changed: the
     caller publishes the result (the daemon does that on the event loop)."""
+    c0 = cpu_clock()
     t0 = timer()
     sample = poll()
     t1 = timer()
+    c1 = cpu_clock()
     if now is not None:
         sample.monotonic = now
     elif not sample.monotonic:
@@ -51,4 +56,5 @@ def poll_and_map(poll: Callable[[], PollResult], store: Store, state: SourceStat
     if keep is not None:
         sample.readings = [r for r in sample.readings if keep(r, devices)]
     result = mapper.map(sample, devices)
-    return Cycle(sample, devices, result, t1 - t0, timer() - t1)
+    t2 = timer()
+    return Cycle(sample, devices, result, t1 - t0, t2 - t1, c1 - c0, cpu_clock() - c1)

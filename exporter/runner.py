@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import cpustats
 from .collector_policy import missing_backend_state
 from .mapping import Mapper, MappingSet
 from .periodic import Ticker
@@ -74,7 +75,10 @@ class SourceRunner:
     def _cycle(self) -> Cycle:
         """Runs in the worker thread: poll, then map (mapper state is per source)."""
         assert self.source is not None and self.store is not None
-        return poll_and_map(self.source.poll, self.store, self.state, self.mapper)
+        cycle = poll_and_map(self.source.poll, self.store, self.state, self.mapper)
+        cpustats.add("poll", self.state.name, cycle.poll_cpu)
+        cpustats.add("map", self.state.name, cycle.map_cpu)
+        return cycle
 
     async def poll_once(self) -> bool:
         """Open if needed, poll one time; update the store.  True when the poll succeeded."""
@@ -188,7 +192,10 @@ class SourceRunner:
             d = devices.get(r.device)
             return d is not None and r.field in fields.get(d.mapping, ())
 
-        return poll_and_map(self.source.poll_fast, self.store, self.state, self.fast_mapper, keep=keep)
+        cycle = poll_and_map(self.source.poll_fast, self.store, self.state, self.fast_mapper, keep=keep)
+        cpustats.add("fast_poll", self.state.name, cycle.poll_cpu)
+        cpustats.add("fast_map", self.state.name, cycle.map_cpu)
+        return cycle
 
     async def fast_loop(self, interval: float, mappings: MappingSet) -> None:
         """Cheap signals between full polls; they update the series the indicators read."""
@@ -212,8 +219,9 @@ class SourceRunner:
             fast = {k: v for k, v in cycle.result.series.items() if k[0] in FAST_METRICS}
             st = self.state
             if fast and st.polled is not None:  # replaced, never mutated
+                # the indicator feed reads them on top of the full poll's; the exposition keeps
+                # the full poll's values (it is rendered once per full poll)
                 st.fast = {**st.fast, **fast}
-                st.series = {**st.polled, **st.fast}
 
     async def close(self, timeout: float = 1.0) -> None:
         """Close the source on its worker (skipped while a call hangs) and end the worker."""

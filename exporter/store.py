@@ -32,9 +32,10 @@ class SourceState:
     devices: dict[str, Device] = field(default_factory=dict)
     device_up: dict[str, bool] = field(default_factory=dict)
     series: dict[SeriesKey, float] = field(default_factory=dict)
-    # ``series`` is the last full poll's series (``polled``) overlaid with what fast polls
-    # refreshed since (``fast``).  The runner keeps the two apart so the indicator feed re-reads
-    # the full poll once per poll, not at every fast poll.  All three are replaced, never mutated.
+    # ``polled`` is the ``series`` of the last full poll (None for a state set up otherwise: a
+    # test's, a reload's carried one) and ``fast`` what fast polls refreshed since, for the
+    # indicators only: the feed re-reads the full poll once per poll and lays ``fast`` on top,
+    # the exposition shows the full poll's values.  All three are replaced, never mutated.
     polled: dict[SeriesKey, float] | None = None
     fast: dict[SeriesKey, float] = field(default_factory=dict)
 
