@@ -54,6 +54,7 @@ class Mapper:
         # (device key, raw field, raw labels) -> (device, plan): the rules with their series keys,
         # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
         self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
+        self._labels: dict[Labels, Labels] = {}  # identity label tuples, interned
         self._raw: dict[tuple, _RawState] = {}
         self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
@@ -150,14 +151,16 @@ class Mapper:
         plan: tuple | None = None
         if rules:
             raw_labels = dict(r.labels) if r.labels else {}
+            # one label tuple per device identity, shared by every plan and series key of it
             base = device_labels(dev)
+            base = self._labels.setdefault(base, base)
             steps = []
             for rule in rules:
                 extra = dict(rule.fixed)
                 for raw_name, canon in rule.label_map:
                     if raw_name in raw_labels:
                         extra[canon] = raw_labels[raw_name]
-                key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())))
+                key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())) if extra else base)
                 simple = not (rule.invalid or rule.values or rule.is_counter or rule.rate
                               or rule.valid or rule.clamp)
                 steps.append((rule, key, dict(rule.values) if rule.values else None,
@@ -165,6 +168,7 @@ class Mapper:
             plan = tuple(steps)
         if len(self._plans) >= MAX_STATE:
             self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
+            self._labels.clear()
         self._plans[(r.device, r.field, r.labels)] = (dev, plan)
         return plan
 
@@ -224,6 +228,7 @@ class Mapper:
             return
         if any(key[0] not in devices for key in self._plans):
             self._plans = {k: v for k, v in self._plans.items() if k[0] in devices}
+            self._labels = {}  # rebuilt on sight
         horizon = self._poll if over else self._poll - STATE_TTL_POLLS
         stale = [k for k, st in self._raw.items() if st.seen < horizon]
         for k in stale:

@@ -153,6 +153,9 @@ class SourceRunner:
                 return await asyncio.shield(self.pending)
         except TimeoutError:
             raise TimeoutError(f"timed out after {self.timeout:g}s") from None
+        finally:
+            if self.pending is not None and self.pending.done():
+                self.pending = None  # finished: its readings are not held until the next call
 
     def _failed(self, exc: BaseException, what: str) -> None:
         st = self.state
@@ -211,6 +214,9 @@ class SourceRunner:
             except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
                 self.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
                 continue
+            finally:
+                if self.fast_pending is not None and self.fast_pending.done():
+                    self.fast_pending = None
             if not self.state.up:
                 continue  # the full poll failed meanwhile: its series stay dropped
             self.state.errors.update(cycle.sample.errors)
