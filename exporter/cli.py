@@ -127,6 +127,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
+    from .aiohttp_import import import_aiohttp_web
+
+    import_aiohttp_web()  # before anything imports aiohttp: its unused client CA loading skipped
     from aiohttp import web
 
     from .server import KEEPALIVE_TIMEOUT, SniffingTLSSite, guard_connections, make_app, raise_nofile_limit

@@ -226,3 +226,38 @@ def test_both_parsers_refuse_alike_naming_the_line(tmp_path, text, monkeypatch):
         yamlfile.load_yaml(p)
     assert str(fast.value).split(":")[:2] == str(slow.value).split(":")[:2]  # file and line
     assert str(fast.value).startswith(f"{p}:")
+
+
+AIOHTTP_IMPORT = """
+import json, ssl, sys
+real = ssl.create_default_context
+from exporter.aiohttp_import import import_aiohttp_web
+import_aiohttp_web()
+from aiohttp import connector
+print(json.dumps({
+    "restored": ssl.create_default_context is real
+                and "set_default_verify_paths" not in ssl.SSLContext.__dict__,
+    "aiohttp_cas": [connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
+                    connector._SSL_CONTEXT_UNVERIFIED.cert_store_stats()["x509_ca"]],
+    "aiohttp_verifies": connector._SSL_CONTEXT_VERIFIED.verify_mode == ssl.CERT_REQUIRED,
+    "fresh_cas": ssl.create_default_context().cert_store_stats()["x509_ca"],
+}))
+"""
+
+
+def test_serving_import_skips_aiohttps_client_ca_loading_and_restores_ssl():
+    """aiohttp's default client contexts trust nothing (fail closed; this program's HTTPS clients
+    bring their own contexts), and ``ssl`` is the real module again afterwards."""
+    res = _run_py(AIOHTTP_IMPORT)
+    assert res["restored"]
+    assert res["aiohttp_cas"] == [0, 0]
+    assert res["aiohttp_verifies"]
+    if ssl_default_cas() == 0:
+        pytest.skip("this system's default CA store is empty: nothing to compare with")
+    assert res["fresh_cas"] > 0  # contexts made after the import load the system store again
+
+
+def ssl_default_cas() -> int:
+    import ssl
+
+    return ssl.create_default_context().cert_store_stats()["x509_ca"]
