@@ -26,8 +26,8 @@ from .textformat import format_value, series_prefix
 
 MAX_ENTRIES = 500_000  # cleared when exceeded (label churn within one cycle)
 
-# entry fields (a list: mutated in place every cycle)
-_FAMILY, _PREFIX, _ORDER, _ADDED, _VALUE, _LINE, _SEEN, _USED = range(8)
+# entry fields (a list: mutated in place every cycle); _OUT is its family's list of lines
+_FAMILY, _PREFIX, _ORDER, _ADDED, _VALUE, _LINE, _SEEN, _USED, _OUT = range(9)
 _NAN = math.nan  # never equal: the first value always formats
 _copysign = math.copysign
 _by_order = itemgetter(0)
@@ -45,6 +45,7 @@ class SeriesLines:
         self._parts = histogram_parts  # x_bucket / x_sum / x_count -> x
         self._order = order  # the sort key of a histogram sample
         self._entries: dict[SeriesKey, list[Any]] = {}
+        self._out: dict[str, list] = {}  # family -> this cycle's lines (emptied every cycle)
         self._filter: SeriesFilter | None = None
         self._static: Labels = ()
         self._generation = 0
@@ -54,23 +55,25 @@ class SeriesLines:
 
     def clear(self) -> None:
         self._entries = {}
+        self._out = {}
 
     def collect(self, sources: Iterable[Mapping[SeriesKey, float]],
                 first: Iterable[tuple[str, Labels, float]], extra: Iterable[tuple[str, Labels, float]],
                 static_labels: Labels, per_device: Mapping[tuple[str, str, str], DeviceLabels] | None,
                 series_filter: SeriesFilter | None) -> tuple[dict[str, list], int]:
         """Lines per family of ``first``, then every source's series (a key already served by an
-        earlier source is skipped), then ``extra``; and how many lines in all.  A histogram
-        family's list holds ``(sort key, line)`` pairs, in the order to sort stably."""
+        earlier source is skipped), then ``extra`` (histogram families sorted by bucket); and how
+        many lines in all.  The lists are reused: join them before the next call."""
         if series_filter is not None:
             static_labels = series_filter.extra(static_labels)
         if series_filter is not self._filter or static_labels != self._static:
-            self._entries = {}
+            self.clear()
             self._filter, self._static = series_filter, static_labels
         self._generation = gen = self._generation + 1
         entries = self._entries
         get = entries.get
-        lines: dict[str, list] = {}
+        for out in self._out.values():
+            out.clear()
         new = self._new
         allow = series_filter is not None and series_filter.allow is not None
         count = 0
@@ -112,21 +115,21 @@ class SeriesLines:
                         text = format_value(value)
                     line = e[_LINE] = e[_PREFIX] + text + "\n"
                     e[_VALUE] = value
-                out = lines.get(family)
-                if out is None:
-                    out = lines[family] = []
                 order = e[_ORDER]
-                out.append(line if order is None else (order, line))
+                e[_OUT].append(line if order is None else (order, line))
                 count += 1
 
         run((((name, labels), value) for name, labels, value in first), False)
         for series in sources:
             run(series.items(), True)
         run((((name, labels), value) for name, labels, value in extra), False)
-        for family, out in lines.items():
-            if out and out[0].__class__ is tuple:
-                out.sort(key=_by_order)
-                lines[family] = [line for _, line in out]
+        lines: dict[str, list] = {}
+        for family, out in self._out.items():
+            if out:
+                if out[0].__class__ is tuple:
+                    out.sort(key=_by_order)
+                    out = [line for _, line in out]
+                lines[family] = out
         if len(entries) > 2 * count + 1024:  # series gone since earlier cycles: forget them
             self._entries = {k: e for k, e in entries.items() if e[_USED] == gen}
         return lines, count
@@ -135,7 +138,7 @@ class SeriesLines:
              series_filter: SeriesFilter | None) -> list[Any]:
         name, labels = key
         family = self._parts.get(name, name)
-        e: list[Any] = [None, "", None, added, _NAN, "", 0, 0]
+        e: list[Any] = [None, "", None, added, _NAN, "", 0, 0, None]
         if series_filter is not None and not (series_filter.family(family)
                                               and series_filter.labels_ok(family, labels)):
             return e
@@ -147,6 +150,10 @@ class SeriesLines:
         if static_labels:
             labels = labels + static_labels
         e[_FAMILY] = family
+        out = self._out.get(family)
+        if out is None:
+            out = self._out[family] = []
+        e[_OUT] = out
         e[_PREFIX] = series_prefix(name, labels)
         if mdef.type == "histogram":
             e[_ORDER] = self._order((name, labels, 0.0))
