@@ -61,6 +61,16 @@ def classify(inp: RootCauseInputs, cfg: RootCauseConfig) -> dict[str, bool]:
     return out
 
 
+def throttle_active(throttle: Mapping[str, bool], cfg: RootCauseConfig) -> bool:
+    """Whether ``classify`` would flag thermal_throttle or power_throttle from these reasons."""
+    if throttle:
+        for reasons in (cfg.thermal_reasons, cfg.power_reasons):
+            for r in reasons:
+                if throttle.get(r):
+                    return True
+    return False
+
+
 def dominant_cause(flags: Mapping[str, bool], contended: bool, priority: tuple[str, ...],
                    evaluated: bool = True) -> str:
     """The first active cause in ``priority``; else ``unknown`` (contended, or nothing could be

@@ -74,6 +74,7 @@ class SeriesIndex:
         self._kind: dict[InputKey, tuple[str, str] | None] = {}
         self._names: dict[str, str] = {}  # pid -> process name of the keys seen
         self._max = max_keys
+        self.epoch = 0  # bumped when the classification cache starts over
 
     def _classify(self, key: InputKey) -> tuple[str, str] | None:
         if isinstance(key, str) and "{" not in key:
@@ -92,20 +93,39 @@ class SeriesIndex:
         if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
             self._kind.clear()
             self._names.clear()
+            self.epoch += 1
         self._kind[key] = kind
         return kind
 
-    def gather(self, series: Mapping[InputKey, float]) -> LabelledSignals:
-        out = LabelledSignals()
+    def labelled(self, series: Mapping[InputKey, float]) -> list[tuple[InputKey, tuple[str, str]]]:
+        """The keys of ``series`` in one of the labelled families, with their classification."""
+        epoch = self.epoch
+        out = self._labelled(series)
+        if self.epoch != epoch:  # started over meanwhile: the process names of the first keys went
+            out = self._labelled(series)
+        return out
+
+    def _labelled(self, series: Mapping[InputKey, float]) -> list[tuple[InputKey, tuple[str, str]]]:
         kinds = self._kind
-        ic_sum = 0.0
-        for key, value in series.items():
+        out = []
+        for key in series:
             kind = kinds.get(key, False)
             if kind is False:
                 kind = self._classify(key)
-            if kind is None:
-                continue
-            family, reason = kind
+            if kind is not None:
+                out.append((key, kind))
+        return out
+
+    def gather(self, series: Mapping[InputKey, float],
+               labelled: list[tuple[InputKey, tuple[str, str]]] | None = None) -> LabelledSignals:
+        """The labelled signals of one device; ``labelled``: ``self.labelled(series)`` when the
+        caller kept it from an earlier poll with the same keys (and the same ``epoch``)."""
+        if labelled is None:
+            labelled = self.labelled(series)
+        out = LabelledSignals()
+        ic_sum = 0.0
+        for key, (family, reason) in labelled:
+            value = series[key]
             if family == THROTTLE:
                 out.throttle[reason] = out.throttle.get(reason, False) or value >= 0.5
             elif family == PROC_UTIL:
