@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .robust import DeviationTracker
+from .series import LabelledKeys
 from .variability import WindowSummary
 from .window import RingWindow, SortedWindow
 
@@ -20,7 +21,7 @@ class _DeviceState:
     stats_out: list[tuple[str, dict[str, str], float]] = field(default_factory=list)  # their output
     # the labelled series among this device's keys (the keys seen last, and the index's epoch)
     labelled_keys: frozenset[Any] = frozenset()
-    labelled: list[tuple[Any, tuple[str, str]]] = field(default_factory=list)
+    labelled: LabelledKeys | None = None
     labelled_epoch: int = -1
     last_update: float | None = None
     interconnect_series: int = 0

@@ -31,11 +31,11 @@ from pathlib import Path
 from ..model import DeviceId
 from .baseline import BaselineStore
 from .config import IndicatorConfig
-from .contention import bandwidth_drop_under_load, compute_signal
+from .contention import BASIS_SERIES, bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
 from .device_state import _DeviceInfo, _DeviceState
 from .robust import DeviationTracker, RobustBaseline
-from .rootcause import RootCauseInputs, classify, dominant_cause, miss_rate_risen, throttle_active
+from .rootcause import CAUSES, classify_values, dominant_cause, miss_rate_risen, throttle_active
 from .series import InputKey, LabelledSignals, SeriesIndex
 from .signals import (
     BANDWIDTH_GBPS,
@@ -47,7 +47,7 @@ from .signals import (
     UTILIZATION,
     VARIABILITY_SERIES,
 )
-from .state import STARVATION_BASES, STATES, StateInputs, classify_state
+from .state import STARVATION_BASES, STATES, decide
 from .variability import window_summary
 from .window import RingWindow, SortedWindow, capacity_for
 
@@ -61,6 +61,8 @@ _STATE_OUT: dict[str, tuple[Output, ...]] = {
     current: tuple(("gpu_memory_state", {"state": name}, 1.0 if name == current else 0.0) for name in STATES)
     for current in STATES}
 _NO_LABELS: dict[str, str] = {}
+_BY_BASIS = {b: {"basis": b} for b in BASIS_SERIES}
+_BY_CAUSE = {c: {"cause": c} for c in (*CAUSES, "none", "unknown")}
 _MAX_LABEL_SETS = 1024  # shared label dicts kept (a fixed vocabulary: states, reasons, causes, ...)
 
 
@@ -225,11 +227,9 @@ class IndicatorEngine:
         throughput_drop = st.drop.update(drop_cond, dt)
         st.drop_seconds = st.drop_seconds + dt if throughput_drop and clients is None else 0.0
         unconfirmed = bool(scfg.drop_confirm_seconds) and st.drop_seconds >= scfg.drop_confirm_seconds
-        verdict = classify_state(
-            StateInputs(bandwidth_util=bw_util, utilization=util, basis=basis, compute=compute,
-                        throttled=throttled, clients=clients, reference_warm=ref_median is not None,
-                        throughput_drop=throughput_drop, drop_unconfirmed=unconfirmed),
-            scfg, cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+        verdict = decide(bw_util, util, basis, compute, throttled, clients, ref_median is not None,
+                         throughput_drop, unconfirmed, scfg, cfg.contention.bandwidth_utilization_percent,
+                         cfg.contention.compute_percent)
         state = verdict.state
         st.state = state
         contended = state == "contended"
@@ -244,6 +244,7 @@ class IndicatorEngine:
             if sig and state in ("memory_bound", "unknown") and not drop_cond and not throughput_drop:
                 ref.learn(compute, dt)  # type: ignore[arg-type]
         labels = self._labels
+        by_basis = _BY_BASIS
         out.extend(_STATE_OUT[state] if state in _STATE_OUT else
                    [("gpu_memory_state", {"state": name}, 1.0 if name == state else 0.0) for name in STATES])
         out.append(("gpu_memory_state_info", labels.two("state", state, "reason", verdict.reason), 1.0))
@@ -267,9 +268,11 @@ class IndicatorEngine:
             if contended:
                 seconds += dt
             st.contention_seconds[basis] = seconds
-            out.append(("gpu_memory_contention", labels.one("basis", basis), 1.0 if contended else 0.0))
+            out.append(("gpu_memory_contention", by_basis.get(basis) or labels.one("basis", basis),
+                        1.0 if contended else 0.0))
         for b_name, seconds in st.contention_seconds.items():
-            out.append(("gpu_memory_contention_seconds_total", labels.one("basis", b_name), seconds))
+            out.append(("gpu_memory_contention_seconds_total", by_basis.get(b_name) or labels.one("basis", b_name),
+                        seconds))
         if contended:
             out.append(("gpu_contention_slowdown_ratio", _NO_LABELS, slowdown))
         elif state != "unknown":
@@ -364,20 +367,19 @@ class IndicatorEngine:
             if dt > 0 and labelled.link_util >= cfg.rootcause.coherency_link_utilization_percent \
                     and not degraded and not contended and not throttled:
                 ib.learn(throughput, dt)
-        flags = classify(RootCauseInputs(
-            bandwidth_util=bw_util, miss_rate=miss, miss_baseline=miss_baseline,
-            link_util=labelled.link_util, interconnect_throughput=throughput,
-            interconnect_baseline=ic_baseline, throttle=labelled.throttle,
-        ), cfg.rootcause)
+        flags = classify_values(bw_util, miss, miss_baseline, labelled.link_util, throughput, ic_baseline,
+                                labelled.throttle, cfg.rootcause)
+        by_cause = _BY_CAUSE
         for cause, active in flags.items():
-            out.append(("gpu_contention_cause", labels.one("cause", cause), 1.0 if active else 0.0))
+            out.append(("gpu_contention_cause", by_cause.get(cause) or labels.one("cause", cause),
+                        1.0 if active else 0.0))
         if state == "unknown":
             cause = "unknown"
         elif contended or state == "throttled" or deviating or drop:
             cause = dominant_cause(flags, True, cfg.rootcause.priority)
         else:
             cause = "none"
-        out.append(("gpu_contention_cause_info", labels.one("cause", cause), 1.0))
+        out.append(("gpu_contention_cause_info", by_cause.get(cause) or labels.one("cause", cause), 1.0))
 
     def _gather(self, st: _DeviceState, series: Mapping[InputKey, float]) -> LabelledSignals:
         """The device's labelled signals; which of its keys are labelled is worked out again only
