@@ -20,7 +20,7 @@ class _DeviceState:
     stats_of: dict[str, bytes] = field(default_factory=dict)  # the sorted values they are of
     stats_out: list[tuple[str, dict[str, str], float]] = field(default_factory=list)  # their output
     # the labelled series among this device's keys (the keys seen last, and the index's epoch)
-    labelled_keys: frozenset[Any] = frozenset()
+    labelled_keys: list[Any] = field(default_factory=list)
     labelled: LabelledKeys | None = None
     labelled_epoch: int = -1
     last_update: float | None = None

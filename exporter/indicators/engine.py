@@ -385,9 +385,10 @@ class IndicatorEngine:
         """The device's labelled signals; which of its keys are labelled is worked out again only
         when its keys changed (or the index started over)."""
         index = self._index
-        if st.labelled_epoch != index.epoch or series.keys() != st.labelled_keys:
+        keys = list(series)  # in order: the signals sum and collect in series order
+        if st.labelled is None or st.labelled_epoch != index.epoch or keys != st.labelled_keys:
             st.labelled = index.labelled(series)
-            st.labelled_keys = frozenset(series)
+            st.labelled_keys = keys  # the feed hands the same key objects: compared by identity
             st.labelled_epoch = index.epoch
         return index.gather(series, st.labelled)
 
