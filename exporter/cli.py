@@ -126,17 +126,27 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
+    from .aiohttp_import import import_aiohttp_web
+
+    import_aiohttp_web()  # before anything imports aiohttp: its unused client CA loading skipped
     from aiohttp import web
 
     from .server import KEEPALIVE_TIMEOUT, SniffingTLSSite, guard_connections, make_app, raise_nofile_limit
-    from .webconfig import WebConfigWatcher, auth_middleware
 
     soft, hard = raise_nofile_limit()
     log.debug("open-files limit", extra={"soft": soft, "hard": hard})
-    watcher = WebConfigWatcher(args.web_config)  # validated in main(); None = plain HTTP, no auth
-    ssl_ctx = watcher.ssl_context()
+    middlewares = []
+    ssl_ctx = None
+    if args.web_config is not None:  # validated in main(); without one: plain HTTP, no auth
+        # imported only here: the TLS/basic-auth code (pydantic models, bcrypt) costs start-up
+        # time and memory that a node without a web config never uses
+        from .webconfig import WebConfigWatcher, auth_middleware
+
+        watcher = WebConfigWatcher(args.web_config)
+        ssl_ctx = watcher.ssl_context()
+        middlewares.append(auth_middleware(watcher.current))
     await daemon.start()
-    app = make_app(daemon, args.telemetry_path, middlewares=[auth_middleware(watcher.current)])
+    app = make_app(daemon, args.telemetry_path, middlewares=middlewares)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,
                            keepalive_timeout=KEEPALIVE_TIMEOUT)
     await runner.setup()

@@ -11,17 +11,18 @@ the indicator and render loops, reload and ``--once``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import cpustats, gctune
 from .collector_policy import collector_options, enabled_collectors, interval_and_timeout
 from .config import Config
 from .enrich.cloud import CloudEnricher
-from .enrich.kubernetes import PodResourcesEnricher
 from .exposition import Rendered, Renderer
 from .indicator_feed import IndicatorFeed
 from .loading import Loaded, prepare
@@ -37,6 +38,9 @@ from .sources.registry import Collector, create_source, source_kwargs
 from .store import SourceState, Store
 from .worker import Worker
 from .yamlfile import ConfigError
+
+if TYPE_CHECKING:  # loaded only where pod attribution runs (loading._enrichers)
+    from .enrich.kubernetes import PodResourcesEnricher
 
 __all__ = ["FAST_METRICS", "REOPEN_INTERVAL", "Daemon", "Settings", "Worker"]  # older import paths
 
@@ -79,6 +83,7 @@ class Daemon:
         self._stopping = False
         self._rendered_up = False
         self._dirty: asyncio.Event | None = None
+        self._first_polls: asyncio.Event | None = None  # set once every source polled (start)
         self._render_worker = Worker("render")
         self._static_labels: Labels = ()
         self.feed: IndicatorFeed | None = None
@@ -176,6 +181,9 @@ class Daemon:
         self._polled.add(name)
         if self._dirty is not None:
             self._dirty.set()
+        first = self._first_polls
+        if first is not None and not first.is_set() and {rt.state.name for rt in self.runtimes} <= self._polled:
+            first.set()  # every source has polled once: start() opens the server
 
     async def _indicator_loop(self) -> None:
         assert self.feed is not None
@@ -258,16 +266,21 @@ class Daemon:
         self._load_once()
         self.build_runtimes()
         self.build_feed()
-        self._start_enrichers()
         self._dirty = asyncio.Event()
+        self._first_polls = asyncio.Event()
+        if not self.runtimes:
+            self._first_polls.set()  # no source: nothing to wait for
         self._start_tasks()
-        # give every source one poll before the server opens, so the first scrape has data;
-        # a slow or hung source does not hold the start beyond STARTUP_WAIT
-        deadline = time.monotonic() + STARTUP_WAIT
-        names = {rt.state.name for rt in self.runtimes}
-        while not names <= self._polled and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        # give every source one poll before the server opens, so the first scrape has data; the
+        # wait ends with the last first poll (no timer granularity), and a slow or hung source
+        # does not hold the start beyond STARTUP_WAIT
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STARTUP_WAIT):
+                await self._first_polls.wait()
         await self.render()
+        # after the first render: the metadata probes (cloud) and the kubelet connection do not
+        # compete with the first polls for the CPU; their labels arrive with a later render
+        self._start_enrichers()
 
     def _start_tasks(self) -> None:
         self._stopping = False

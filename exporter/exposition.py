@@ -19,9 +19,10 @@ from prometheus_client.openmetrics import exposition as om_format
 from . import __version__
 from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
+from .series_lines import SeriesLines
 from .seriesfilter import SeriesFilter
 from .store import Store
-from .textformat import Counts, Family, PrefixCache
+from .textformat import Counts, Family, PrefixCache, body, encode, header
 from .textformat import render as write_exposition
 
 # the classic text format (0.0.4) every Prometheus version parses
@@ -87,6 +88,8 @@ class Rendered:
     """One cycle's exposition.  The text format is rendered with the cycle; OpenMetrics and the
     gzip of each only when first asked for (most scrapers want one of the four), then kept."""
 
+    __slots__ = ("text", "_om", "_text_gz", "_om_gz", "series", "at", "failed")
+
     def __init__(self, text: bytes, openmetrics: bytes | Callable[[], bytes], series: int, at: float,
                  failed: bool = False):
         self.text = text
@@ -127,7 +130,10 @@ class Renderer:
         self.last_error = ""
         self._parts: dict[str, str] = {}
         self._parts_for: Schema | None = None
+        self._heads: dict[str, Family] = {}
+        self._heads_for: Schema | None = None
         self._prefixes = PrefixCache()
+        self._lines: SeriesLines | None = None
         # cardinality control (config `exposition`): None serves every series
         self.series_filter: SeriesFilter | None = None
 
@@ -228,6 +234,38 @@ class Renderer:
         filt = self.series_filter
         return [f for n, f in fams.items() if f.samples and (filt is None or filt.family(SELF + n))]
 
+    def _series_lines(self) -> SeriesLines:
+        lines = self._lines
+        if lines is None or lines.schema is not self.schema:
+            lines = self._lines = SeriesLines(self.schema, self._histogram_parts(), _histogram_order)
+        return lines
+
+    def _sections(self, store: Store, extra: Iterable[tuple[str, Labels, float]],
+                  static_labels: Labels, per_device: dict | None) -> tuple[list[tuple[Family, str]], int]:
+        """(family, its sample lines) in exposition order, and how many samples: what ``build``
+        gives, with the lines of unchanged series reused from the previous cycle."""
+        own = self._self_metrics(store)  # before the lines: build() counts invalid UTF-8 so too
+        info = [("gpu_info", identity_labels(dev) + (
+                    ("model", dev.model), ("driver", dev.driver), ("pci_bus_id", dev.pci_bus_id),
+                    ("serial", dev.serial), ("simulated", "true" if dev.simulated else "false"),
+                    ("source", src)), 1.0) for src, dev in store.info_devices()]
+        lines, count = self._series_lines().collect(
+            [st.series for st in store.sources.values()], info, extra, static_labels, per_device,
+            self.series_filter)
+        heads = self._families()
+        sections = [(heads[n], "".join(lines[n])) for n in self.schema.metrics if n in lines]
+        for fam in own:
+            sections.append((fam, body(fam, self._prefixes)))
+            count += len(fam.samples)
+        return sections, count
+
+    def _families(self) -> dict[str, Family]:
+        """An empty family (name, type, help, unit) per canonical metric, for the headers."""
+        if self._heads_for is not self.schema:
+            self._heads = {n: _family(n, m.type, m.help, m.unit) for n, m in self.schema.metrics.items()}
+            self._heads_for = self.schema
+        return self._heads
+
     def render(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
                static_labels: Labels = (),
                per_device: dict[tuple[str, str, str], Labels] | None = None) -> Rendered:
@@ -235,9 +273,9 @@ class Renderer:
         failed = False
         self._prefixes.rotate()  # prefixes of series gone since the last render are dropped
         try:
-            families = self.build(store, extra, static_labels, per_device)
-            text = write_exposition(families, self._prefixes, openmetrics=False)
-            om = _openmetrics_later(families, self._prefixes)
+            sections, count = self._sections(store, extra, static_labels, per_device)
+            text = encode("".join([header(fam, False) + lines for fam, lines in sections]))
+            om: bytes | Callable[[], bytes] = _openmetrics_later(sections)
         except Exception as exc:  # noqa: BLE001 - never serve stale bytes silently
             failed = True
             self.render_errors += 1
@@ -247,19 +285,21 @@ class Renderer:
                           extra={"reason": error})
             self.last_error = error
             self._prefixes = PrefixCache()  # a poisoned cache entry must not survive
+            self._lines = None
             families = self._self_metrics(store)
+            count = sum(len(f.samples) for f in families)
             text = write_exposition(families, self._prefixes, openmetrics=False)
             om = write_exposition(families, self._prefixes, openmetrics=True)  # small: at once
         else:
             if self.last_error:
                 log.info("render recovered")
             self.last_error = ""
-        rendered = Rendered(text, om, sum(len(f.samples) for f in families), time.time(), failed)
+        rendered = Rendered(text, om, count, time.time(), failed)
         self.render_duration = time.perf_counter() - t0
         return rendered
 
 
-def _openmetrics_later(families: list, prefixes: PrefixCache) -> Callable[[], bytes]:
-    """OpenMetrics bytes of these families, rendered when first served (prefixes depend only on
-    name and labels, so a cache rotated meanwhile still gives the same bytes)."""
-    return lambda: write_exposition(families, prefixes, openmetrics=True)
+def _openmetrics_later(sections: list[tuple[Family, str]]) -> Callable[[], bytes]:
+    """OpenMetrics bytes of these families, rendered when first served: the sample lines are the
+    text format's, only the headers differ."""
+    return lambda: encode("".join([header(fam, True) + lines for fam, lines in sections]) + "# EOF\n")

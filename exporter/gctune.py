@@ -30,7 +30,9 @@ _tuned = False  # after_load ran (the CLI's process); an embedding process (test
 
 def after_load() -> None:
     global _tuned
-    gc.collect()
+    # the young generations hold what the load left unreachable (a handful of objects): 0.2 ms,
+    # where a full pass over the ~55,000 loaded objects costs 30-40 ms of start-up
+    gc.collect(1)
     gc.freeze()
     gc.set_threshold(GEN0, GEN1, GEN2)
     _tuned = True

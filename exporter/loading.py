@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .config import Config, load_config
 from .enrich.cloud import CloudEnricher
-from .enrich.kubernetes import DEFAULT_SOCKET, PodResourcesEnricher
 from .exposition import SELF_METRICS
 from .mapping import MappingSet
 from .schema import Schema, default_mappings_dir, load_schema
@@ -22,6 +21,11 @@ from .yamlfile import ConfigError
 
 if TYPE_CHECKING:
     from .daemon import Settings
+    from .enrich.kubernetes import PodResourcesEnricher
+
+# the kubelet's pod-resources socket (exporter.enrich.pod_index.DEFAULT_SOCKET, repeated here so a
+# node without Kubernetes and without an enrich.kubernetes section never loads the enricher)
+KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 class Loaded(NamedTuple):
@@ -29,7 +33,7 @@ class Loaded(NamedTuple):
     schema: Schema
     mappings: MappingSet
     cloud: CloudEnricher
-    k8s: PodResourcesEnricher
+    k8s: PodResourcesEnricher | None  # None: not configured and not a Kubernetes node
     series_filter: SeriesFilter | None
 
 
@@ -94,7 +98,7 @@ def _check_scenario(settings: Settings, mappings: MappingSet) -> None:
                           f"(known: {', '.join(sorted(mappings.mappings))})")
 
 
-def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher]:
+def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher | None]:
     errors = []
     cloud = k8s = None
     for section, opts in config.enrich.items():  # finite, sensible bounds on every period
@@ -108,17 +112,24 @@ def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodRe
         cloud = CloudEnricher(config.enrich.get("cloud"))
     except (ValueError, TypeError) as exc:
         errors.append(f"{config.where('enrich', 'cloud')}: enrich.cloud: {exc}")
-    opts = dict(config.enrich.get("kubernetes") or {})
+    section = config.enrich.get("kubernetes")
+    opts = dict(section or {})
     # on by default only where the kubelet's pod-resources socket exists (a Kubernetes node)
-    opts.setdefault("enabled", Path(opts.get("socket", DEFAULT_SOCKET)).exists())
-    try:
-        k8s = PodResourcesEnricher(opts, procfs=settings.procfs)
-    except (ValueError, TypeError) as exc:
-        errors.append(f"{config.where('enrich', 'kubernetes')}: enrich.kubernetes: {exc}")
+    opts.setdefault("enabled", Path(opts.get("socket", KUBELET_SOCKET)).exists())
+    if section is None and not opts["enabled"]:
+        k8s_off = True  # nothing to validate, nothing to run: the enricher's code stays unloaded
+    else:
+        k8s_off = False
+        from .enrich.kubernetes import PodResourcesEnricher
+
+        try:
+            k8s = PodResourcesEnricher(opts, procfs=settings.procfs)
+        except (ValueError, TypeError) as exc:
+            errors.append(f"{config.where('enrich', 'kubernetes')}: enrich.kubernetes: {exc}")
     for name in sorted(set(config.enrich) - {"cloud", "kubernetes"}):
         errors.append(f"{config.where('enrich', name)}: enrich.{name}: unknown section "
                       "(known: cloud, kubernetes)")
     if errors:
         raise ConfigError("\n".join(errors))
-    assert cloud is not None and k8s is not None
+    assert cloud is not None and (k8s is not None or k8s_off)
     return cloud, k8s

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import logging
 from typing import TYPE_CHECKING
 
@@ -84,6 +83,8 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 
 async def landing(request: web.Request) -> web.Response:
+    import html  # with its entity tables, only when someone opens the landing page
+
     daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
     path = html.escape(request.app[TELEMETRY_PATH])
     rows = []

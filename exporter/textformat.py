@@ -60,6 +60,14 @@ def _escape_help(text: str, openmetrics: bool) -> str:
     return text.replace('"', '\\"') if openmetrics else text
 
 
+def series_prefix(name: str, labels: Labels) -> str:
+    """``name{label="value",...} `` with escaped values, labels sorted like prometheus-client
+    sorts them (so the text is stable whatever the order)."""
+    if labels:
+        return name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
+    return name + " "
+
+
 def format_value(v: float) -> str:
     if v == math.inf:
         return "+Inf"
@@ -92,11 +100,7 @@ class PrefixCache:
             if p is None:
                 if len(self._prefix) >= MAX_CACHED:
                     self._prefix.clear()
-                if labels:
-                    # sorted like prometheus-client does, so the text is stable whatever the order
-                    p = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels)) + "} "
-                else:
-                    p = name + " "
+                p = series_prefix(name, labels)
             self._prefix[key] = p
         return p
 
@@ -104,24 +108,31 @@ class PrefixCache:
         return len(self._prefix) + len(self._previous)
 
 
-def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:
-    out: list[str] = []
-    append = out.append
-    prefix = cache.prefix
-    for fam in families:
-        if openmetrics:
-            head = fam.name
-            append(f"# HELP {head} {_escape_help(fam.help, True)}\n# TYPE {head} {fam.type}\n")
-            if fam.unit:
-                append(f"# UNIT {head} {fam.unit}\n")
-        else:
-            # the classic format names a counter family with its _total suffix
-            head = fam.name + "_total" if fam.type == "counter" else fam.name
-            append(f"# HELP {head} {_escape_help(fam.help, False)}\n# TYPE {head} {fam.type}\n")
-        for name, labels, value in fam.samples:
-            append(prefix(name, labels) + format_value(value) + "\n")
+def header(fam: Family, openmetrics: bool) -> str:
+    """The ``# HELP`` / ``# TYPE`` (and OpenMetrics ``# UNIT``) lines of a family."""
     if openmetrics:
-        append("# EOF\n")
+        head = fam.name
+        text = f"# HELP {head} {_escape_help(fam.help, True)}\n# TYPE {head} {fam.type}\n"
+        return text + f"# UNIT {head} {fam.unit}\n" if fam.unit else text
+    # the classic format names a counter family with its _total suffix
+    head = fam.name + "_total" if fam.type == "counter" else fam.name
+    return f"# HELP {head} {_escape_help(fam.help, False)}\n# TYPE {head} {fam.type}\n"
+
+
+def body(fam: Family, cache: PrefixCache) -> str:
+    """The sample lines of a family (the same in both formats)."""
+    prefix = cache.prefix
+    return "".join([prefix(name, labels) + format_value(value) + "\n" for name, labels, value in fam.samples])
+
+
+def encode(text: str) -> bytes:
     # every piece went through valid_utf8 (label values, help); names are checked ASCII at load.
     # "replace" keeps one bad string from failing the whole exposition all the same
-    return "".join(out).encode("utf-8", "replace")
+    return text.encode("utf-8", "replace")
+
+
+def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:
+    out = [header(fam, openmetrics) + body(fam, cache) for fam in families]
+    if openmetrics:
+        out.append("# EOF\n")
+    return encode("".join(out))

@@ -25,9 +25,10 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+if TYPE_CHECKING:  # the client is imported by detect(): with cloud enrichment off it never loads
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ _PROBES = {"aws": _aws, "azure": _azure, "gcp": _gcp}
 async def detect(providers: tuple[str, ...] = PROVIDERS, endpoints: Mapping[str, str] | None = None,
                  timeout: float = 1.0) -> CloudIdentity | None:
     """Ask every provider at once; the first that answers in its own protocol wins."""
+    import aiohttp
+
     urls = {**DEFAULT_ENDPOINTS, **(endpoints or {})}
     client_timeout = aiohttp.ClientTimeout(total=timeout, connect=timeout)
     # trust_env=False: never send the metadata request through an HTTP proxy

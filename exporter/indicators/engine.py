@@ -24,18 +24,19 @@ Per device and update:
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Mapping
 from pathlib import Path
 
 from ..model import DeviceId
 from .baseline import BaselineStore
 from .config import IndicatorConfig
-from .contention import bandwidth_drop_under_load, compute_signal
+from .contention import BASIS_SERIES, bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
 from .device_state import _DeviceInfo, _DeviceState
-from .robust import DeviationTracker, RobustBaseline, median
-from .rootcause import RootCauseInputs, classify, dominant_cause, miss_rate_risen
-from .series import InputKey, SeriesIndex
+from .robust import DeviationTracker, RobustBaseline
+from .rootcause import CAUSES, classify_values, dominant_cause, miss_rate_risen, throttle_active
+from .series import InputKey, LabelledSignals, SeriesIndex
 from .signals import (
     BANDWIDTH_GBPS,
     BANDWIDTH_UTIL,
@@ -43,18 +44,48 @@ from .signals import (
     MISS_BASELINE,
     MISS_RATE,
     REFERENCE_PREFIX,
-    THROTTLE_CAUSES,
     UTILIZATION,
     VARIABILITY_SERIES,
 )
-from .state import STARVATION_BASES, STATES, StateInputs, classify_state, signature
-from .variability import window_stats
-from .window import RingWindow, capacity_for
+from .state import STARVATION_BASES, STATES, decide
+from .variability import window_summary
+from .window import RingWindow, SortedWindow, capacity_for
 
 log = logging.getLogger(__name__)
 
 Output = tuple[str, dict[str, str], float]  # one indicator value: (series, labels, value)
 
+# Outputs with a fixed label set share one labels dict (the engine's callers only read them).
+# gpu_memory_state: its six series, per current state
+_STATE_OUT: dict[str, tuple[Output, ...]] = {
+    current: tuple(("gpu_memory_state", {"state": name}, 1.0 if name == current else 0.0) for name in STATES)
+    for current in STATES}
+_NO_LABELS: dict[str, str] = {}
+_BY_BASIS = {b: {"basis": b} for b in BASIS_SERIES}
+_BY_CAUSE = {c: {"cause": c} for c in (*CAUSES, "none", "unknown")}
+_MAX_LABEL_SETS = 1024  # shared label dicts kept (a fixed vocabulary: states, reasons, causes, ...)
+
+
+class _LabelSets(dict):
+    """One shared ``{name: value}`` (or ``{name1: v1, name2: v2}``) dict per key, made on first use."""
+
+    def one(self, name: str, value: str) -> dict[str, str]:
+        key = (name, value)
+        labels = self.get(key)
+        if labels is None:
+            if len(self) >= _MAX_LABEL_SETS:
+                self.clear()
+            labels = self[key] = {name: value}
+        return labels
+
+    def two(self, name1: str, value1: str, name2: str, value2: str) -> dict[str, str]:
+        key = (name1, value1, name2, value2)
+        labels = self.get(key)
+        if labels is None:
+            if len(self) >= _MAX_LABEL_SETS:
+                self.clear()
+            labels = self[key] = {name1: value1, name2: value2}
+        return labels
 
 
 class IndicatorEngine:
@@ -68,6 +99,7 @@ class IndicatorEngine:
         self._devices: dict[DeviceId, _DeviceState] = {}
         self._info: dict[DeviceId, _DeviceInfo] = {}
         self._index = SeriesIndex()
+        self._labels = _LabelSets()
         var = config.variability
         self._window_capacity = capacity_for(var.window_seconds, poll_interval, var.max_samples)
         # the interconnect ring spans two rate spans, so an idle link always has two points
@@ -107,7 +139,7 @@ class IndicatorEngine:
         if st is None:
             seconds = self.config.variability.window_seconds
             st = _DeviceState(
-                windows={m: RingWindow(seconds, self._window_capacity) for m, _ in VARIABILITY_SERIES},
+                windows={m: SortedWindow(seconds, self._window_capacity) for m, _ in VARIABILITY_SERIES},
                 interconnect=RingWindow(self._ic_seconds, self._ic_capacity),
             )
             self._devices[device_id] = st
@@ -142,10 +174,10 @@ class IndicatorEngine:
         ring = st.recent.get(metric)
         if ring is None:
             seconds = seconds or self.config.baseline.compare_seconds
-            ring = RingWindow(seconds, capacity_for(seconds, self.poll_interval, 1024))
+            ring = SortedWindow(seconds, capacity_for(seconds, self.poll_interval, 1024))
             st.recent[metric] = ring
         ring.push(now, value)
-        return median(ring.values(now))
+        return ring.median(now)
 
     def _update_device(self, now: float, device_id: DeviceId, series: Mapping[InputKey, float],
                        out: list[Output]) -> None:
@@ -166,17 +198,20 @@ class IndicatorEngine:
         util = series.get(UTILIZATION)
         bw_gbps = series.get(BANDWIDTH_GBPS)
         miss = series.get(MISS_RATE)
-        labelled = self._index.gather(series)
-        flags_throttle = classify(RootCauseInputs(throttle=labelled.throttle), cfg.rootcause)
-        throttled = any(flags_throttle.get(c) for c in THROTTLE_CAUSES)
+        labelled = self._gather(st, series)
+        throttled = throttle_active(labelled.throttle, cfg.rootcause)
         clients = labelled.active_clients(scfg.client_active_percent)
 
         # 1. memory state: signature, evidence, verdict
         signal = compute_signal(series, cfg.contention.basis_order)
         basis, compute = signal if signal is not None else (None, None)
-        inp = StateInputs(bandwidth_util=bw_util, utilization=util, basis=basis, compute=compute,
-                          throttled=throttled, clients=clients)
-        sig = signature(inp, cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+        # state.signature(), without building its StateInputs
+        if bw_util is None or bw_util <= cfg.contention.bandwidth_utilization_percent:
+            sig = False
+        elif basis in STARVATION_BASES and compute is not None:
+            sig = compute < cfg.contention.compute_percent
+        else:
+            sig = True
         ref: RobustBaseline | None = None
         ref_median: float | None = None
         drop_cond = False
@@ -192,11 +227,9 @@ class IndicatorEngine:
         throughput_drop = st.drop.update(drop_cond, dt)
         st.drop_seconds = st.drop_seconds + dt if throughput_drop and clients is None else 0.0
         unconfirmed = bool(scfg.drop_confirm_seconds) and st.drop_seconds >= scfg.drop_confirm_seconds
-        verdict = classify_state(
-            StateInputs(bandwidth_util=bw_util, utilization=util, basis=basis, compute=compute,
-                        throttled=throttled, clients=clients, reference_warm=ref_median is not None,
-                        throughput_drop=throughput_drop, drop_unconfirmed=unconfirmed),
-            scfg, cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+        verdict = decide(bw_util, util, basis, compute, throttled, clients, ref_median is not None,
+                         throughput_drop, unconfirmed, scfg, cfg.contention.bandwidth_utilization_percent,
+                         cfg.contention.compute_percent)
         state = verdict.state
         st.state = state
         contended = state == "contended"
@@ -210,16 +243,18 @@ class IndicatorEngine:
                 st.idle_seconds = 0.0
             if sig and state in ("memory_bound", "unknown") and not drop_cond and not throughput_drop:
                 ref.learn(compute, dt)  # type: ignore[arg-type]
-        for name in STATES:
-            out.append(("gpu_memory_state", {"state": name}, 1.0 if name == state else 0.0))
-        out.append(("gpu_memory_state_info", {"state": state, "reason": verdict.reason}, 1.0))
+        labels = self._labels
+        by_basis = _BY_BASIS
+        out.extend(_STATE_OUT[state] if state in _STATE_OUT else
+                   [("gpu_memory_state", {"state": name}, 1.0 if name == state else 0.0) for name in STATES])
+        out.append(("gpu_memory_state_info", labels.two("state", state, "reason", verdict.reason), 1.0))
         if clients is not None:
-            out.append(("gpu_active_clients", {}, float(clients)))
+            out.append(("gpu_active_clients", _NO_LABELS, float(clients)))
             top = labelled.top_process(scfg.client_active_percent)
             if top:
                 out.append(("gpu_top_process_info", {"process": top[:128]}, 1.0))
         if ref_median is not None:
-            out.append(("gpu_memory_bound_reference_percent", {"basis": basis}, ref_median))  # type: ignore[dict-item]
+            out.append(("gpu_memory_bound_reference_percent", labels.one("basis", basis), ref_median))  # type: ignore[arg-type]
 
         # contention seconds and the slowdown-based cost
         slowdown = 0.0
@@ -233,19 +268,21 @@ class IndicatorEngine:
             if contended:
                 seconds += dt
             st.contention_seconds[basis] = seconds
-            out.append(("gpu_memory_contention", {"basis": basis}, 1.0 if contended else 0.0))
+            out.append(("gpu_memory_contention", by_basis.get(basis) or labels.one("basis", basis),
+                        1.0 if contended else 0.0))
         for b_name, seconds in st.contention_seconds.items():
-            out.append(("gpu_memory_contention_seconds_total", {"basis": b_name}, seconds))
+            out.append(("gpu_memory_contention_seconds_total", by_basis.get(b_name) or labels.one("basis", b_name),
+                        seconds))
         if contended:
-            out.append(("gpu_contention_slowdown_ratio", {}, slowdown))
+            out.append(("gpu_contention_slowdown_ratio", _NO_LABELS, slowdown))
         elif state != "unknown":
-            out.append(("gpu_contention_slowdown_ratio", {}, 0.0))
+            out.append(("gpu_contention_slowdown_ratio", _NO_LABELS, 0.0))
         if price is not None:
             if contended:
                 st.cost_dollars += slowdown_cost(price, slowdown, dt, cfg.cost.surcharge_dollars,
                                                  cfg.cost.surcharge_step)
-            out.append(("gpu_price_dollars_per_hour", {}, price))
-            out.append(("gpu_contention_cost_dollars_total", {}, st.cost_dollars))
+            out.append(("gpu_price_dollars_per_hour", _NO_LABELS, price))
+            out.append(("gpu_contention_cost_dollars_total", _NO_LABELS, st.cost_dollars))
 
         # 2. variability windows
         for metric, name in VARIABILITY_SERIES:
@@ -255,14 +292,8 @@ class IndicatorEngine:
         recompute = cfg.variability.recompute_seconds
         if st.stats_at is None or now - st.stats_at >= recompute or now < st.stats_at:
             st.stats_at = now
-            st.stats = {m: window_stats(w.values(now), cfg.variability) for m, w in st.windows.items()}
-        for metric, stats in st.stats.items():
-            if stats is None:
-                continue
-            out.append(("gpu_metric_cov", {"metric": metric}, stats.cov))
-            for q, value in stats.quantiles.items():
-                out.append(("gpu_metric_percentile", {"metric": metric, "percentile": q}, value))
-            out.append(("gpu_metric_heavy_tail", {"metric": metric}, 1.0 if stats.heavy_tail else 0.0))
+            self._variability(st, now)
+        out.extend(st.stats_out)
 
         # 3. robust baselines: compare the recent median, flag after persistence, learn when clean
         loaded = util is None or util > bcfg.load_utilization_percent
@@ -293,23 +324,23 @@ class IndicatorEngine:
                 st.flagged_seconds[bw_metric] = 0.0
                 stats = long_ref = None
             self.baselines.set_flag(key, bw_metric, deviating)
-            labels = {"metric": bw_metric}
+            metric_labels = labels.one("metric", bw_metric)
             if stats is not None:
                 center, sigma = stats
-                out.append(("gpu_baseline_mean", labels, center))
-                out.append(("gpu_baseline_stddev", dict(labels), sigma))
+                out.append(("gpu_baseline_mean", metric_labels, center))
+                out.append(("gpu_baseline_stddev", metric_labels, sigma))
                 if loaded:
                     z_now = b.zscore(bw_value, bcfg.min_relative_stddev)
                     if z_now is not None:
-                        out.append(("gpu_baseline_zscore", dict(labels), z_now))
+                        out.append(("gpu_baseline_zscore", metric_labels, z_now))
             if long_ref is not None:
-                out.append(("gpu_baseline_long_mean", dict(labels), long_ref))
+                out.append(("gpu_baseline_long_mean", metric_labels, long_ref))
             if stats is not None or long_ref is not None:
-                out.append(("gpu_baseline_deviation", dict(labels), 1.0 if deviating else 0.0))
+                out.append(("gpu_baseline_deviation", metric_labels, 1.0 if deviating else 0.0))
             if stats is not None and util is not None:
                 drop = bandwidth_drop_under_load(recent if recent is not None else bw_value, stats[0],
                                                  util, cfg.bandwidth_drop)
-                out.append(("gpu_bandwidth_drop_under_load", {}, 1.0 if drop else 0.0))
+                out.append(("gpu_bandwidth_drop_under_load", _NO_LABELS, 1.0 if drop else 0.0))
             if loaded and clean_state and not cond and not deviating and not drop and dt > 0:
                 b.learn(bw_value, dt)
 
@@ -336,20 +367,54 @@ class IndicatorEngine:
             if dt > 0 and labelled.link_util >= cfg.rootcause.coherency_link_utilization_percent \
                     and not degraded and not contended and not throttled:
                 ib.learn(throughput, dt)
-        flags = classify(RootCauseInputs(
-            bandwidth_util=bw_util, miss_rate=miss, miss_baseline=miss_baseline,
-            link_util=labelled.link_util, interconnect_throughput=throughput,
-            interconnect_baseline=ic_baseline, throttle=labelled.throttle,
-        ), cfg.rootcause)
+        flags = classify_values(bw_util, miss, miss_baseline, labelled.link_util, throughput, ic_baseline,
+                                labelled.throttle, cfg.rootcause)
+        by_cause = _BY_CAUSE
         for cause, active in flags.items():
-            out.append(("gpu_contention_cause", {"cause": cause}, 1.0 if active else 0.0))
+            out.append(("gpu_contention_cause", by_cause.get(cause) or labels.one("cause", cause),
+                        1.0 if active else 0.0))
         if state == "unknown":
             cause = "unknown"
         elif contended or state == "throttled" or deviating or drop:
             cause = dominant_cause(flags, True, cfg.rootcause.priority)
         else:
             cause = "none"
-        out.append(("gpu_contention_cause_info", {"cause": cause}, 1.0))
+        out.append(("gpu_contention_cause_info", by_cause.get(cause) or labels.one("cause", cause), 1.0))
+
+    def _gather(self, st: _DeviceState, series: Mapping[InputKey, float]) -> LabelledSignals:
+        """The device's labelled signals; which of its keys are labelled is worked out again only
+        when its keys changed (or the index started over)."""
+        index = self._index
+        keys = list(series)  # in order: the signals sum and collect in series order
+        if st.labelled is None or st.labelled_epoch != index.epoch or keys != st.labelled_keys:
+            st.labelled = index.labelled(series)
+            st.labelled_keys = keys  # the feed hands the same key objects: compared by identity
+            st.labelled_epoch = index.epoch
+        return index.gather(series, st.labelled)
+
+    def _variability(self, st: _DeviceState, now: float) -> None:
+        """Recompute the variability statistics (a window whose values are those of the last
+        computation keeps its result) and their output."""
+        vcfg = self.config.variability
+        labels = self._labels
+        out: list[Output] = []
+        for metric, window in st.windows.items():
+            ordered = window.ordered(now)
+            # the statistics are a function of the sorted values alone; compared bit for bit
+            # (0.0 and -0.0 are equal but export differently)
+            bits = array("d", ordered).tobytes()
+            if metric in st.stats and st.stats_of.get(metric) == bits:
+                stats = st.stats[metric]
+            else:
+                stats = st.stats[metric] = window_summary(ordered, vcfg, ordered)
+                st.stats_of[metric] = bits
+            if stats is None:
+                continue
+            out.append(("gpu_metric_cov", labels.one("metric", metric), stats.cov))
+            for q, value in stats.quantiles:
+                out.append(("gpu_metric_percentile", labels.two("metric", metric, "percentile", q), value))
+            out.append(("gpu_metric_heavy_tail", labels.one("metric", metric), 1.0 if stats.heavy_tail else 0.0))
+        st.stats_out = out
 
     def _interconnect_rate(self, now: float, st: _DeviceState, total: float | None,
                            n_series: int) -> float | None:

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 from .config import RootCauseConfig
 
+# every cause ``classify`` can report
+CAUSES = ("memory_pressure", "bandwidth_saturation", "coherency", "thermal_throttle", "power_throttle")
+
 
 @dataclass(frozen=True, slots=True)
 class RootCauseInputs:
@@ -42,23 +45,41 @@ def miss_rate_risen(miss: float, baseline: float | None, cfg: RootCauseConfig) -
 
 def classify(inp: RootCauseInputs, cfg: RootCauseConfig) -> dict[str, bool]:
     """Each cause whose inputs exist -> whether it is active now."""
+    return classify_values(inp.bandwidth_util, inp.miss_rate, inp.miss_baseline, inp.link_util,
+                           inp.interconnect_throughput, inp.interconnect_baseline, inp.throttle, cfg)
+
+
+def classify_values(bw: float | None, miss: float | None, miss_baseline: float | None,
+                    link_util: float | None, throughput: float | None, ic_baseline: float | None,
+                    throttle: Mapping[str, bool], cfg: RootCauseConfig) -> dict[str, bool]:
+    """``classify`` of the fields of a ``RootCauseInputs``, without building one (the engine
+    classifies every device at every fast poll)."""
     out: dict[str, bool] = {}
-    bw, miss = inp.bandwidth_util, inp.miss_rate
     if bw is not None and miss is not None:
-        high_miss = miss > cfg.pressure_miss_percent or miss_rate_risen(miss, inp.miss_baseline, cfg)
+        high_miss = miss > cfg.pressure_miss_percent or miss_rate_risen(miss, miss_baseline, cfg)
         out["memory_pressure"] = high_miss and bw <= cfg.saturation_bandwidth_percent
         out["bandwidth_saturation"] = bw > cfg.saturation_bandwidth_percent and miss <= cfg.saturation_max_miss_percent
     elif bw is not None and cfg.saturation_without_miss_rate:
         out["bandwidth_saturation"] = bw > cfg.saturation_bandwidth_percent
-    if inp.link_util is not None and inp.interconnect_throughput is not None \
-            and inp.interconnect_baseline is not None:
-        degraded = inp.interconnect_throughput <= inp.interconnect_baseline * (1.0 - cfg.coherency_throughput_drop_fraction)
-        out["coherency"] = inp.link_util >= cfg.coherency_link_utilization_percent and degraded
-    for cause, reasons in (("thermal_throttle", cfg.thermal_reasons), ("power_throttle", cfg.power_reasons)):
-        reported = [inp.throttle[r] for r in reasons if r in inp.throttle]
-        if reported:
-            out[cause] = any(reported)
+    if link_util is not None and throughput is not None and ic_baseline is not None:
+        degraded = throughput <= ic_baseline * (1.0 - cfg.coherency_throughput_drop_fraction)
+        out["coherency"] = link_util >= cfg.coherency_link_utilization_percent and degraded
+    if throttle:
+        for cause, reasons in (("thermal_throttle", cfg.thermal_reasons), ("power_throttle", cfg.power_reasons)):
+            reported = [throttle[r] for r in reasons if r in throttle]
+            if reported:
+                out[cause] = any(reported)
     return out
+
+
+def throttle_active(throttle: Mapping[str, bool], cfg: RootCauseConfig) -> bool:
+    """Whether ``classify`` would flag thermal_throttle or power_throttle from these reasons."""
+    if throttle:
+        for reasons in (cfg.thermal_reasons, cfg.power_reasons):
+            for r in reasons:
+                if throttle.get(r):
+                    return True
+    return False
 
 
 def dominant_cause(flags: Mapping[str, bool], contended: bool, priority: tuple[str, ...],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..model import Labels
 
@@ -74,6 +75,7 @@ class SeriesIndex:
         self._kind: dict[InputKey, tuple[str, str] | None] = {}
         self._names: dict[str, str] = {}  # pid -> process name of the keys seen
         self._max = max_keys
+        self.epoch = 0  # bumped when the classification cache starts over
 
     def _classify(self, key: InputKey) -> tuple[str, str] | None:
         if isinstance(key, str) and "{" not in key:
@@ -92,14 +94,22 @@ class SeriesIndex:
         if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
             self._kind.clear()
             self._names.clear()
+            self.epoch += 1
         self._kind[key] = kind
         return kind
 
-    def gather(self, series: Mapping[InputKey, float]) -> LabelledSignals:
-        out = LabelledSignals()
+    def labelled(self, series: Mapping[InputKey, float]) -> LabelledKeys:
+        """The keys of ``series`` in one of the labelled families, by family, in series order."""
+        epoch = self.epoch
+        out = self._labelled(series)
+        if self.epoch != epoch:  # started over meanwhile: the process names of the first keys went
+            out = self._labelled(series)
+        return out
+
+    def _labelled(self, series: Mapping[InputKey, float]) -> LabelledKeys:
         kinds = self._kind
-        ic_sum = 0.0
-        for key, value in series.items():
+        out = LabelledKeys([], [], [], [])
+        for key in series:
             kind = kinds.get(key, False)
             if kind is False:
                 kind = self._classify(key)
@@ -107,19 +117,48 @@ class SeriesIndex:
                 continue
             family, reason = kind
             if family == THROTTLE:
-                out.throttle[reason] = out.throttle.get(reason, False) or value >= 0.5
+                out.throttle.append((key, reason))
             elif family == PROC_UTIL:
-                procs = out.processes
-                if procs is None:
-                    procs = out.processes = {}
-                if value > procs.get(reason, -1.0):
-                    procs[reason] = value
-                    out.names[reason] = self._names.get(reason, "")
+                out.processes.append((key, reason))
             elif family == IC_BYTES:
-                ic_sum += value
-                out.interconnect_series += 1
-            elif out.link_util is None or value > out.link_util:
-                out.link_util = value
-        if out.interconnect_series:
-            out.interconnect_bytes = ic_sum
+                out.interconnect_bytes.append(key)
+            else:
+                out.link_util.append(key)
         return out
+
+    def gather(self, series: Mapping[InputKey, float], labelled: LabelledKeys | None = None) -> LabelledSignals:
+        """The labelled signals of one device; ``labelled``: ``self.labelled(series)`` when the
+        caller kept it from an earlier poll with the same keys (and the same ``epoch``)."""
+        if labelled is None:
+            labelled = self.labelled(series)
+        out = LabelledSignals()
+        if labelled.throttle:
+            throttle = out.throttle
+            for key, reason in labelled.throttle:
+                throttle[reason] = throttle.get(reason, False) or series[key] >= 0.5
+        if labelled.processes:
+            procs = out.processes = {}
+            names = out.names
+            for key, pid in labelled.processes:
+                value = series[key]
+                if value > procs.get(pid, -1.0):
+                    procs[pid] = value
+                    names[pid] = self._names.get(pid, "")
+        if labelled.interconnect_bytes:
+            ic_sum = 0.0
+            for key in labelled.interconnect_bytes:
+                ic_sum += series[key]
+            out.interconnect_bytes = ic_sum
+            out.interconnect_series = len(labelled.interconnect_bytes)
+        if labelled.link_util:
+            out.link_util = max([series[key] for key in labelled.link_util])
+        return out
+
+
+class LabelledKeys(NamedTuple):
+    """A device's keys of each labelled family, in series order."""
+
+    throttle: list[tuple[InputKey, str]]  # (key, reason)
+    processes: list[tuple[InputKey, str]]  # (key, pid)
+    interconnect_bytes: list[InputKey]
+    link_util: list[InputKey]

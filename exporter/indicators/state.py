@@ -56,10 +56,15 @@ class StateVerdict:
 
 def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
     """Whether any load signal is above its idle bar; None when the GPU reports none."""
+    return _busy(inp.utilization, inp.bandwidth_util, inp.basis, inp.compute, cfg)
+
+
+def _busy(utilization: float | None, bandwidth_util: float | None, basis: str | None,
+          compute: float | None, cfg: StateConfig) -> bool | None:
     seen = False
-    for value, bar in ((inp.utilization, cfg.idle_utilization_percent),
-                       (inp.bandwidth_util, cfg.idle_bandwidth_percent),
-                       (inp.compute if inp.basis in STARVATION_BASES else None, cfg.idle_utilization_percent)):
+    for value, bar in ((utilization, cfg.idle_utilization_percent),
+                       (bandwidth_util, cfg.idle_bandwidth_percent),
+                       (compute if basis in STARVATION_BASES else None, cfg.idle_utilization_percent)):
         if value is None:
             continue
         seen = True
@@ -70,52 +75,78 @@ def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
 
 def signature(inp: StateInputs, bandwidth_percent: float, compute_percent: float) -> bool:
     """Bandwidth above the bar and, where a starvation signal exists, compute below its bar."""
-    if inp.bandwidth_util is None or inp.bandwidth_util <= bandwidth_percent:
+    return _signature(inp.bandwidth_util, inp.basis, inp.compute, bandwidth_percent, compute_percent)
+
+
+def _signature(bandwidth_util: float | None, basis: str | None, compute: float | None,
+               bandwidth_percent: float, compute_percent: float) -> bool:
+    if bandwidth_util is None or bandwidth_util <= bandwidth_percent:
         return False
-    if inp.basis in STARVATION_BASES and inp.compute is not None:
-        return inp.compute < compute_percent
+    if basis in STARVATION_BASES and compute is not None:
+        return compute < compute_percent
     return True
 
 
 def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float = 85.0,
                    compute_percent: float = 50.0) -> StateVerdict:
-    is_busy = busy(inp, cfg)
+    return decide(inp.bandwidth_util, inp.utilization, inp.basis, inp.compute, inp.throttled, inp.clients,
+                  inp.reference_warm, inp.throughput_drop, inp.drop_unconfirmed, cfg, bandwidth_percent,
+                  compute_percent)
+
+
+def decide(bandwidth_util: float | None, utilization: float | None, basis: str | None,
+           compute: float | None, throttled: bool, clients: int | None, reference_warm: bool,
+           throughput_drop: bool, drop_unconfirmed: bool, cfg: StateConfig,
+           bandwidth_percent: float = 85.0, compute_percent: float = 50.0) -> StateVerdict:
+    """``classify_state`` of the fields of a ``StateInputs``, without building one (the engine
+    decides every device at every fast poll)."""
+    is_busy = _busy(utilization, bandwidth_util, basis, compute, cfg)
     if is_busy is None:
-        return StateVerdict("unknown", "no_load_signal", False)
+        return _verdict("unknown", "no_load_signal", False)
     if not is_busy:
-        return StateVerdict("idle", "below_idle_bars", False)
-    if inp.bandwidth_util is None:
-        if inp.throttled:
-            return StateVerdict("throttled", "throttle_reason_active", False)
-        return StateVerdict("unknown", "no_bandwidth_signal", False)
-    sig = signature(inp, bandwidth_percent, compute_percent)
-    clients = inp.clients
+        return _verdict("idle", "below_idle_bars", False)
+    if bandwidth_util is None:
+        if throttled:
+            return _verdict("throttled", "throttle_reason_active", False)
+        return _verdict("unknown", "no_bandwidth_signal", False)
+    sig = _signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
     if clients is not None and clients >= cfg.min_clients:
         # co-tenancy is evidence the clocks cannot explain: it wins over a throttle reason (GPUs
         # under load sit at their power cap for hours; on an H200 a matmul next to a copy job
         # showed sw_power_cap while each tenant lost throughput to the other)
         if sig:
-            return StateVerdict("contended", "clients" if not inp.throughput_drop
-                                else "clients_and_throughput_drop", True)
-        if inp.bandwidth_util > cfg.shared_bandwidth_percent:
+            return _verdict("contended", "clients" if not throughput_drop
+                            else "clients_and_throughput_drop", True)
+        if bandwidth_util > cfg.shared_bandwidth_percent:
             # time-sliced tenants: the aggregate signature hides them (see shared_bandwidth_percent)
-            return StateVerdict("contended", "clients_sharing_bandwidth", False)
-    if inp.throttled:
+            return _verdict("contended", "clients_sharing_bandwidth", False)
+    if throttled:
         # a throughput drop under a throttle reason is explained by the clocks, not a neighbour
-        return StateVerdict("throttled", "throttle_reason_active", False)
+        return _verdict("throttled", "throttle_reason_active", False)
     if not sig:
-        return StateVerdict("healthy", "no_memory_bound_signature", False)
-    if inp.throughput_drop:
+        return _verdict("healthy", "no_memory_bound_signature", False)
+    if throughput_drop:
         # one active client cannot be crowded out by a co-tenant: trust the process list
         if clients is not None and clients <= 1 and cfg.single_client_vetoes_drop:
-            return StateVerdict("memory_bound", "single_client", True)
-        if clients is None and inp.drop_unconfirmed:
+            return _verdict("memory_bound", "single_client", True)
+        if clients is None and drop_unconfirmed:
             # a neighbour or a new job with a lower compute signal: cannot tell any more
-            return StateVerdict("unknown", "throughput_drop_unconfirmed", True)
-        return StateVerdict("contended", "throughput_drop", True)
+            return _verdict("unknown", "throughput_drop_unconfirmed", True)
+        return _verdict("contended", "throughput_drop", True)
     if clients is not None:
-        return StateVerdict("memory_bound", "single_client" if clients == 1 else "no_active_client", True)
-    if inp.reference_warm:
-        return StateVerdict("memory_bound", "reference_holds", True)
-    starving = inp.basis in STARVATION_BASES
-    return StateVerdict("unknown", "reference_warming" if starving else "no_starvation_signal_no_process_data", True)
+        return _verdict("memory_bound", "single_client" if clients == 1 else "no_active_client", True)
+    if reference_warm:
+        return _verdict("memory_bound", "reference_holds", True)
+    starving = basis in STARVATION_BASES
+    return _verdict("unknown", "reference_warming" if starving else "no_starvation_signal_no_process_data", True)
+
+
+_VERDICTS: dict[tuple[str, str, bool], StateVerdict] = {}
+
+
+def _verdict(state: str, reason: str, sig: bool) -> StateVerdict:
+    """One shared (immutable) verdict per outcome: the outcomes are a fixed set."""
+    v = _VERDICTS.get((state, reason, sig))
+    if v is None:
+        v = _VERDICTS[(state, reason, sig)] = StateVerdict(state, reason, sig)
+    return v

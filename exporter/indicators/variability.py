@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import mul
+from typing import NamedTuple
 
 from .config import VariabilityConfig
 from .window import quantile_sorted
@@ -76,3 +78,30 @@ def window_stats(values: Sequence[float], cfg: VariabilityConfig) -> Variability
     ttb = tail_to_body(ordered)
     heavy = cov >= cfg.cov_clean and (bc > cfg.bimodality_coefficient or ttb > cfg.tail_to_body_ratio)
     return VariabilityStats(n, mean, cov, quantiles, bc, ttb, heavy)
+
+
+def window_summary(values: Sequence[float], cfg: VariabilityConfig,
+                   ordered: Sequence[float] | None = None) -> WindowSummary | None:
+    """What the engine exports of ``window_stats``: CoV, the exported quantiles and the heavy-tail
+    flag, the same values, without the shape statistics the flag does not need (a window below
+    ``cov_clean`` needs neither; a heavy tail makes the bimodality coefficient moot).
+    ``ordered``: ``sorted(values)`` where the caller has it."""
+    n = len(values)
+    if n < cfg.min_samples:
+        return None
+    if ordered is None:
+        ordered = sorted(values)
+    mean = math.fsum(ordered) / n
+    d = [x - mean for x in ordered]
+    var = math.fsum(map(mul, d, d)) / n  # the same products as window_stats': fsum is exact
+    cov = math.sqrt(var) / abs(mean) if mean != 0 else 0.0
+    quantiles = tuple((label, quantile_sorted(ordered, q)) for label, q in EXPORTED_QUANTILES)
+    heavy = cov >= cfg.cov_clean and (tail_to_body(ordered) > cfg.tail_to_body_ratio
+                                      or bimodality_coefficient(ordered, mean) > cfg.bimodality_coefficient)
+    return WindowSummary(cov, quantiles, heavy)
+
+
+class WindowSummary(NamedTuple):
+    cov: float
+    quantiles: tuple[tuple[str, float], ...]  # (percentile label, value) in EXPORTED_QUANTILES order
+    heavy_tail: bool

@@ -8,6 +8,7 @@ when read; when polls come faster than planned the oldest samples fall off the r
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 
@@ -103,3 +104,67 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
         return 0.0
     var = math.fsum((x - m) * (x - m) for x in values) / n
     return math.sqrt(var) / abs(m)
+
+
+class SortedWindow(RingWindow):
+    """A ``RingWindow`` that also keeps its values sorted, for medians and quantiles without a
+    sort per read.
+
+    The sorted list equals ``sorted(values)`` element for element: equal values (``0.0`` and
+    ``-0.0`` too) stay in time order, as a stable sort leaves them, because a new value goes
+    after its equals and the oldest value, the one to leave, is the first of its equals.  NaN
+    has no place in an order: while the window holds one, ``ordered`` sorts the values as
+    ``sorted`` does (whatever that gives)."""
+
+    __slots__ = ("_nan", "_sorted")
+
+    def __init__(self, seconds: float, capacity: int) -> None:
+        super().__init__(seconds, capacity)
+        self._sorted: list[float] = []
+        self._nan = 0
+
+    def push(self, t: float, value: float) -> None:
+        tt, vv = self._t, self._v
+        if tt and t < tt[-1]:
+            return
+        if len(vv) == self.capacity:  # the deque drops its oldest sample
+            self._remove(vv[0])
+        tt.append(t)
+        vv.append(value)
+        if value != value:
+            self._nan += 1
+        else:
+            insort(self._sorted, value)
+
+    def _remove(self, value: float) -> None:
+        if value != value:
+            self._nan -= 1
+        else:
+            s = self._sorted
+            del s[bisect_left(s, value)]
+
+    def prune(self, now: float) -> None:
+        cutoff = now - self.seconds
+        t, v = self._t, self._v
+        while t and t[0] < cutoff:
+            t.popleft()
+            self._remove(v.popleft())
+
+    def clear(self) -> None:
+        super().clear()
+        self._sorted.clear()
+        self._nan = 0
+
+    def ordered(self, now: float) -> list[float]:
+        """``sorted(self.values(now))`` (a live view without NaN: do not keep or change it)."""
+        self.prune(now)
+        return self._sorted if not self._nan else sorted(self._v)
+
+    def median(self, now: float) -> float:
+        """``robust.median(self.values(now))``."""
+        ordered = self.ordered(now)
+        n = len(ordered)
+        if n == 0:
+            raise ValueError("median of no values")
+        mid = n // 2
+        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])

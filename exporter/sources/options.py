@@ -181,6 +181,8 @@ class UpstreamOptions(Options):
             if name in seen:
                 raise ValueError(f"targets[{i}].name {name!r} is used twice")
             seen.add(name)
+        if not self.targets:  # the default: nothing to check, and the source's code stays unloaded
+            return self
         # what only the source's own parser checks (TLS files readable, password file)
         from .upstream import parse_targets
 

@@ -1,0 +1,160 @@
+"""Exposition lines of the canonical series, kept from one render cycle to the next.
+
+Series keys repeat every poll, so everything about a series except its value is worked out once
+and kept: its family (or that the filter or schema drops it), its escaped
+``name{label="value",...} `` prefix with the device and static labels added, its histogram sort
+key, and its last value with the line that value gave.  A cycle then costs one dictionary lookup
+per series, and a new line only where the value changed.
+
+The output is byte for byte what ``Renderer.build`` + ``textformat.render`` give
+(tests/test_exposition_lines.py compares both over changing cycles).  Bounded: entries of series
+not seen in the last render are dropped once they outnumber the live ones, and everything is
+dropped when the schema, the filter or the static labels change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from operator import itemgetter
+from typing import Any
+
+from .model import Labels
+from .schema import Schema
+from .seriesfilter import SeriesFilter
+from .textformat import format_value, series_prefix
+
+MAX_ENTRIES = 500_000  # cleared when exceeded (label churn within one cycle)
+
+# entry fields (a list: mutated in place every cycle); _OUT is its family's list of lines
+_FAMILY, _PREFIX, _ORDER, _ADDED, _VALUE, _LINE, _SEEN, _USED, _OUT = range(9)
+_NAN = math.nan  # never equal: the first value always formats
+_copysign = math.copysign
+_by_order = itemgetter(0)
+
+SeriesKey = tuple[str, Labels]
+DeviceLabels = Labels | Callable[[Labels], Labels]
+Order = Callable[[tuple[str, Labels, float]], tuple]
+
+
+class SeriesLines:
+    """Per series key: family, prefix, sort key, last value and line (see the module doc)."""
+
+    def __init__(self, schema: Schema, histogram_parts: dict[str, str], order: Order) -> None:
+        self.schema = schema
+        self._parts = histogram_parts  # x_bucket / x_sum / x_count -> x
+        self._order = order  # the sort key of a histogram sample
+        self._entries: dict[SeriesKey, list[Any]] = {}
+        self._out: dict[str, list] = {}  # family -> this cycle's lines (emptied every cycle)
+        self._filter: SeriesFilter | None = None
+        self._static: Labels = ()
+        self._generation = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries = {}
+        self._out = {}
+
+    def collect(self, sources: Iterable[Mapping[SeriesKey, float]],
+                first: Iterable[tuple[str, Labels, float]], extra: Iterable[tuple[str, Labels, float]],
+                static_labels: Labels, per_device: Mapping[tuple[str, str, str], DeviceLabels] | None,
+                series_filter: SeriesFilter | None) -> tuple[dict[str, list], int]:
+        """Lines per family of ``first``, then every source's series (a key already served by an
+        earlier source is skipped), then ``extra`` (histogram families sorted by bucket); and how
+        many lines in all.  The lists are reused: join them before the next call."""
+        if series_filter is not None:
+            static_labels = series_filter.extra(static_labels)
+        if series_filter is not self._filter or static_labels != self._static:
+            self.clear()
+            self._filter, self._static = series_filter, static_labels
+        self._generation = gen = self._generation + 1
+        entries = self._entries
+        get = entries.get
+        for out in self._out.values():
+            out.clear()
+        new = self._new
+        allow = series_filter is not None and series_filter.allow is not None
+        count = 0
+
+        def run(items: Iterable[tuple[SeriesKey, float]], dedup: bool) -> None:
+            nonlocal count
+            for key, value in items:
+                added: Labels = ()
+                if per_device:
+                    labels = key[1]
+                    dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
+                    if dev:
+                        if callable(dev):  # pod attribution: the labels depend on the series
+                            dev = dev(labels)
+                        if dev and allow:
+                            dev = series_filter.extra(dev)  # type: ignore[union-attr]
+                        if dev:
+                            added = dev
+                e = get(key)
+                if e is None or (e[_ADDED] is not added and e[_ADDED] != added):
+                    if len(entries) >= MAX_ENTRIES:
+                        entries.clear()
+                    e = entries[key] = new(key, added, static_labels, series_filter)
+                e[_USED] = gen
+                family = e[_FAMILY]
+                if family is None:
+                    continue
+                if dedup:
+                    if e[_SEEN] == gen:
+                        continue
+                    e[_SEEN] = gen
+                last = e[_VALUE]
+                if value == last and (value or _copysign(1.0, value) == _copysign(1.0, last)):
+                    line = e[_LINE]
+                else:
+                    if value.__class__ is float and value - value == 0.0:
+                        text = repr(value)
+                    else:
+                        text = format_value(value)
+                    line = e[_LINE] = e[_PREFIX] + text + "\n"
+                    e[_VALUE] = value
+                order = e[_ORDER]
+                e[_OUT].append(line if order is None else (order, line))
+                count += 1
+
+        run((((name, labels), value) for name, labels, value in first), False)
+        for series in sources:
+            run(series.items(), True)
+        run((((name, labels), value) for name, labels, value in extra), False)
+        lines: dict[str, list] = {}
+        for family, out in self._out.items():
+            if out:
+                if out[0].__class__ is tuple:
+                    out.sort(key=_by_order)
+                    out = [line for _, line in out]
+                lines[family] = out
+        if len(entries) > 2 * count + 1024:  # series gone since earlier cycles: forget them
+            self._entries = {k: e for k, e in entries.items() if e[_USED] == gen}
+        return lines, count
+
+    def _new(self, key: SeriesKey, added: Labels, static_labels: Labels,
+             series_filter: SeriesFilter | None) -> list[Any]:
+        name, labels = key
+        family = self._parts.get(name, name)
+        e: list[Any] = [None, "", None, added, _NAN, "", 0, 0, None]
+        if series_filter is not None and not (series_filter.family(family)
+                                              and series_filter.labels_ok(family, labels)):
+            return e
+        mdef = self.schema.metrics.get(family)
+        if mdef is None:
+            return e
+        if added:
+            labels = labels + added
+        if static_labels:
+            labels = labels + static_labels
+        e[_FAMILY] = family
+        out = self._out.get(family)
+        if out is None:
+            out = self._out[family] = []
+        e[_OUT] = out
+        e[_PREFIX] = series_prefix(name, labels)
+        if mdef.type == "histogram":
+            e[_ORDER] = self._order((name, labels, 0.0))
+        return e

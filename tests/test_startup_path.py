@@ -1,0 +1,263 @@
+"""What the start path loads and when the server opens (issue 17's start-up budget).
+
+Not timed: these check *what* runs (which modules a default start imports, that start() ends on
+the last first poll rather than on a timer, that both YAML parsers read the shipped files alike);
+the seconds are measured by ``make bench`` (``bench/node_exporter_peer.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import daemon as daemon_mod
+from exporter import yamlfile
+from exporter.daemon import Daemon, Settings
+from exporter.schema import default_mappings_dir
+from exporter.sources import registry
+from tests import fault_sources
+from tests.conftest import ci_strict
+
+REPO = Path(__file__).resolve().parent.parent
+
+# loaded only when configured: basic auth / TLS (web config), profiler importers, the upstream
+# source and its Prometheus text parsers, the profiles drop directory
+NOT_ON_DEFAULT_PATH = ("bcrypt", "exporter.webconfig", "exporter.importers", "exporter.sources.upstream",
+                       "exporter.sources.upstream_fetch", "prometheus_client.parser",
+                       "prometheus_client.openmetrics.parser", "exporter.sources.profiles")
+
+
+def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m.startswith(prefixes))
+
+
+def _run_py(code: str, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+CHECK_CONFIG = """
+import json, sys
+from exporter import cli
+rc = cli.main(["--check-config", "--path.sysfs", sys.argv[1], "--path.procfs", sys.argv[1]])
+print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_check_config_loads_no_http_client_server_or_optional_code(tmp_path):
+    res = _run_py(CHECK_CONFIG, str(tmp_path))
+    assert res["rc"] == 0
+    assert _loaded(res["modules"], NOT_ON_DEFAULT_PATH + ("aiohttp",)) == []
+    # the positive side: the check did load and validate config, schema and mappings
+    assert "exporter.mapping" in res["modules"] and "pydantic" in res["modules"]
+
+
+# serves for real (aiohttp, listeners, sources on an empty sysfs), answers one scrape, then lists
+# what the process imported; SIGTERM ends _serve as in production
+SERVE = """
+import asyncio, json, os, signal, sys
+from exporter import cli
+
+port, root = int(sys.argv[1]), sys.argv[2]
+argv = ["--web.listen-address", f"127.0.0.1:{port}", "--path.sysfs", root, "--path.procfs", root,
+        "--log.level", "error", *sys.argv[3:]]
+args = cli.build_parser().parse_args(argv)
+daemon = cli.Daemon(cli.settings_from(args))
+daemon.load()
+status = []
+
+async def scrape():
+    for _ in range(600):
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            break
+        except OSError:
+            await asyncio.sleep(0.05)
+    writer.write(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+    status.append((await reader.readline()).decode().split()[1])
+    writer.close()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+async def main():
+    task = asyncio.ensure_future(scrape())
+    await cli._serve(args, daemon)
+    await task
+
+asyncio.run(main())
+print(json.dumps({"status": status, "modules": sorted(sys.modules)}))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_default_serve_path_leaves_optional_code_unloaded(tmp_path):
+    """A default start (no web config, no upstream targets, no profiles, no importers) never loads
+    bcrypt, the web-config models, the importers or the Prometheus text parsers.  (The aiohttp
+    client is loaded all the same: ``import aiohttp.web`` runs aiohttp/__init__, which imports it.)"""
+    res = _run_py(SERVE, str(_free_port()), str(tmp_path))
+    assert res["status"] and res["status"][0] in ("200", "503")
+    assert _loaded(res["modules"], NOT_ON_DEFAULT_PATH) == []
+    assert "aiohttp.web" in res["modules"]
+
+
+def test_configured_basic_auth_does_load_the_web_config_code(tmp_path):
+    """The other side of the test above: the same check sees bcrypt once basic auth is on."""
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
+    web.write_text(f"basic_auth_users:\n  alice: {hashed}\n")
+    res = _run_py(SERVE, str(_free_port()), str(tmp_path), "--web.config.file", str(web))
+    assert res["status"] == ["401"]  # the scrape carried no credentials
+    assert {"bcrypt", "exporter.webconfig"} <= set(res["modules"])
+
+
+# ---------------------------------------------------------------- start(): no fixed sleeps
+
+TEST_MAPPING = """vendor: nvidia
+fields:
+  - {raw: util, metric: gpu_compute_utilization_percent}
+"""
+
+
+@pytest.fixture
+def mappings_dir(tmp_path):
+    d = tmp_path / "mappings"
+    d.mkdir()
+    shutil.copy(default_mappings_dir() / "canonical.yaml", d)
+    (d / "testsrc.yaml").write_text(TEST_MAPPING)
+    return d
+
+
+@pytest.fixture
+def fault_collectors(monkeypatch):
+    for name, cls in [("good", "GoodSource"), ("hanging", "HangingSource")]:
+        monkeypatch.setitem(registry.COLLECTORS, name,
+                            registry.Collector(name, "tests.fault_sources", cls, False, name))
+    fault_sources.RELEASE.clear()
+    yield
+    fault_sources.RELEASE.set()
+
+
+def _settings(mappings_dir: Path, tmp_path: Path, on: list[str], config: str = "") -> Settings:
+    collectors = {n: False for n in registry.COLLECTORS}
+    collectors.update({n: True for n in on})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(config or "{}\n")
+    return Settings(config_path=cfg, mappings_dir=mappings_dir, poll_interval=1.0,
+                    collectors=collectors, sysfs=tmp_path, procfs=tmp_path)
+
+
+async def test_start_returns_with_the_last_first_poll_not_a_timer(mappings_dir, tmp_path, fault_collectors,
+                                                                  monkeypatch):
+    # a start that waited for its timer would sit here for an hour; the first poll ends it
+    monkeypatch.setattr(daemon_mod, "STARTUP_WAIT", 3600.0)
+    d = Daemon(_settings(mappings_dir, tmp_path, ["good"]))
+    try:
+        await asyncio.wait_for(d.start(), 60)
+        assert d.rendered is not None and b"gpu_compute_utilization_percent{" in d.rendered.text
+        assert d.ready
+    finally:
+        await d.stop()
+
+
+async def test_a_hung_first_poll_holds_the_start_only_for_startup_wait(mappings_dir, tmp_path,
+                                                                      fault_collectors, monkeypatch):
+    monkeypatch.setattr(daemon_mod, "STARTUP_WAIT", 0.2)
+    conf = "collectors:\n  hanging: {timeout: 1h}\n"  # its poll neither ends nor times out
+    d = Daemon(_settings(mappings_dir, tmp_path, ["good", "hanging"], conf))
+    try:
+        await asyncio.wait_for(d.start(), 60)
+        assert "hanging" not in d._polled
+        assert b"gpu_compute_utilization_percent{" in d.rendered.text  # the good source is served
+    finally:
+        fault_sources.RELEASE.set()
+        await d.stop()
+
+
+# ---------------------------------------------------------------- YAML: the C parser
+
+def _shipped_yaml() -> list[Path]:
+    return sorted(p for p in default_mappings_dir().rglob("*.yaml"))
+
+
+def test_libyaml_parser_is_used_where_pyyaml_has_it():
+    if not yaml.__with_libyaml__:
+        if ci_strict():
+            pytest.fail("PyYAML without libyaml: config and mapping loads take ~10x longer")
+        pytest.skip("PyYAML built without libyaml (the pure-Python parser is used)")
+    assert yamlfile._SafeLoader is yaml.CSafeLoader
+
+
+@pytest.mark.parametrize("path", _shipped_yaml(), ids=lambda p: p.relative_to(default_mappings_dir()).as_posix())
+def test_both_parsers_give_the_same_data_and_lines(path, monkeypatch):
+    """The C parser and the pure-Python one read every shipped file to the same values and the
+    same field -> line map (errors name the same lines whichever is installed)."""
+    fast = yamlfile.load_yaml(path)
+    monkeypatch.setattr(yamlfile, "_SafeLoader", yaml.SafeLoader)
+    slow = yamlfile.load_yaml(path)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("text", ["a: 1\nb: [1, 2\n", "a: 1\na: 2\n", "a:\n  - &x {b: 1}\n  - *y\n"])
+def test_both_parsers_refuse_alike_naming_the_line(tmp_path, text, monkeypatch):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(yamlfile.ConfigError) as fast:
+        yamlfile.load_yaml(p)
+    monkeypatch.setattr(yamlfile, "_SafeLoader", yaml.SafeLoader)
+    with pytest.raises(yamlfile.ConfigError) as slow:
+        yamlfile.load_yaml(p)
+    assert str(fast.value).split(":")[:2] == str(slow.value).split(":")[:2]  # file and line
+    assert str(fast.value).startswith(f"{p}:")
+
+
+AIOHTTP_IMPORT = """
+import json, ssl, sys
+real = ssl.create_default_context
+from exporter.aiohttp_import import import_aiohttp_web
+import_aiohttp_web()
+from aiohttp import connector
+print(json.dumps({
+    "restored": ssl.create_default_context is real
+                and "set_default_verify_paths" not in ssl.SSLContext.__dict__,
+    "aiohttp_cas": [connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
+                    connector._SSL_CONTEXT_UNVERIFIED.cert_store_stats()["x509_ca"]],
+    "aiohttp_verifies": connector._SSL_CONTEXT_VERIFIED.verify_mode == ssl.CERT_REQUIRED,
+    "fresh_cas": ssl.create_default_context().cert_store_stats()["x509_ca"],
+}))
+"""
+
+
+def test_serving_import_skips_aiohttps_client_ca_loading_and_restores_ssl():
+    """aiohttp's default client contexts trust nothing (fail closed; this program's HTTPS clients
+    bring their own contexts), and ``ssl`` is the real module again afterwards."""
+    res = _run_py(AIOHTTP_IMPORT)
+    assert res["restored"]
+    assert res["aiohttp_cas"] == [0, 0]
+    assert res["aiohttp_verifies"]
+    if ssl_default_cas() == 0:
+        pytest.skip("this system's default CA store is empty: nothing to compare with")
+    assert res["fresh_cas"] > 0  # contexts made after the import load the system store again
+
+
+def ssl_default_cas() -> int:
+    import ssl
+
+    return ssl.create_default_context().cert_store_stats()["x509_ca"]
