@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .exposition import SELF, SELF_METRICS
+from .process_metrics import HELP as PROCESS_HELP
 from .schema import Schema, load_schema
 
 
@@ -31,6 +32,8 @@ def render(schema: Schema) -> str:
             "## Exporter self-metrics", "", "| metric | type | description |", "|---|---|---|"]
     for name, (typ, help_text) in SELF_METRICS.items():
         out.append(f"| `{SELF + name}` | {typ} | {help_text} |")
+    for name, (typ, help_text) in PROCESS_HELP.items():  # the names every exporter uses
+        out.append(f"| `{name}` | {typ} | {help_text} |")
     return "\n".join(out) + "\n"
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as om_format
 
-from . import __version__
+from . import __version__, cpustats, process_metrics
 from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .series_lines import SeriesLines
@@ -61,6 +61,11 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
     "config_last_reload_successful": ("gauge", "1 if the last configuration (re)load succeeded."),
     "config_last_reload_success_timestamp_seconds": (
         "gauge", "Unix time of the last successful configuration (re)load."),
+    "stage_cpu_seconds_total": ("counter",
+                                "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
+                                "fast_map per source; indicators, render), as of the last render. "
+                                "process_cpu_seconds_total minus their sum is the event loop, HTTP "
+                                "serving, the garbage collector and helper threads."),
 }
 
 
@@ -231,8 +236,18 @@ class Renderer:
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
+        for stage, source, seconds in cpustats.snapshot():
+            add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},
+                seconds)
         filt = self.series_filter
-        return [f for n, f in fams.items() if f.samples and (filt is None or filt.family(SELF + n))]
+        own = [f for n, f in fams.items() if f.samples and (filt is None or filt.family(SELF + n))]
+        for name, value in process_metrics.sample().items():
+            typ, doc = process_metrics.HELP[name]
+            if filt is None or filt.family(name):
+                fam = _family(name, typ, doc, "")
+                fam.samples.append((name, (), value))
+                own.append(fam)
+        return own
 
     def _series_lines(self) -> SeriesLines:
         lines = self._lines
