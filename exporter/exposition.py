@@ -13,9 +13,6 @@ import platform
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client import exposition as text_format
-from prometheus_client.openmetrics import exposition as om_format
-
 from . import __version__, cpustats, process_metrics
 from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
@@ -26,8 +23,10 @@ from .textformat import Counts, Family, PrefixCache, body, encode, header
 from .textformat import render as write_exposition
 
 # the classic text format (0.0.4) every Prometheus version parses
-TEXT_CONTENT_TYPE = text_format.CONTENT_TYPE_PLAIN_0_0_4
-OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
+# the content types prometheus_client serves the two formats with (tests/test_process_metrics.py
+# checks they still agree); literals, so serving does not import the client library
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 SELF = "unified_gpu_exporter_"
 log = logging.getLogger("unified_gpu_exporter")
 

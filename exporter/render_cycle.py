@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from .enrich.kubernetes import PodResourcesEnricher
 from .model import IDENTITY_WIDTH, DeviceId, Labels, device_id_of, identity_labels
 from .store import Store
+
+if TYPE_CHECKING:  # imported where attribution runs (exporter/loading.py), not by every start
+    from .enrich.kubernetes import PodResourcesEnricher
 
 Extra = list[tuple[str, Labels, float]]
 

@@ -46,3 +46,13 @@ def test_exposition_has_process_metrics_and_stage_cpu(tmp_path):
     assert all(v >= 0 for v in stages.values())
     cpu = _values(text, "process_cpu_seconds_total")[""]
     assert sum(stages.values()) <= cpu
+
+
+def test_content_types_are_prometheus_clients():
+    from prometheus_client import exposition as text_format
+    from prometheus_client.openmetrics import exposition as om_format
+
+    from exporter.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+
+    assert TEXT_CONTENT_TYPE == text_format.CONTENT_TYPE_PLAIN_0_0_4
+    assert OPENMETRICS_CONTENT_TYPE == om_format.CONTENT_TYPE_LATEST

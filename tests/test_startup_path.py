@@ -30,10 +30,11 @@ from tests.conftest import ci_strict
 REPO = Path(__file__).resolve().parent.parent
 
 # loaded only when configured: basic auth / TLS (web config), profiler importers, the upstream
-# source and its Prometheus text parsers, the profiles drop directory
+# source and its Prometheus text parsers (prometheus_client as a whole), pod attribution, the profiles
+# drop directory
 NOT_ON_DEFAULT_PATH = ("bcrypt", "exporter.webconfig", "exporter.importers", "exporter.sources.upstream",
                        "exporter.sources.upstream_fetch", "prometheus_client.parser",
-                       "prometheus_client.openmetrics.parser", "exporter.sources.profiles")
+                       "prometheus_client", "exporter.enrich.kubernetes", "exporter.sources.profiles")
 
 
 def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
