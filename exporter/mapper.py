@@ -55,6 +55,7 @@ class Mapper:
         # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
         self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
         self._labels: dict[Labels, Labels] = {}  # identity label tuples, interned
+        self._lookups: dict[int, dict[float, float]] = {}  # id(rule) -> its value lookup (rules live in mappings)
         self._raw: dict[tuple, _RawState] = {}
         self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
@@ -163,8 +164,14 @@ class Mapper:
                 key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())) if extra else base)
                 simple = not (rule.invalid or rule.values or rule.is_counter or rule.rate
                               or rule.valid or rule.clamp)
-                steps.append((rule, key, dict(rule.values) if rule.values else None,
-                              (r.device, rule.order, r.labels), simple))
+                lookup = None
+                if rule.values:
+                    lookup = self._lookups.get(id(rule))
+                    if lookup is None:
+                        lookup = self._lookups[id(rule)] = dict(rule.values)
+                # the raw-state key only where state is kept (counters, rates)
+                skey = (r.device, rule.order, r.labels) if rule.is_counter or rule.rate else None
+                steps.append((rule, key, lookup, skey, simple))
             plan = tuple(steps)
         if len(self._plans) >= MAX_STATE:
             self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
