@@ -30,6 +30,7 @@ MAX_ENTRIES = 500_000  # cleared when exceeded (label churn within one cycle)
 _FAMILY, _PREFIX, _ORDER, _ADDED, _VALUE, _LINE, _SEEN, _USED, _OUT = range(9)
 _NAN = math.nan  # never equal: the first value always formats
 _copysign = math.copysign
+_float_repr = float.__repr__
 _by_order = itemgetter(0)
 
 SeriesKey = tuple[str, Labels]
@@ -76,10 +77,8 @@ class SeriesLines:
             out.clear()
         new = self._new
         allow = series_filter is not None and series_filter.allow is not None
-        count = 0
 
         def run(items: Iterable[tuple[SeriesKey, float]], dedup: bool) -> None:
-            nonlocal count
             for key, value in items:
                 added: Labels = ()
                 if per_device:
@@ -109,23 +108,24 @@ class SeriesLines:
                 if value == last and (value or _copysign(1.0, value) == _copysign(1.0, last)):
                     line = e[_LINE]
                 else:
-                    if value.__class__ is float and value - value == 0.0:
-                        text = repr(value)
+                    if value.__class__ is float and value - value == 0.0:  # finite
+                        text = _float_repr(value)
                     else:
                         text = format_value(value)
                     line = e[_LINE] = e[_PREFIX] + text + "\n"
                     e[_VALUE] = value
                 order = e[_ORDER]
                 e[_OUT].append(line if order is None else (order, line))
-                count += 1
 
         run((((name, labels), value) for name, labels, value in first), False)
         for series in sources:
             run(series.items(), True)
         run((((name, labels), value) for name, labels, value in extra), False)
         lines: dict[str, list] = {}
+        count = 0
         for family, out in self._out.items():
             if out:
+                count += len(out)
                 if out[0].__class__ is tuple:
                     out.sort(key=_by_order)
                     out = [line for _, line in out]

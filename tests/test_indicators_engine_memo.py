@@ -62,3 +62,52 @@ def test_statistics_follow_the_window_bit_for_bit():
             assert repr(got) == repr(want.quantiles if want is not None else {}), now
             checked += want is not None
     assert checked > 200
+
+
+def test_fed_only_the_series_it_reads_the_engine_says_the_same():
+    """USED_SERIES: a feed may hand the engine only these names (exporter/indicator_feed.py)."""
+    from exporter.indicators import USED_SERIES
+    from exporter.mapping import Mapper
+    from exporter.model import IDENTITY_WIDTH
+    from exporter.pipeline import poll_and_map
+    from exporter.simulate import SimulatorSource
+    from exporter.store import SourceState, Store
+    from exporter.testing import FakeClock, load_mappings
+
+    mappings = load_mappings()
+    for scenario in ("demo", "detection"):
+        source = SimulatorSource({"scenario": scenario}, mappings=mappings)
+        clock = FakeClock(5000.0)
+        source.clock = clock
+        source.open()
+        mapper, store, state = Mapper(mappings), Store(), SourceState("simulator")
+        store.add(state)
+        # short baseline bins: every baseline (the interconnect's too) warms within the run
+        cfg = IndicatorConfig.model_validate({"baseline": {"bin_seconds": 1.0, "warmup_bins": 3}})
+        every, only = IndicatorEngine(cfg, None, 0.25), IndicatorEngine(cfg, None, 0.25)
+        dropped = 0
+        for i in range(400):
+            clock.now = 5000.0 + i * 0.25
+            cycle = poll_and_map(source.poll, store, state, mapper, now=clock.now)
+            state.devices = cycle.devices
+            per: dict = {}
+            for (name, labels), value in cycle.result.series.items():
+                dev = tuple(v for _, v in labels[:IDENTITY_WIDTH])
+                extra = labels[IDENTITY_WIDTH:]
+                per.setdefault(dev, {})[(name, extra) if extra else name] = value
+            for dev, series in per.items():
+                for k, v in list(series.items()):  # as the feed does with profiler imports
+                    if isinstance(k, tuple) and {lab for lab, _ in k[1]} <= {"source", "trace_id"}:
+                        series.setdefault(k[0], v)
+                # series the engine does not read (the simulator emits only ones it reads)
+                series["gpu_power_watts"] = 300.0 + i
+                # interconnect counters and utilization (the simulator has none)
+                for link in ("0", "1"):
+                    series[("gpu_interconnect_bytes_total", (("direction", "tx"), ("link", link)))] = \
+                        1e9 * (i // 4) * (1 if i < 250 else 0.5)
+                    series[("gpu_interconnect_utilization_percent", (("link", link),))] = 90.0
+                series[("gpu_temperature_celsius", (("sensor", "gpu"),))] = 60.0
+                used = {k: v for k, v in series.items() if (k[0] if isinstance(k, tuple) else k) in USED_SERIES}
+                dropped += len(series) - len(used)
+                assert repr(every.update(clock.now, {dev: series})) == repr(only.update(clock.now, {dev: used}))
+        assert dropped > 0

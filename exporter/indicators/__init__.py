@@ -2,5 +2,6 @@
 
 from .config import IndicatorConfig
 from .engine import DeviceId, IndicatorEngine
+from .signals import USED_SERIES
 
-__all__ = ["DeviceId", "IndicatorConfig", "IndicatorEngine"]
+__all__ = ["USED_SERIES", "DeviceId", "IndicatorConfig", "IndicatorEngine"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .contention import BANDWIDTH_UTIL
+from .contention import BANDWIDTH_UTIL, BASIS_SERIES
+from .series import IC_BYTES, IC_UTIL, PROC_UTIL, THROTTLE
 
 UTILIZATION = "gpu_compute_utilization_percent"
 BANDWIDTH_GBPS = "gpu_memory_bandwidth_gbps"
@@ -19,3 +20,9 @@ MISS_BASELINE = "l2_miss_rate"
 INTERCONNECT_BASELINE = "interconnect_throughput"
 REFERENCE_PREFIX = "memory_bound_"  # + basis: the compute signal while memory-bound, alone
 THROTTLE_CAUSES = ("thermal_throttle", "power_throttle")
+
+# every series name the engine reads: a feed may hand it only these (same output, less work)
+USED_SERIES = frozenset({
+    UTILIZATION, BANDWIDTH_GBPS, BANDWIDTH_UTIL, MISS_RATE, *BASIS_SERIES.values(),
+    *(name for _, name in VARIABILITY_SERIES), THROTTLE, IC_BYTES, IC_UTIL, PROC_UTIL,
+})
