@@ -13,20 +13,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .indicators import IndicatorConfig, IndicatorEngine
-from .indicators.contention import BANDWIDTH_UTIL, BASIS_SERIES
-from .indicators.series import IC_BYTES, IC_UTIL, PROC_UTIL, THROTTLE, InputKey
-from .indicators.signals import BANDWIDTH_GBPS, MISS_RATE, UTILIZATION, VARIABILITY_SERIES
+from .indicators import USED_SERIES, IndicatorConfig, IndicatorEngine
+from .indicators.series import InputKey
 from .model import IDENTITY_WIDTH, DeviceId, Labels, SeriesKey, device_id_of
 from .store import SourceState, Store
 
 log = logging.getLogger("unified_gpu_exporter")
-# the canonical series the engine reads (tests/test_indicator_feed_inputs.py checks that feeding
+# the canonical series the engine reads (exporter/indicators/signals.py; tests check that feeding
 # only these gives the engine's output for every series): a poll's other series are not walked
-ENGINE_INPUTS = frozenset({
-    UTILIZATION, BANDWIDTH_UTIL, BANDWIDTH_GBPS, MISS_RATE, *BASIS_SERIES.values(),
-    *(name for _, name in VARIABILITY_SERIES), THROTTLE, IC_BYTES, IC_UTIL, PROC_UTIL,
-})
+ENGINE_INPUTS = USED_SERIES
 # labels of a per-GPU (not per-kernel) series imported from a profiler artefact
 _ARTEFACT_LABELS = frozenset({"source", "trace_id"})
 # a device not seen for this long is forgotten (windows, price info, counters); its baselines
