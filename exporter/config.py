@@ -66,7 +66,9 @@ class Config(BaseModel):
     poll_interval: Duration = 1.0
     # fast sampling of the cheap signals that feed the contention indicators (sources that
     # offer poll_fast) and the indicator evaluation itself
-    fast_interval: Duration = 0.25
+    # two indicator samples per default poll: contention counted to the half second, at half the
+    # CPU of 250 ms (README "What sampling costs"); 250ms or 100ms for shorter bursts
+    fast_interval: Duration = 0.5
     collectors: Collectors = Collectors()  # type: ignore[valid-type]
     # static labels added to every canonical series (e.g. node, cluster)
     labels: dict[str, str] = {}

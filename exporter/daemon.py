@@ -294,7 +294,7 @@ class Daemon:
                                                 name=f"fast-{rt.state.name}")
                             for rt in self.runtimes if rt.fast_mapper is not None]
         self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))
-        if self.feed is not None:
+        if self.feed is not None and self.config.indicators.enabled:  # nothing to step otherwise
             self._tasks.append(asyncio.create_task(self._indicator_loop(), name="indicators"))
 
     async def _stop_tasks(self) -> None:
