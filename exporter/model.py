@@ -20,6 +20,13 @@ DeviceId = tuple[str, str, str]  # (vendor, gpu, uuid)
 IDENTITY_LABELS = ("vendor", "gpu", "uuid")
 IDENTITY_WIDTH = len(IDENTITY_LABELS)
 _EXACT = 1 << 1000  # an int within this converts to a finite float
+# canonical metrics a fast poll may refresh between full polls: the contention indicators' inputs
+# (a source's poll_fast returns what feeds them; the runner keeps only these from it)
+FAST_METRICS = frozenset({
+    "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
+    "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
+    "gpu_l2_cache_miss_rate_percent",
+})
 
 
 @dataclass(frozen=True, slots=True)

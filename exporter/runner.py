@@ -19,6 +19,7 @@ from typing import Any
 from . import cpustats
 from .collector_policy import missing_backend_state
 from .mapping import Mapper, MappingSet
+from .model import FAST_METRICS
 from .periodic import Ticker
 from .pipeline import Cycle, poll_and_map
 from .sources.base import PollFailed, Source, SourceUnavailable
@@ -29,12 +30,6 @@ from .worker import Worker
 log = logging.getLogger("unified_gpu_exporter")
 
 REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
-# canonical metrics a fast poll may refresh between full polls: the contention indicators' inputs
-FAST_METRICS = frozenset({
-    "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
-    "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
-    "gpu_l2_cache_miss_rate_percent",
-})
 
 _fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
 

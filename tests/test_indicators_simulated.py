@@ -116,3 +116,28 @@ def test_every_vendor_reads_the_phase_state(phase, expected):
         assert contention == [1.0 if expected == "contended" else 0.0], device
         if expected in ("idle", "healthy"):
             assert cause(out) == "none", device
+
+
+def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_counters_alone():
+    """The simulator's fast poll is not a full poll: only raw fields feeding FAST_METRICS, and the
+    counters it integrates advance with full polls only."""
+    from exporter.model import FAST_METRICS
+
+    mappings = load_mappings()
+    clock = FakeClock()
+    source = SimulatorSource({"scenario": "demo", "phase": "bandwidth_saturation"}, mappings=mappings)
+    source.clock = clock
+    source.open()
+    store, state, mapper, fast_mapper = Store(), SourceState("simulator"), Mapper(mappings), Mapper(mappings)
+    store.add(state)
+    full = poll_and_map(source.poll, store, state, mapper, now=clock.now)
+    counters = dict(next(iter(source._states)).counters)
+    clock.now += 0.5
+    fast = poll_and_map(source.poll_fast, store, state, fast_mapper, now=clock.now)
+    assert fast.sample.readings and len(fast.sample.readings) < len(full.sample.readings) / 3
+    assert {name for name, _ in fast.result.series} <= FAST_METRICS
+    assert {name for name, _ in full.result.series} & FAST_METRICS == {name for name, _ in fast.result.series}
+    assert dict(next(iter(source._states)).counters) == counters
+    clock.now += 0.5
+    poll_and_map(source.poll, store, state, mapper, now=clock.now)
+    assert dict(next(iter(source._states)).counters) != counters  # the full poll still integrates

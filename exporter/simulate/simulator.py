@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..durations import Duration
-from ..model import Device, PollResult
+from ..model import FAST_METRICS, Device, PollResult
 from ..schema import default_mappings_dir, parse_operand
 from ..sources.base import Abilities, SourceBase, SourceUnavailable
 from ..yamlfile import ConfigError, load_model
@@ -195,11 +195,22 @@ class SimulatorSource(SourceBase):
         pass
 
     def poll(self) -> PollResult:
+        return self._sample(fast=False)
+
+    def poll_fast(self) -> PollResult:
+        """Only the gauges that feed the contention indicators (FAST_METRICS), at the current
+        phase; counters and rates advance with full polls only."""
+        return self._sample(fast=True)
+
+    def _sample(self, fast: bool) -> PollResult:
         now = self.clock()
         if self._start is None:
             self._start = now
-        dt = 0.0 if self._last is None else max(0.0, now - self._last)
-        self._last = now
+        if fast:
+            dt = 0.0
+        else:
+            dt = 0.0 if self._last is None else max(0.0, now - self._last)
+            self._last = now
         phase, _ = self.scenario.phase_at(now - self._start + self.offset)
         sample = PollResult(monotonic=now)
         for st in self._states:
@@ -208,8 +219,10 @@ class SimulatorSource(SourceBase):
                 sample.devices.append(dev)
                 plan = self._plan(mapping)
                 emitted: set[tuple] = set()
-                for kind in ("counter", "rate", "gauge"):
+                for kind in ("gauge",) if fast else ("counter", "rate", "gauge"):
                     for key, value in list(targets.items()):
+                        if fast and key[0] not in FAST_METRICS:
+                            continue
                         emit = plan.get(key)
                         if emit is None or emit.kind != kind:
                             continue
@@ -221,10 +234,6 @@ class SimulatorSource(SourceBase):
                         raw = self._raw(st, emit, rkey, value, dt)
                         sample.add(dev.key, emit.raw, raw, emit.raw_labels)
         return sample
-
-    def poll_fast(self) -> PollResult:
-        """Simulated readings are cheap: the fast path is a full poll."""
-        return self.poll()
 
     def current_phase(self) -> str:
         now = self.clock()
