@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from exporter import process_metrics
 from exporter.enrich.pod_index import SeriesLabeler
 from exporter.exposition import SELF_METRICS, Renderer
 from exporter.model import Device
@@ -21,6 +22,13 @@ from exporter.seriesfilter import ExpositionConfig, SeriesFilter
 from exporter.store import SourceState, Store
 from exporter.textformat import Counts, PrefixCache
 from exporter.textformat import render as write_exposition
+
+
+@pytest.fixture(autouse=True)
+def _steady_process_metrics(monkeypatch):
+    """process_* values move between the two renders compared here (CPU time, fds): held still."""
+    fixed = process_metrics.sample()
+    monkeypatch.setattr(process_metrics, "sample", lambda: dict(fixed))
 
 SCHEMA = load_schema()
 HIST = "gpu_kernel_execution_time_milliseconds"
