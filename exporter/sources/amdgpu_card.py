@@ -1,11 +1,9 @@
-"""What the amdgpu sysfs source reads per card: the attribute files, hwmon patterns, the per-card
-read plan built at discovery, and the state of the per-card ``pcie_bw`` threads."""
+"""What the amdgpu sysfs source reads per card: the attribute files, hwmon patterns and the per-card
+read plan built at discovery (the ``pcie_bw`` threads are in ``amdgpu_pcie_bw``)."""
 
 from __future__ import annotations
 
 import re
-import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,22 +55,3 @@ class Card:
         self.hwmon_plan = [(str(path), raw) for path, raw in self.hwmon]
         self.fast_plan = [(f, f"{d}/{f}") for f in FAST_FILES if f in self.files]
         self.gpu_metrics_path = f"{d}/gpu_metrics"
-
-
-@dataclass
-class PcieBw:
-    received: int = 0
-    sent: int = 0
-    mps: int = 0
-    received_bytes: float = 0.0
-    sent_bytes: float = 0.0
-    last_t: float | None = None
-    valid: bool = False
-
-
-@dataclass
-class PcieBwThreads:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    values: dict[str, PcieBw] = field(default_factory=dict)
-    errors: Counter[str] = field(default_factory=Counter)
-    ready: dict[str, threading.Event] = field(default_factory=dict)

@@ -34,7 +34,6 @@ import errno
 import functools
 import os
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,9 +48,8 @@ from .amdgpu_card import (  # noqa: F401 - FAST_FILES etc. stay importable from 
     INT_FILES,
     SPEED_FILES,
     Card,
-    PcieBw,
-    PcieBwThreads,
 )
+from .amdgpu_pcie_bw import PCIE_BW_FIELDS, PcieBw, PcieBwReaders, PcieBwThreads  # noqa: F401
 from .amdgpu_text import label_token, parse_dpm, parse_link_speed, parse_pcie_bw  # noqa: F401
 from .base import Abilities, Device, Sample, SourceBase, SourceUnavailable, mapped_fields
 from .sysfs_util import KeptFiles, error_kind, fd_budget, on_sysfs, parse_int
@@ -65,9 +63,6 @@ def parsed_dpm(text: str) -> tuple[float | None, float | None]:
     marked current moves), so most polls parse nothing."""
     return parse_dpm(text)
 
-# what a pcie_bw thread keeps, in the order of PcieBw's fields as poll() reads them
-PCIE_BW_FIELDS = ("pcie_bw.received", "pcie_bw.sent", "pcie_bw.max_payload_size",
-                  "pcie_bw.received_bytes", "pcie_bw.sent_bytes")
 
 _CARD_RE = re.compile(r"^card(\d+)$")
 _PCI_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -94,9 +89,7 @@ class AmdgpuSysfsSource(SourceBase):
         self._reader = reader or default_reader
         self._clock = clock
         self._cards: list[Card] = []
-        self._bg = PcieBwThreads()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._pcie: PcieBwReaders | None = None  # the pcie_bw threads while open
         self._kept: KeptFiles | None = None  # set in open() unless a reader= is given or keep_open: never
 
     # -------------------------------------------------------------------------------- reading
@@ -239,24 +232,25 @@ class AmdgpuSysfsSource(SourceBase):
         self._cards = self.discover()
         if not self._cards:
             raise SourceUnavailable(f"no amdgpu cards under {self.sysfs / 'class' / 'drm'}")
-        self._stop.clear()
         keep = self.options.get("keep_open", "auto")
         if self._reader is default_reader and (keep == "always" or keep == "auto" and on_sysfs(self.sysfs)):
             wanted = sum(len(c.plan) + len(c.hwmon_plan) + c.has_gpu_metrics for c in self._cards)
             if self._kept is not None:
                 self._kept.close()
             self._kept = KeptFiles(fd_budget(wanted))
+        if self._pcie is not None:
+            self._pcie.stop()
+            self._pcie = None
         if self.options.get("pcie_bw", True) and (
                 self._wanted is None or not self._wanted.isdisjoint(PCIE_BW_FIELDS)):
+            self._pcie = PcieBwReaders(self._text, self._clock, float(self.options.get("pcie_bw_interval", 1.0)))
             for card in self._cards:
                 if card.has_pcie_bw:
-                    self._start_pcie_bw(card)
+                    self._pcie.start(card.device.key, card.number, card.device_dir / "pcie_bw")
 
     def close(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=3.0)
-        self._threads = []
+        if self._pcie is not None:
+            self._pcie.stop()
         if self._kept is not None:
             self._kept.close()
 
@@ -264,58 +258,17 @@ class AmdgpuSysfsSource(SourceBase):
     def devices(self) -> list[Device]:
         return [c.device for c in self._cards]
 
-    # -------------------------------------------------------------------------------- pcie_bw
-    def _start_pcie_bw(self, card: Card) -> None:
-        key = card.device.key
-        with self._bg.lock:
-            self._bg.values[key] = PcieBw()
-            self._bg.ready[key] = threading.Event()
-        t = threading.Thread(target=self._pcie_bw_loop, args=(card,), name=f"amdgpu-pcie_bw-card{card.number}",
-                             daemon=True)
-        self._threads.append(t)
-        t.start()
-
-    def _pcie_bw_loop(self, card: Card) -> None:
-        key = card.device.key
-        path = card.device_dir / "pcie_bw"
-        interval = float(self.options.get("pcie_bw_interval", 1.0))
-        while not self._stop.is_set():
-            local: Counter[str] = Counter()
-            text = self._text(path, local)  # blocks ~1 s in the kernel
-            now = self._clock()
-            parsed = parse_pcie_bw(text) if text is not None else None
-            if text is not None and parsed is None:
-                local["malformed_value"] += 1
-            with self._bg.lock:
-                self._bg.errors.update(local)
-                if parsed is not None:
-                    st = self._bg.values[key]
-                    dt = 1.0 if st.last_t is None else max(now - st.last_t, 0.0)
-                    st.received, st.sent, st.mps = parsed
-                    st.received_bytes += parsed[0] * parsed[2] * dt
-                    st.sent_bytes += parsed[1] * parsed[2] * dt
-                    st.last_t, st.valid = now, True
-            self._bg.ready[key].set()
-            if local["not_supported"] or local["device_lost"] or text is None and not local:
-                return  # APU (-ENODATA), gone, or absent: stop reading this card
-            self._stop.wait(interval)
-
     def pcie_bw_ready(self, timeout: float = 5.0) -> bool:
         """True once every card's pcie_bw thread has finished its first read (for tests, --once)."""
-        deadline = time.monotonic() + timeout
-        for ev in list(self._bg.ready.values()):
-            if not ev.wait(max(deadline - time.monotonic(), 0.0)):
-                return False
-        return True
+        return self._pcie.ready(timeout) if self._pcie is not None else True
 
     # -------------------------------------------------------------------------------- poll
     def poll(self) -> Sample:
         sample = Sample()
-        with self._bg.lock:
-            sample.errors.update(self._bg.errors)
-            self._bg.errors.clear()
-            bw = {k: (v.received, v.sent, v.mps, v.received_bytes, v.sent_bytes)
-                  for k, v in self._bg.values.items() if v.valid}
+        bw: dict[str, tuple[float, ...]] = {}
+        if self._pcie is not None:
+            bw_errors, bw = self._pcie.take()
+            sample.errors.update(bw_errors)
         wanted = self._wanted
         for card in self._cards:
             sample.devices.append(card.device)
