@@ -151,7 +151,6 @@ class Renderer:
         filt = self.series_filter
         if filt is not None:
             static_labels = filt.extra(static_labels)
-            per_device = {k: filt.extra(v) for k, v in per_device.items()}
 
         def add(name: str, labels: Labels, value: float) -> None:
             family = histogram_base.get(name, name)
@@ -167,6 +166,8 @@ class Renderer:
                 dev = per_device.get(device_id_of(labels))
                 if dev and callable(dev):  # pod attribution: the labels depend on the series
                     dev = dev(labels)
+                if dev and filt is not None:
+                    dev = filt.extra(dev)  # after the call: a labeler is not a label tuple
                 if dev:
                     labels = labels + dev
             fam.samples.append((name, labels + static_labels if static_labels else labels, value))

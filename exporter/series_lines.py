@@ -118,8 +118,10 @@ class SeriesLines:
                 e[_OUT].append(line if order is None else (order, line))
 
         run((((name, labels), value) for name, labels, value in first), False)
+        sources = [series for series in sources if series]
+        dedup = len(sources) > 1  # keys are unique within one source
         for series in sources:
-            run(series.items(), True)
+            run(series.items(), dedup)
         run((((name, labels), value) for name, labels, value in extra), False)
         lines: dict[str, list] = {}
         count = 0

@@ -102,9 +102,6 @@ def test_cached_lines_equal_a_fresh_render_over_changing_cycles(conf):
         extra = extra_for(cycle, rng)
         static = (("cluster", "c1"),) if cycle < 20 else (("cluster", "c2"), ("zone", "z"))
         per_device = per_device_for(cycle)
-        if conf and "label_allowlist" in conf and per_device:
-            # build() cannot apply the allow-list to a callable; compare with the labels it gives
-            per_device = {k: v for k, v in per_device.items() if not callable(v)}
         repaired = Counts.invalid_utf8
         families = renderer.build(store, extra, static, per_device)
         want_text = write_exposition(families, PrefixCache(), openmetrics=False)
@@ -141,3 +138,18 @@ def test_a_failed_render_drops_the_cache():
     assert renderer.render(broken).failed
     assert renderer._lines is None
     assert not renderer.render(store).failed
+
+
+def test_pod_attribution_with_a_label_allowlist():
+    """The allow-list applies to what a pod labeler returns (it used to be applied to the labeler
+    itself: a TypeError, and a render with only self-metrics)."""
+    renderer = Renderer(SCHEMA)
+    renderer.series_filter = SeriesFilter(ExpositionConfig(label_allowlist=["pod"]), SCHEMA, tuple(SELF_METRICS))
+    store = Store()
+    st = SourceState("nvml", up=True)
+    st.series = {("gpu_power_watts", ident(0)): 300.0}
+    store.add(st)
+    per_device = {("nvidia", "0", "GPU-0"): SeriesLabeler((("namespace", "ns"), ("pod", "p")), {}, {})}
+    got = renderer.render(store, [], (), per_device)
+    assert not got.failed, renderer.last_error
+    assert b'gpu_power_watts{gpu="0",pod="p",uuid="GPU-0",vendor="nvidia"} 300.0\n' in got.text

@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "exporter"
 
 # modules downstream of the sources: they speak exporter.model, never exporter.sources
-DOWNSTREAM = ["mapping.py", "mapper.py", "store.py", "schema.py", "exposition.py", "textformat.py",
+DOWNSTREAM = ["mapping.py", "mapper.py", "store.py", "schema.py", "exposition.py", "textformat.py", "series_lines.py",
               "indicator_feed.py", "indicators", "enrich"]
 # what no source may import: the canonical side of the pipeline
 NOT_FROM_SOURCES = ("schema", "mapping", "mapper", "config", "indicators", "indicator_feed")
