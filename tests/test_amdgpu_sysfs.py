@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import pytest
 
@@ -546,3 +547,35 @@ def test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing(tmp_path
     finally:
         src.close()
     assert "gpu_metrics.average_gfx_activity" in fields
+
+
+def test_pcie_bw_threads_keep_their_own_descriptor_and_close_it(tmp_path, shared_fixtures):
+    """With attribute files kept open, each pcie_bw thread re-reads its file through a
+    descriptor of its own (pread, no open/close a second) and closes it when the source closes."""
+    arrange_real_card(tmp_path, shared_fixtures, "rx580", 0)          # pcie_bw "11886 2528 256"
+
+    def pcie_fds() -> int:
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").endswith("/pcie_bw")
+            except OSError:
+                pass
+        return n
+
+    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw_interval": 0.05, "keep_open": "always"})
+    src.open()
+    try:
+        assert src.pcie_bw_ready(5)
+        deadline = time.monotonic() + 10
+        raw: dict = {}
+        while time.monotonic() < deadline:  # two samples integrated
+            raw = _by_device(src.poll())["0000:09:00.0"]
+            if raw.get("pcie_bw.received_bytes", 0) > 11886 * 256:
+                break
+            time.sleep(0.05)
+        assert raw["pcie_bw.received"] == 11886 and raw["pcie_bw.received_bytes"] > 11886 * 256
+        assert pcie_fds() == 1
+    finally:
+        src.close()
+    assert pcie_fds() == 0

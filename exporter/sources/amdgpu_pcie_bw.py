@@ -47,20 +47,22 @@ class PcieBwThreads:
 class PcieBwReaders:
     """The per-card threads of one opened source (``stop`` ends them; a reopen makes new ones)."""
 
-    def __init__(self, read_text: ReadText, clock: Callable[[], float], interval: float = 1.0):
-        self._read_text = read_text
+    def __init__(self, clock: Callable[[], float], interval: float = 1.0):
         self._clock = clock
         self._interval = interval
         self._state = PcieBwThreads()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def start(self, key: str, number: int, path: Path) -> None:
+    def start(self, key: str, number: int, path: Path, read_text: ReadText,
+              done: Callable[[], None] = lambda: None) -> None:
+        """A thread reading ``path`` with ``read_text`` (its own: a kept descriptor is never shared
+        between threads); ``done`` runs when the thread ends."""
         with self._state.lock:
             self._state.values[key] = PcieBw()
             self._state.ready[key] = threading.Event()
-        t = threading.Thread(target=self._loop, args=(key, path), name=f"amdgpu-pcie_bw-card{number}",
-                             daemon=True)
+        t = threading.Thread(target=self._loop, args=(key, path, read_text, done),
+                             name=f"amdgpu-pcie_bw-card{number}", daemon=True)
         self._threads.append(t)
         t.start()
 
@@ -88,11 +90,17 @@ class PcieBwReaders:
                       for k, v in state.values.items() if v.valid}
         return errors, values
 
-    def _loop(self, key: str, path: Path) -> None:
+    def _loop(self, key: str, path: Path, read_text: ReadText, done: Callable[[], None]) -> None:
+        try:
+            self._read_until_stopped(key, path, read_text)
+        finally:
+            done()
+
+    def _read_until_stopped(self, key: str, path: Path, read_text: ReadText) -> None:
         state = self._state
         while not self._stop.is_set():
             local: Counter[str] = Counter()
-            text = self._read_text(path, local)  # blocks ~1 s in the kernel
+            text = read_text(path, local)  # blocks ~1 s in the kernel
             now = self._clock()
             parsed = parse_pcie_bw(text) if text is not None else None
             if text is not None and parsed is None:
