@@ -257,7 +257,7 @@ def issue17_table(r: dict) -> str | None:
                              "self-metrics; other = event loop, HTTP, garbage collector, pcie_bw threads)",
                              ["stage", *[f"{n} cards" for n in cols]], srows)
     if per_card is not None:
-        out += (f"\nper card per second of sampling (slope smallest->largest size, full poll 1 s + fast 250 ms + "
+        out += (f"\nper card per second of sampling (slope smallest->largest size, full poll 1 s + fast polls (default 500 ms) + "
                 f"indicators + 1 scrape/s): ours {per_card * 1000:.2f} ms/s, node_exporter "
                 f"{_f(None if node_card is None else node_card * 1000)} ms/s; RSS {_f(rss_card, '.3f')} MB/card")
     return out

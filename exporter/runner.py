@@ -65,6 +65,7 @@ class SourceRunner:
     pending: asyncio.Future | None = None       # the last open/poll call
     fast_pending: asyncio.Future | None = None  # the last poll_fast call
     stopped: bool = False
+    polled_at: float = float("-inf")  # monotonic time of the last successful full poll
 
     # ------------------------------------------------------------ one poll
     def _cycle(self) -> Cycle:
@@ -114,6 +115,7 @@ class SourceRunner:
             st.errors["malformed_value"] += result.malformed
         st.last_duration = cycle.poll_seconds
         st.last_success = time.time()
+        self.polled_at = time.monotonic()
         st.polls += 1
         st.up, st.state, st.reason = True, "up", ""
         st.was_up = True
@@ -196,11 +198,16 @@ class SourceRunner:
         return cycle
 
     async def fast_loop(self, interval: float, mappings: MappingSet) -> None:
-        """Cheap signals between full polls; they update the series the indicators read."""
+        """Cheap signals between full polls; they update the series the indicators read.
+
+        A tick that comes less than ``interval`` after a full poll is skipped: the full poll's
+        values are that fresh already (with the defaults, one fast poll per full poll)."""
         tick = Ticker(interval, spacing=True)
         while not self.stopped:
             await tick()
             if not self.opened or self.worker.busy or not self.state.up:
+                continue
+            if time.monotonic() - self.polled_at < interval:
                 continue
             try:
                 self.fast_pending = self.worker.submit(lambda: self._fast_cycle(mappings))

@@ -457,7 +457,8 @@ async def test_fast_sampling_never_marks_a_healthy_source_down(tmp_path):
     """The fast loop (poll_fast, for the indicators) and the full poll share one worker.  A full
     poll that comes due while a fast call is running must wait for it, not report the source
     down with "previous call still running" (which also drops all its series for a cycle)."""
-    daemon = Daemon(Settings(simulate="demo", poll_interval=0.05, fast_interval=0.05,
+    # fast ticks closer together than full polls (a tick right after a full poll is skipped)
+    daemon = Daemon(Settings(simulate="demo", poll_interval=0.05, fast_interval=0.02,
                              collectors=only(), sysfs=tmp_path, procfs=tmp_path))
     await daemon.start()
     down = []
