@@ -12,8 +12,6 @@ import sys
 import time
 from collections import Counter
 
-import pytest
-
 from exporter import gctune
 from exporter.daemon import Daemon, Settings
 from tests.amd_fixture_tree import REAL_CARDS, arrange_real_card
@@ -87,8 +85,7 @@ def test_the_exporter_process_runs_with_spaced_out_collections():
     assert out == f"{(gctune.GEN0, gctune.GEN1, gctune.GEN2)} True"
 
 
-@pytest.mark.parametrize("tuned", [False])
-def test_after_warmup_does_nothing_in_an_embedding_process(tuned):
+def test_after_warmup_does_nothing_in_an_embedding_process():
     before = gc.get_freeze_count()
     gctune.after_warmup()
     assert gc.get_freeze_count() == before
