@@ -103,20 +103,21 @@ class Proc:
         log.close()
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> float:
-        """Block until ``ready_path`` answers 200; return the seconds it took."""
+    def wait_ready(self, timeout: float = 30.0, path: str | None = None, step: float = 0.05) -> float:
+        """Block until ``path`` (default ``ready_path``) answers 200; return the seconds it took."""
         t0 = time.monotonic()
+        url = self.base + (path or self.ready_path)
         while time.monotonic() - t0 < timeout:
             if self.popen is not None and self.popen.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}: {self.tail()}")
             try:
-                with urllib.request.urlopen(self.base + self.ready_path, timeout=2) as r:
+                with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
                         return time.monotonic() - t0
             except OSError:
                 pass
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready after {timeout:g}s: {self.tail()}")
+            time.sleep(step)
+        raise RuntimeError(f"{self.name}: no 200 on {path or self.ready_path} after {timeout:g}s: {self.tail()}")
 
     def get(self, path: str = "/metrics", gzip_ok: bool = False) -> bytes:
         req = urllib.request.Request(self.base + path,

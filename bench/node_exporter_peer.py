@@ -28,7 +28,6 @@ import re
 import shutil
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -67,17 +66,8 @@ def spawn_to_first_scrape(proc: Proc, tmp: Path, timeout: float = 30.0) -> float
     t0 = time.monotonic()
     proc.start(tmp)
     try:
-        while time.monotonic() - t0 < timeout:
-            if proc.popen is not None and proc.popen.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}: {proc.tail()}")
-            try:
-                with urllib.request.urlopen(proc.base + "/metrics", timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(0.01)
-        raise RuntimeError(f"{proc.name}: no 200 on /metrics after {timeout:g}s")
+        proc.wait_ready(timeout, path="/metrics", step=0.01)
+        return time.monotonic() - t0
     finally:
         proc.stop()
 

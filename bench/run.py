@@ -264,6 +264,11 @@ def issue17_table(r: dict) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ table
+def _div(a: float, b: float) -> float | None:
+    """a / b, or None ("-" in a table) when b measured 0 (a --quick window below the CPU clock's tick)."""
+    return a / b if b else None
+
+
 def _f(x, spec: str = ".2f") -> str:
     if x is None:
         return "-"
@@ -306,9 +311,9 @@ def render_table(r: dict) -> str:
             rows.append([
                 n, s["series"], f"{s['exposition_bytes'] / 1024:.0f}K/{s['exposition_gzip_bytes'] / 1024:.0f}K",
                 _f(s["cpu_s_per_cycle"] * 1000, ".1f"), _f(s["cpu_s_per_cycle"] / n * 1000, ".2f"),
-                _f(s["cpu_s_per_cycle"] / n / base_cpu), _f(rb["render_total_ms"], ".1f"),
-                _f(rb["render_total_ms"] / n / base_render),
-                _f(s["exposition_bytes"] / n / base_bytes),
+                _f(_div(s["cpu_s_per_cycle"] / n, base_cpu)), _f(rb["render_total_ms"], ".1f"),
+                _f(_div(rb["render_total_ms"] / n, base_render)),
+                _f(_div(s["exposition_bytes"] / n, base_bytes)),
                 f"{_f(lo['c1']['p50_ms'], '.2f')}/{_f(lo['c1']['p99_ms'], '.2f')}",
                 f"{_f(lo['c1_gzip']['p50_ms'], '.2f')}/{_f(lo['c1_gzip']['p99_ms'], '.2f')}",
                 f"{_f(lo[f'c{c_hi}']['p50_ms'], '.1f')}/{_f(lo[f'c{c_hi}']['p99_ms'], '.1f')}",

@@ -55,7 +55,7 @@ class Mapper:
         # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
         self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
         self._labels: dict[Labels, Labels] = {}  # identity label tuples, interned
-        self._lookups: dict[int, dict[float, float]] = {}  # id(rule) -> its value lookup (rules live in mappings)
+        self._lookups: dict[tuple, dict[float, float]] = {}  # a rule's value table -> its lookup dict
         self._raw: dict[tuple, _RawState] = {}
         self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
@@ -166,9 +166,9 @@ class Mapper:
                               or rule.valid or rule.clamp)
                 lookup = None
                 if rule.values:
-                    lookup = self._lookups.get(id(rule))
+                    lookup = self._lookups.get(rule.values)
                     if lookup is None:
-                        lookup = self._lookups[id(rule)] = dict(rule.values)
+                        lookup = self._lookups[rule.values] = dict(rule.values)
                 # the raw-state key only where state is kept (counters, rates)
                 skey = (r.device, rule.order, r.labels) if rule.is_counter or rule.rate else None
                 steps.append((rule, key, lookup, skey, simple))

@@ -93,10 +93,12 @@ class AmdgpuSysfsSource(SourceBase):
         self._kept: KeptFiles | None = None  # set in open() unless a reader= is given or keep_open: never
 
     # -------------------------------------------------------------------------------- reading
-    def _read(self, path: Path | str, errors: Counter[str] | None) -> bytes | None:
-        """Whole file; a ``str`` path is a poll path (kept open when enabled), a ``Path`` is not."""
+    def _read(self, path: Path | str, errors: Counter[str] | None,
+              kept: KeptFiles | None = None) -> bytes | None:
+        """Whole file; a ``str`` path is a poll path (kept open when enabled: in ``kept``, else
+        the poll's descriptors), a ``Path`` is not."""
         try:
-            kept = self._kept
+            kept = kept if kept is not None else self._kept
             if kept is not None and type(path) is str:
                 return kept.read(path)
             return self._reader(Path(path))
@@ -105,8 +107,9 @@ class AmdgpuSysfsSource(SourceBase):
                 errors[error_kind(exc)] += 1
             return None
 
-    def _text(self, path: Path | str, errors: Counter[str] | None) -> str | None:
-        data = self._read(path, errors)
+    def _text(self, path: Path | str, errors: Counter[str] | None,
+              kept: KeptFiles | None = None) -> str | None:
+        data = self._read(path, errors, kept)
         if data is None:
             return None
         return self._decoded(data, errors)
@@ -266,17 +269,7 @@ class AmdgpuSysfsSource(SourceBase):
         if self._kept is None:
             return self._text, lambda: None
         own = KeptFiles(1)
-
-        def read(path: Path, errors: Counter[str]) -> str | None:
-            try:
-                data = own.read(str(path))
-            except OSError as exc:
-                if exc.errno not in _ABSENT:
-                    errors[error_kind(exc)] += 1
-                return None
-            return self._decoded(data, errors)
-
-        return read, own.close
+        return (lambda path, errors: self._text(str(path), errors, own)), own.close
 
     def pcie_bw_ready(self, timeout: float = 5.0) -> bool:
         """True once every card's pcie_bw thread has finished its first read (for tests, --once)."""
