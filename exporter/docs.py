@@ -22,6 +22,8 @@ def render(schema: Schema) -> str:
         "|---|---|---|---|---|",
     ]
     for name, m in schema.metrics.items():
+        if m.internal:
+            continue  # evidence inputs of the indicators, never served
         labels = ", ".join([f"`{x}`" for x in m.labels] + [f"`{x}`?" for x in m.optional_labels])
         help_text = " ".join(m.help.split()).replace("|", "\\|")
         if m.derive is not None:

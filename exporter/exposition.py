@@ -159,7 +159,7 @@ class Renderer:
             fam = fams.get(family)
             if fam is None:
                 mdef = metrics.get(family)
-                if mdef is None:
+                if mdef is None or mdef.internal:
                     return
                 fam = fams[family] = _family(family, mdef.type, mdef.help, mdef.unit)
             if per_device:

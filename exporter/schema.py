@@ -72,6 +72,9 @@ class MetricDef(BaseModel):
     buckets: list[float] = []
     # smallest valid value (e.g. 0 for a clock): mapped values below it are skipped and counted
     min: float | None = None
+    # fed to the indicators but never served (co-tenancy evidence collected count-only: the
+    # per-client values a count is made of carry pids, which a default install does not export)
+    internal: bool = False
 
     @field_validator("labels", "optional_labels")
     @classmethod

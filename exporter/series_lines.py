@@ -145,7 +145,7 @@ class SeriesLines:
                                               and series_filter.labels_ok(family, labels)):
             return e
         mdef = self.schema.metrics.get(family)
-        if mdef is None:
+        if mdef is None or mdef.internal:
             return e
         if added:
             labels = labels + added

@@ -44,7 +44,7 @@ def test_structured_keys_classify_labels_with_quotes_and_backslashes(reason):
     got = idx.gather({("gpu_throttle_active", (("reason", reason),)): 1.0,
                       ("gpu_process_utilization_percent", (("pid", "7"), ("process", reason))): 50.0})
     assert got.throttle == {reason: True}
-    assert got.processes == {"7": 50.0}
+    assert got.processes == {("", "7"): 50.0}
     assert got.top_process(5.0) == reason
 
 

@@ -87,7 +87,8 @@ def test_three_second_episode_between_15s_scrapes_is_visible_in_the_counter():
 
 def test_contention_cost_counts_only_contended_time():
     prices = {"prices": [{"vendor": "nvidia", "model": "*H100*", "dollars_per_hour": 2.0}]}
-    engine = IndicatorEngine(cfg(cost=prices), None, POLL)
+    # no client hold-over: the second tenant's last 3 s would count (tested on its own)
+    engine = IndicatorEngine(cfg(cost=prices, state={"client_holdover_seconds": 0}), None, POLL)
     engine.set_device_info(DEV, model="NVIDIA H100 80GB HBM3", vendor="nvidia")
     alone = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 40.0, **ONE}
     contended = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 30.0, **TWO}
@@ -124,10 +125,12 @@ def test_busiest_process_names_the_workload_of_last_resort():
                                     'gpu_process_utilization_percent{pid="other",process="other"}': 99.0}})
     assert one(out, "gpu_top_process_info", process="train") == 1.0
     assert one(out, "gpu_active_clients") == 3.0
-    out = engine.update(1.1, {DEV: {"gpu_compute_utilization_percent": 90.0,
-                                    'gpu_process_utilization_percent{pid="7",process="x"}': 1.0}})
-    assert one(out, "gpu_active_clients") == 0.0
+    idle_list = {"gpu_compute_utilization_percent": 90.0, 'gpu_process_utilization_percent{pid="7",process="x"}': 1.0}
+    out = engine.update(1.1, {DEV: idle_list})
+    assert one(out, "gpu_active_clients") == 3.0  # held over client_holdover_seconds (3 s)
     assert absent(out, "gpu_top_process_info")
+    out = engine.update(4.2, {DEV: idle_list})
+    assert one(out, "gpu_active_clients") == 0.0
 
 
 def test_throughput_drop_without_process_data_is_contended_then_unconfirmed():
@@ -139,7 +142,8 @@ def test_throughput_drop_without_process_data_is_contended_then_unconfirmed():
     t, out = run(engine, 0.0, 20.0, alone)
     assert one(out, "gpu_memory_state_info", state="unknown", reason="reference_warming") == 1.0
     t, out = run(engine, t, 20.0, alone)
-    assert one(out, "gpu_memory_state_info", state="memory_bound", reason="reference_holds") == 1.0
+    # a reference learned without process data is no proof the GPU is alone: no verdict
+    assert one(out, "gpu_memory_state_info", state="unknown", reason="no_process_data") == 1.0
     squeezed = {**alone, "gpu_memory_bandwidth_utilization_percent": 96.0, "gpu_compute_occupancy_percent": 24.0}
     t, out = run(engine, t, 5.0, squeezed)  # the 5 s median and 10 s persistence: not yet
     assert one(out, "gpu_memory_state", state="contended") == 0.0
@@ -150,9 +154,9 @@ def test_throughput_drop_without_process_data_is_contended_then_unconfirmed():
     assert one(out, "gpu_memory_state_info", state="unknown", reason="throughput_drop_unconfirmed") == 1.0
     # the reference never learned the squeezed level
     assert one(out, "gpu_memory_bound_reference_percent", basis="occupancy") == pytest.approx(40.0)
-    # the neighbour leaves: memory-bound again
+    # the neighbour leaves: the reference holds again (still no verdict without process data)
     _, out = run(engine, t, 15.0, alone)
-    assert one(out, "gpu_memory_state_info", state="memory_bound", reason="reference_holds") == 1.0
+    assert one(out, "gpu_memory_state_info", state="unknown", reason="no_process_data") == 1.0
 
 
 def test_unpriced_gpu_has_no_cost_series():
@@ -189,8 +193,9 @@ def test_a_stalled_poll_is_credited_at_most_two_intervals():
 def test_missing_inputs_mean_no_series_and_unknown_cause():
     engine = IndicatorEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {'gpu_temperature_celsius{sensor="gpu"}': 60.0}})
-    assert sorted({n for n, _, _ in out}) == ["gpu_contention_cause_info", "gpu_memory_state",
-                                               "gpu_memory_state_info"]
+    assert sorted({n for n, _, _ in out}) == ["gpu_contention_cause_info", "gpu_contention_evidence_info",
+                                               "gpu_memory_state", "gpu_memory_state_info"]
+    assert one(out, "gpu_contention_evidence_info", evidence="none", reason="no_client_source") == 1.0
     assert one(out, "gpu_memory_state", state="unknown") == 1.0
     assert one(out, "gpu_memory_state_info", state="unknown", reason="no_load_signal") == 1.0
     assert cause_info(out) == "unknown"
@@ -436,7 +441,7 @@ def test_every_emitted_name_and_label_is_in_the_canonical_schema():
         "gpu_contention_cause", "gpu_contention_cause_info", "gpu_price_dollars_per_hour",
         "gpu_contention_cost_dollars_total", "gpu_memory_state", "gpu_memory_state_info",
         "gpu_active_clients", "gpu_contention_slowdown_ratio", "gpu_baseline_long_mean",
-        "gpu_top_process_info", "gpu_memory_bound_reference_percent",
+        "gpu_top_process_info", "gpu_memory_bound_reference_percent", "gpu_contention_evidence_info",
     }
     for name, labels in seen.items():
         assert name in schema, name

@@ -40,8 +40,9 @@ ROWS = [
     ("low-occupancy GEMM, modest bandwidth", occ(40.0, 20.0), "healthy", "no_memory_bound_signature"),
     ("single memory-bound tenant", occ(92.0, 40.0, clients=1), "memory_bound", "single_client"),
     ("memory-bound, no active client listed", occ(92.0, 40.0, clients=0), "memory_bound", "no_active_client"),
-    ("memory-bound, warm reference holds", occ(92.0, 40.0, reference_warm=True), "memory_bound",
-     "reference_holds"),
+    # a reference learned without process data may have learned a contended level: no verdict
+    ("memory-bound, warm reference, no process data", occ(92.0, 40.0, reference_warm=True), "unknown",
+     "no_process_data"),
     ("memory-bound, reference still warming", occ(92.0, 40.0), "unknown", "reference_warming"),
     ("two tenants saturating (occupancy)", occ(95.0, 30.0, clients=2), "contended", "clients"),
     ("throughput drop, no process data", occ(95.0, 25.0, reference_warm=True, throughput_drop=True),
@@ -60,8 +61,12 @@ ROWS = [
     ("AMD/Intel: one tenant at 95 % bandwidth", util_only(95.0, clients=1), "memory_bound", "single_client"),
     ("AMD/Intel: 95 % bandwidth, no process data", util_only(95.0), "unknown",
      "no_starvation_signal_no_process_data"),
-    ("AMD/Intel: co-tenants below the bandwidth bar", util_only(60.0, clients=2), "healthy",
-     "no_memory_bound_signature"),
+    ("AMD/Intel: co-tenants below the bandwidth bar", util_only(60.0, clients=2), "shared",
+     "clients_sharing_compute"),
+    ("two tenants, no signature, a throttle reason that explains a loss", occ(43.7, 38.9, clients=2, throttled=True),
+     "shared", "clients_sharing_compute"),
+    ("two tenants, bandwidth-heavy, explaining throttle reason", occ(77.6, 70.6, clients=2, throttled=True),
+     "contended", "clients_sharing_bandwidth"),
 ]
 
 
@@ -73,9 +78,9 @@ def test_decision_table(case, inp, state, reason):
 
 def test_seed_thresholds_are_the_signature_and_configurable():
     seed_only = StateConfig(shared_bandwidth_percent=100.0)
-    assert classify_state(occ(85.0, 40.0, clients=2), seed_only).state == "healthy"  # > 85, not >=
+    assert classify_state(occ(85.0, 40.0, clients=2), seed_only).state == "shared"  # > 85, not >=
     assert classify_state(occ(85.1, 49.9, clients=2), seed_only).state == "contended"
-    assert classify_state(occ(85.1, 50.0, clients=2), seed_only).state == "healthy"
+    assert classify_state(occ(85.1, 50.0, clients=2), seed_only).state == "shared"
     assert classify_state(occ(80.0, 40.0, clients=2), seed_only, bandwidth_percent=75.0).state == "contended"
 
 
@@ -85,7 +90,7 @@ H200 = [
     ("one copy job alone", occ(87.0, 79.3, clients=1), "healthy"),
     ("two copy jobs, time-sliced", occ(77.6, 70.6, clients=2), "contended"),
     ("bf16 matmul alone", occ(17.2, 13.7, clients=1), "healthy"),
-    ("matmul plus copy job", occ(43.7, 38.9, clients=2), "healthy"),
+    ("matmul plus copy job", occ(43.7, 38.9, clients=2), "shared"),
 ]
 
 
@@ -97,8 +102,8 @@ def test_states_on_what_an_h200_reported(case, inp, state):
 def test_shared_bandwidth_bar_needs_clients_and_is_configurable():
     assert classify_state(occ(77.6, 70.6, clients=2), CFG).reason == "clients_sharing_bandwidth"
     assert classify_state(occ(77.6, 70.6, clients=1), CFG).state == "healthy"
-    assert classify_state(occ(70.0, 70.6, clients=2), CFG).state == "healthy"  # > 70, not >=
-    assert classify_state(occ(77.6, 70.6, clients=2), StateConfig(shared_bandwidth_percent=80.0)).state == "healthy"
+    assert classify_state(occ(70.0, 70.6, clients=2), CFG).state == "shared"  # > 70, not >=
+    assert classify_state(occ(77.6, 70.6, clients=2), StateConfig(shared_bandwidth_percent=80.0)).state == "shared"
 
 
 def test_min_clients_and_veto_are_configurable():
@@ -114,3 +119,49 @@ def test_busy_uses_whatever_signals_exist():
     assert busy(StateInputs(utilization=2.0, bandwidth_util=1.0), CFG) is False
     # utilization alone low but occupancy high: busy
     assert busy(StateInputs(utilization=1.0, basis="occupancy", compute=20.0), CFG) is True
+
+
+def test_co_tenancy_is_never_throttled_or_healthy():
+    for bw in (10.0, 43.7, 69.0, 77.6, 95.0):
+        for compute in (20.0, 60.0):
+            for throttled in (False, True):
+                verdict = classify_state(occ(bw, compute, clients=2, throttled=throttled), CFG)
+                assert verdict.state in ("contended", "shared"), (bw, compute, throttled, verdict)
+
+
+def test_power_cap_alone_explains_nothing_a_clock_cut_or_slowdown_does():
+    from exporter.indicators.config import RootCauseConfig
+    from exporter.indicators.rootcause import throttle_explains
+
+    rc = RootCauseConfig()
+    cap = {"sw_power_cap": True, "hw_slowdown": False}
+    assert not throttle_explains(cap, None, rc)  # no clock: cannot size the loss
+    assert not throttle_explains(cap, 0.89, rc)  # at the board limit, a few percent below top clock
+    assert throttle_explains(cap, 0.79, rc)  # the clock cut by more than 20 %
+    assert throttle_explains({"hw_slowdown": True}, None, rc)
+    assert throttle_explains({"hw_thermal": True}, 0.99, rc)
+    assert not throttle_explains({"sw_power_cap": False}, 0.5, rc)
+    assert not throttle_explains({}, 0.5, rc)
+
+
+def test_decision_table_in_the_docs_is_the_code():
+    from pathlib import Path
+
+    from exporter.indicators.state import decision_table
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "detection.md").read_text()
+    assert decision_table() in doc, "docs/detection.md's decision table differs from state.ROWS"
+
+
+def test_every_row_of_the_table_is_a_reason_decide_returns():
+    """Each (state, reason) named in ROWS is produced by decide() for some input of this file."""
+    from exporter.indicators.state import ROWS as TABLE
+
+    produced = {(classify_state(inp, CFG).state, classify_state(inp, CFG).reason) for _, inp, _, _ in ROWS}
+    produced |= {(classify_state(inp, CFG).state, classify_state(inp, CFG).reason) for _, inp, _ in H200}
+    for _, _, state, reason in TABLE:
+        reasons = [r.strip(" `").split("`")[0] for r in reason.split(" / ")]
+        states = [x.strip() for x in state.replace(" else ", "|").replace(",", "|").split("|")]
+        for r in reasons:
+            assert any(p[1] == r for p in produced), (r, "not produced by any case")
+        assert any(p[0] == st.split()[0] for p in produced for st in states), state

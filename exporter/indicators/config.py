@@ -107,6 +107,14 @@ class RootCauseConfig(_Strict):
     interconnect_rate_seconds: float = Field(5.0, gt=0)
     thermal_reasons: tuple[str, ...] = ("hw_thermal", "sw_thermal", "thermal", "prochot")
     power_reasons: tuple[str, ...] = ("sw_power_cap", "hw_power_brake", "power_cap", "current", "voltage")
+    # the state `throttled` (the loss is explained by the clocks, not by a neighbour) needs one
+    # of these reasons (hardware slowdown: the clocks are cut, whatever the load) ...
+    slowdown_reasons: tuple[str, ...] = ("hw_thermal", "sw_thermal", "thermal", "prochot", "hw_slowdown",
+                                         "hw_power_brake")
+    # ... or a power reason with the compute clock at least this fraction below its maximum (a
+    # loaded GPU sits at its power cap for hours a few percent below its top clock: that alone
+    # explains no loss; no clock reported: a power reason alone explains nothing)
+    power_clock_drop_fraction: float = Field(0.20, gt=0, lt=1)
     # the dominant cause is the first active one in this order
     priority: tuple[str, ...] = ("thermal_throttle", "power_throttle", "bandwidth_saturation",
                                  "memory_pressure", "coherency")
@@ -134,6 +142,9 @@ class StateConfig(_Strict):
     # 78 % and occupancy stayed at 71 %, so the 85 %/50 % signature never matched real
     # co-location.  100 keeps the seed's signature as the only route to "contended".
     shared_bandwidth_percent: float = Field(70.0, ge=0, le=100)
+    # a client seen active within this many seconds still counts (a process list that misses a
+    # time-sliced tenant for one poll does not flip the state)
+    client_holdover_seconds: float = Field(3.0, ge=0)
     # per-process data showing one active client overrides a throughput drop
     single_client_vetoes_drop: bool = True
     # memory-bound reference (the compute signal while memory-bound without interference):

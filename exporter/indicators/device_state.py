@@ -34,6 +34,7 @@ class _DeviceState:
     idle_seconds: float = 0.0
     drop_seconds: float = 0.0  # throughput drop held without per-process data
     state: str = "unknown"
+    client_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # client -> last busy
     flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
 
 

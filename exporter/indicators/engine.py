@@ -35,7 +35,7 @@ from .contention import BASIS_SERIES, bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
 from .device_state import _DeviceInfo, _DeviceState
 from .robust import DeviationTracker, RobustBaseline
-from .rootcause import CAUSES, classify_values, dominant_cause, miss_rate_risen, throttle_active
+from .rootcause import CAUSES, classify_values, dominant_cause, miss_rate_risen, throttle_explains
 from .series import InputKey, LabelledSignals, SeriesIndex
 from .signals import (
     BANDWIDTH_GBPS,
@@ -47,7 +47,8 @@ from .signals import (
     UTILIZATION,
     VARIABILITY_SERIES,
 )
-from .state import STARVATION_BASES, STATES, decide
+from .mig import derive_gpu_state, instance_outputs
+from .state import STARVATION_BASES, STATES, StateVerdict, decide
 from .variability import window_summary
 from .window import RingWindow, SortedWindow, capacity_for
 
@@ -64,6 +65,21 @@ _NO_LABELS: dict[str, str] = {}
 _BY_BASIS = {b: {"basis": b} for b in BASIS_SERIES}
 _BY_CAUSE = {c: {"cause": c} for c in (*CAUSES, "none", "unknown")}
 _MAX_LABEL_SETS = 1024  # shared label dicts kept (a fixed vocabulary: states, reasons, causes, ...)
+_MAX_CLIENTS = 256  # clients held over per device
+
+
+def _evidence(labelled: LabelledSignals) -> tuple[str, str, str]:
+    """(complete | partial | none, source, reason) of the device's co-tenancy evidence."""
+    ev = labelled.evidence
+    if ev:
+        complete = sorted(src for src, (value, _) in ev.items() if value >= 0.5)
+        if complete:
+            return "complete", complete[0], ""
+        source = sorted(ev)[0]
+        return "partial", source, ev[source][1] or "incomplete"
+    if labelled.processes is not None:  # per-process series without a source's mark (older feeds)
+        return "complete", "process_series", ""
+    return "none", "", "no_client_source"
 
 
 class _LabelSets(dict):
@@ -76,6 +92,14 @@ class _LabelSets(dict):
             if len(self) >= _MAX_LABEL_SETS:
                 self.clear()
             labels = self[key] = {name: value}
+        return labels
+
+    def many(self, *pairs: tuple[str, str]) -> dict[str, str]:
+        labels = self.get(pairs)
+        if labels is None:
+            if len(self) >= _MAX_LABEL_SETS:
+                self.clear()
+            labels = self[pairs] = dict(pairs)
         return labels
 
     def two(self, name1: str, value1: str, name2: str, value2: str) -> dict[str, str]:
@@ -199,8 +223,10 @@ class IndicatorEngine:
         bw_gbps = series.get(BANDWIDTH_GBPS)
         miss = series.get(MISS_RATE)
         labelled = self._gather(st, series)
-        throttled = throttle_active(labelled.throttle, cfg.rootcause)
-        clients = labelled.active_clients(scfg.client_active_percent)
+        throttled = throttle_explains(labelled.throttle, labelled.clock_ratio(), cfg.rootcause)
+        held = self._held_clients(st, labelled, now)
+        evidence, ev_source, ev_reason = _evidence(labelled)
+        clients = self._trusted(evidence, held.get("", 0))
 
         # 1. memory state: signature, evidence, verdict
         signal = compute_signal(series, cfg.contention.basis_order)
@@ -230,6 +256,12 @@ class IndicatorEngine:
         verdict = decide(bw_util, util, basis, compute, throttled, clients, ref_median is not None,
                          throughput_drop, unconfirmed, scfg, cfg.contention.bandwidth_utilization_percent,
                          cfg.contention.compute_percent)
+        if labelled.instances:  # MIG: a state per GPU instance, the GPU's derived from them
+            inst = self._instances(labelled, held, evidence, throttled, out)
+            verdict, inst_basis, inst_bw = derive_gpu_state(verdict, inst)
+            if basis is None:
+                basis, bw_util = inst_basis, inst_bw
+            clients = None  # counted per instance: processes of two instances are no co-tenants
         state = verdict.state
         st.state = state
         contended = state == "contended"
@@ -248,6 +280,9 @@ class IndicatorEngine:
         out.extend(_STATE_OUT[state] if state in _STATE_OUT else
                    [("gpu_memory_state", {"state": name}, 1.0 if name == state else 0.0) for name in STATES])
         out.append(("gpu_memory_state_info", labels.two("state", state, "reason", verdict.reason), 1.0))
+        out.append(("gpu_contention_evidence_info", labels.many(
+            ("evidence", "clients" if clients is not None or (labelled.instances and evidence != "none")
+             else "none"), ("reason", ev_reason), ("source", ev_source)), 1.0))
         if clients is not None:
             out.append(("gpu_active_clients", _NO_LABELS, float(clients)))
             top = labelled.top_process(scfg.client_active_percent)
@@ -380,6 +415,60 @@ class IndicatorEngine:
         else:
             cause = "none"
         out.append(("gpu_contention_cause_info", by_cause.get(cause) or labels.one("cause", cause), 1.0))
+
+    def _held_clients(self, st: _DeviceState, labelled: LabelledSignals, now: float) -> dict[str, int]:
+        """Busy clients per GPU instance ("" outside MIG), each counted for
+        ``client_holdover_seconds`` after it was last seen busy; MIG instances without
+        per-process utilization count their compute contexts instead."""
+        scfg = self.config.state
+        seen = st.client_seen
+        for client in labelled.busy(scfg.client_active_percent):
+            seen[client] = now
+        if seen:
+            hold = scfg.client_holdover_seconds
+            for client in [c for c, t in seen.items() if now - t > hold or t > now]:
+                del seen[client]
+            if len(seen) > _MAX_CLIENTS:  # bounded whatever the process churn
+                for client in sorted(seen, key=seen.__getitem__)[:len(seen) - _MAX_CLIENTS]:
+                    del seen[client]
+        counts: dict[str, int] = {}
+        for gi, _ in seen:
+            counts[gi] = counts.get(gi, 0) + 1
+        for gi, n in labelled.contexts.items():
+            if gi not in counts:
+                counts[gi] = -int(n)  # contexts: counted only while the instance is busy
+        return counts
+
+    def _trusted(self, evidence: str, count: int) -> int | None:
+        """The client count the state may use: all of it with complete evidence, a partial
+        count only as proof of co-tenancy (some clients may be unseen), nothing without."""
+        if evidence == "complete":
+            return max(count, 0)
+        if evidence == "partial" and count >= self.config.state.min_clients:
+            return count
+        return None
+
+    def _instances(self, labelled: LabelledSignals, held: dict[str, int], evidence: str,
+                   throttled: bool, out: list[Output]) -> list[tuple[str, StateVerdict, str | None, float | None]]:
+        """One state per MIG GPU instance (exported with gpu_instance, mig_profile)."""
+        cfg = self.config
+        found = []
+        for gi in sorted(labelled.instances):
+            values = labelled.instances[gi]
+            signal = compute_signal(values, cfg.contention.basis_order)
+            basis, compute = signal if signal is not None else (None, None)
+            bw = values.get(BANDWIDTH_UTIL)
+            util = values.get(UTILIZATION)
+            count = held.get(gi, 0)
+            if count < 0:  # compute contexts of an instance without per-process utilization
+                busy = decide(bw, util, basis, compute, False, None, False, False, False, cfg.state).state != "idle"
+                count = -count if busy else 0
+            clients = self._trusted(evidence, count)
+            verdict = decide(bw, util, basis, compute, throttled, clients, False, False, False, cfg.state,
+                             cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+            instance_outputs(self._labels, gi, labelled.profiles.get(gi, ""), verdict, clients, out)
+            found.append((gi, verdict, basis, bw))
+        return found
 
     def _gather(self, st: _DeviceState, series: Mapping[InputKey, float]) -> LabelledSignals:
         """The device's labelled signals; which of its keys are labelled is worked out again only

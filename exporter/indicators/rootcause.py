@@ -82,6 +82,21 @@ def throttle_active(throttle: Mapping[str, bool], cfg: RootCauseConfig) -> bool:
     return False
 
 
+def throttle_explains(throttle: Mapping[str, bool], clock_ratio: float | None, cfg: RootCauseConfig) -> bool:
+    """Whether the active throttle reasons explain a loss of throughput (the state ``throttled``):
+    a hardware / thermal slowdown reason, or a power reason with the compute clock at least
+    ``power_clock_drop_fraction`` below its maximum.  A power cap at the board limit alone does
+    not: loaded GPUs sit there for hours, and a neighbour must still be seen."""
+    if not throttle:
+        return False
+    for r in cfg.slowdown_reasons:
+        if throttle.get(r):
+            return True
+    if clock_ratio is None or clock_ratio > 1.0 - cfg.power_clock_drop_fraction:
+        return False
+    return any(throttle.get(r) for r in cfg.power_reasons)
+
+
 def dominant_cause(flags: Mapping[str, bool], contended: bool, priority: tuple[str, ...],
                    evaluated: bool = True) -> str:
     """The first active cause in ``priority``; else ``unknown`` (contended, or nothing could be

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..model import Labels
 
@@ -27,6 +27,16 @@ THROTTLE = "gpu_throttle_active"
 IC_BYTES = "gpu_interconnect_bytes_total"
 IC_UTIL = "gpu_interconnect_utilization_percent"
 PROC_UTIL = "gpu_process_utilization_percent"
+# count-only co-tenancy evidence (sources/evidence.py): internal families, never served
+CLIENT_UTIL = "gpu_client_utilization_percent"
+CLIENT_CONTEXTS = "gpu_client_contexts"
+CLIENT_EVIDENCE = "gpu_client_evidence"
+CLOCK = "gpu_clock_mhz"
+CLOCK_MAX = "gpu_clock_max_mhz"
+CLOCK_DOMAINS = ("sm", "graphics", "gfx")  # the compute clock, in order of preference
+# per MIG GPU instance (label gpu_instance): the load signals of one instance's state
+INSTANCE_SERIES = frozenset({"gpu_memory_bandwidth_utilization_percent", "gpu_compute_utilization_percent",
+                             "gpu_compute_occupancy_percent", "gpu_sm_active_percent"})
 
 
 def parse_key(key: str) -> tuple[str, dict[str, str]]:
@@ -49,15 +59,25 @@ class LabelledSignals:
     interconnect_bytes: float | None = None  # sum over links and directions
     interconnect_series: int = 0  # how many counters were summed
     link_util: float | None = None  # highest link utilization
-    # per-process utilization: pid -> highest value over its engines (None: no per-process data)
-    processes: dict[str, float] | None = None
-    names: dict[str, str] = field(default_factory=dict)  # pid -> process name
+    # per-process (or count-only client) utilization: (gpu instance or "", pid) -> highest value
+    # over its engines (None: no per-process data at all)
+    processes: dict[tuple[str, str], float] | None = None
+    names: dict[tuple[str, str], str] = field(default_factory=dict)  # -> process name (series only)
+    # MIG: processes holding a compute context per GPU instance (no per-process utilization)
+    contexts: dict[str, float] = field(default_factory=dict)
+    # evidence source -> (1 counted every client / 0 could not, reason)
+    evidence: dict[str, tuple[float, str]] = field(default_factory=dict)
+    clock: dict[str, float] = field(default_factory=dict)  # domain -> MHz
+    clock_max: dict[str, float] = field(default_factory=dict)
+    # MIG: gpu instance -> {series name: value}, and its profile
+    instances: dict[str, dict[str, float]] = field(default_factory=dict)
+    profiles: dict[str, str] = field(default_factory=dict)
 
     def top_process(self, active_percent: float) -> str | None:
         """Name of the busiest active process (not the pooled pid="other"), if any."""
         if not self.processes:
             return None
-        best = max(((v, pid) for pid, v in self.processes.items() if pid != "other" and v >= active_percent),
+        best = max(((v, k) for k, v in self.processes.items() if k[1] != "other" and v >= active_percent),
                    default=None)
         return self.names.get(best[1]) or None if best is not None else None
 
@@ -67,17 +87,31 @@ class LabelledSignals:
             return None
         return sum(1 for v in self.processes.values() if v >= active_percent)
 
+    def busy(self, active_percent: float) -> list[tuple[str, str]]:
+        """The (gpu instance, pid) of every client at or above ``active_percent``."""
+        if not self.processes:
+            return []
+        return [k for k, v in self.processes.items() if v >= active_percent]
+
+    def clock_ratio(self) -> float | None:
+        """Current / maximum compute clock (the first domain reporting both), else None."""
+        for domain in CLOCK_DOMAINS:
+            cur, top = self.clock.get(domain), self.clock_max.get(domain)
+            if cur is not None and top:
+                return cur / top
+        return None
+
 
 class SeriesIndex:
     """Classifies series keys (cached) and gathers the labelled signals of one device."""
 
     def __init__(self, max_keys: int = 16384) -> None:
-        self._kind: dict[InputKey, tuple[str, str] | None] = {}
-        self._names: dict[str, str] = {}  # pid -> process name of the keys seen
+        self._kind: dict[InputKey, tuple[str, Any] | None] = {}
+        self._names: dict[tuple[str, str], str] = {}  # (instance, pid) -> process name of the keys seen
         self._max = max_keys
         self.epoch = 0  # bumped when the classification cache starts over
 
-    def _classify(self, key: InputKey) -> tuple[str, str] | None:
+    def _classify(self, key: InputKey) -> tuple[str, Any] | None:
         if isinstance(key, str) and "{" not in key:
             kind = None  # no labels: not one of the labelled families
         else:
@@ -86,9 +120,18 @@ class SeriesIndex:
                 kind = (THROTTLE, labels["reason"])
             elif name in (IC_BYTES, IC_UTIL):
                 kind = (name, "")
-            elif name == PROC_UTIL and "pid" in labels:
-                kind = (PROC_UTIL, labels["pid"])
-                self._names[labels["pid"]] = labels.get("process", "")
+            elif (name == PROC_UTIL and "pid" in labels) or (name == CLIENT_UTIL and "client" in labels):
+                client = (labels.get("gpu_instance", ""), labels.get("pid") or labels.get("client", ""))
+                kind = (PROC_UTIL, client)
+                self._names[client] = labels.get("process", "")
+            elif name == CLIENT_CONTEXTS:
+                kind = (CLIENT_CONTEXTS, labels.get("gpu_instance", ""))
+            elif name == CLIENT_EVIDENCE and "evidence" in labels:
+                kind = (CLIENT_EVIDENCE, (labels["evidence"], labels.get("reason", "")))
+            elif name in (CLOCK, CLOCK_MAX) and labels.get("domain") in CLOCK_DOMAINS:
+                kind = (name, labels["domain"])
+            elif name in INSTANCE_SERIES and "gpu_instance" in labels:
+                kind = ("instance", (labels["gpu_instance"], name, labels.get("mig_profile", "")))
             else:
                 kind = None
         if len(self._kind) >= self._max:  # keys churn (e.g. per-process labels): start over
@@ -108,7 +151,7 @@ class SeriesIndex:
 
     def _labelled(self, series: Mapping[InputKey, float]) -> LabelledKeys:
         kinds = self._kind
-        out = LabelledKeys([], [], [], [])
+        out = LabelledKeys([], [], [], [], [])
         for key in series:
             kind = kinds.get(key, False)
             if kind is False:
@@ -122,8 +165,10 @@ class SeriesIndex:
                 out.processes.append((key, reason))
             elif family == IC_BYTES:
                 out.interconnect_bytes.append(key)
-            else:
+            elif family == IC_UTIL:
                 out.link_util.append(key)
+            else:
+                out.other.append((key, family, reason))
         return out
 
     def gather(self, series: Mapping[InputKey, float], labelled: LabelledKeys | None = None) -> LabelledSignals:
@@ -144,6 +189,24 @@ class SeriesIndex:
                 if value > procs.get(pid, -1.0):
                     procs[pid] = value
                     names[pid] = self._names.get(pid, "")
+        for key, family, what in labelled.other:
+            value = series[key]
+            if family == CLIENT_CONTEXTS:
+                out.contexts[what] = out.contexts.get(what, 0.0) + value
+            elif family == CLIENT_EVIDENCE:
+                source, reason = what
+                have = out.evidence.get(source)
+                if have is None or value > have[0]:
+                    out.evidence[source] = (value, reason)
+            elif family == CLOCK:
+                out.clock[what] = value
+            elif family == CLOCK_MAX:
+                out.clock_max[what] = value
+            else:  # instance
+                gi, name, profile = what
+                out.instances.setdefault(gi, {})[name] = value
+                if profile:
+                    out.profiles[gi] = profile
         if labelled.interconnect_bytes:
             ic_sum = 0.0
             for key in labelled.interconnect_bytes:
@@ -159,6 +222,7 @@ class LabelledKeys(NamedTuple):
     """A device's keys of each labelled family, in series order."""
 
     throttle: list[tuple[InputKey, str]]  # (key, reason)
-    processes: list[tuple[InputKey, str]]  # (key, pid)
+    processes: list[tuple[InputKey, tuple[str, str]]]  # (key, (gpu instance, pid))
     interconnect_bytes: list[InputKey]
     link_util: list[InputKey]
+    other: list[tuple[InputKey, str, Any]]  # (key, family, what): contexts, evidence, clocks, instances

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from .contention import BANDWIDTH_UTIL, BASIS_SERIES
-from .series import IC_BYTES, IC_UTIL, PROC_UTIL, THROTTLE
+from .series import (
+    CLIENT_CONTEXTS,
+    CLIENT_EVIDENCE,
+    CLIENT_UTIL,
+    CLOCK,
+    CLOCK_MAX,
+    IC_BYTES,
+    IC_UTIL,
+    PROC_UTIL,
+    THROTTLE,
+)
 
 UTILIZATION = "gpu_compute_utilization_percent"
 BANDWIDTH_GBPS = "gpu_memory_bandwidth_gbps"
@@ -25,4 +35,5 @@ THROTTLE_CAUSES = ("thermal_throttle", "power_throttle")
 USED_SERIES = frozenset({
     UTILIZATION, BANDWIDTH_GBPS, BANDWIDTH_UTIL, MISS_RATE, *BASIS_SERIES.values(),
     *(name for _, name in VARIABILITY_SERIES), THROTTLE, IC_BYTES, IC_UTIL, PROC_UTIL,
+    CLIENT_UTIL, CLIENT_CONTEXTS, CLIENT_EVIDENCE, CLOCK, CLOCK_MAX,
 })

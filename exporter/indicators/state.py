@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .config import StateConfig
 
-STATES = ("idle", "healthy", "memory_bound", "contended", "throttled", "unknown")
+STATES = ("idle", "healthy", "memory_bound", "contended", "shared", "throttled", "unknown")
 STARVATION_BASES = ("occupancy", "sm_active")
 
 
@@ -99,29 +99,34 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
            throughput_drop: bool, drop_unconfirmed: bool, cfg: StateConfig,
            bandwidth_percent: float = 85.0, compute_percent: float = 50.0) -> StateVerdict:
     """``classify_state`` of the fields of a ``StateInputs``, without building one (the engine
-    decides every device at every fast poll)."""
+    decides every device at every fast poll).  The rows are ``ROWS``, in order.
+
+    ``throttled``: a throttle reason that explains a loss (``rootcause.throttle_explains``: a
+    hardware / thermal slowdown, or a power cap with the clock cut), not a power cap alone.
+    ``clients``: busy clients (held over ``client_holdover_seconds``), None without evidence."""
     is_busy = _busy(utilization, bandwidth_util, basis, compute, cfg)
     if is_busy is None:
         return _verdict("unknown", "no_load_signal", False)
     if not is_busy:
         return _verdict("idle", "below_idle_bars", False)
+    sig = _signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
+    if clients is not None and clients >= cfg.min_clients:
+        # co-tenancy is evidence the clocks cannot explain: it wins over every throttle reason
+        # (on an H200 a matmul next to a copy job showed sw_power_cap while the copy tenant
+        # lost 62 % of its throughput), and it is never `healthy`
+        if sig:
+            return _verdict("contended", "clients" if not throughput_drop
+                            else "clients_and_throughput_drop", True)
+        if bandwidth_util is not None and bandwidth_util > cfg.shared_bandwidth_percent:
+            # time-sliced tenants: the aggregate signature hides them (see shared_bandwidth_percent)
+            return _verdict("contended", "clients_sharing_bandwidth", False)
+        return _verdict("shared", "clients_sharing_compute", False)
     if bandwidth_util is None:
         if throttled:
             return _verdict("throttled", "throttle_reason_active", False)
         return _verdict("unknown", "no_bandwidth_signal", False)
-    sig = _signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
-    if clients is not None and clients >= cfg.min_clients:
-        # co-tenancy is evidence the clocks cannot explain: it wins over a throttle reason (GPUs
-        # under load sit at their power cap for hours; on an H200 a matmul next to a copy job
-        # showed sw_power_cap while each tenant lost throughput to the other)
-        if sig:
-            return _verdict("contended", "clients" if not throughput_drop
-                            else "clients_and_throughput_drop", True)
-        if bandwidth_util > cfg.shared_bandwidth_percent:
-            # time-sliced tenants: the aggregate signature hides them (see shared_bandwidth_percent)
-            return _verdict("contended", "clients_sharing_bandwidth", False)
     if throttled:
-        # a throughput drop under a throttle reason is explained by the clocks, not a neighbour
+        # a loss the clocks explain (thermal, hardware slowdown, a power cap that cut the clock)
         return _verdict("throttled", "throttle_reason_active", False)
     if not sig:
         return _verdict("healthy", "no_memory_bound_signature", False)
@@ -135,10 +140,51 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
         return _verdict("contended", "throughput_drop", True)
     if clients is not None:
         return _verdict("memory_bound", "single_client" if clients == 1 else "no_active_client", True)
-    if reference_warm:
-        return _verdict("memory_bound", "reference_holds", True)
-    starving = basis in STARVATION_BASES
-    return _verdict("unknown", "reference_warming" if starving else "no_starvation_signal_no_process_data", True)
+    # the signature without process data: one job by design and two tenants look the same (a
+    # reference learned without evidence may have learned the contended level): say so
+    if basis not in STARVATION_BASES:
+        return _verdict("unknown", "no_starvation_signal_no_process_data", True)
+    return _verdict("unknown", "no_process_data" if reference_warm else "reference_warming", True)
+
+
+# The decision table (docs/detection.md is checked against it): number, condition, state, reason.
+ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("1", "no load signal at all (no utilization, bandwidth or compute signal)", "unknown",
+     "`no_load_signal`"),
+    ("2", "all load signals below the idle bars", "idle", "`below_idle_bars`"),
+    ("3", "busy, the signature and >= 2 active clients (`min_clients`, held over "
+     "`client_holdover_seconds`), whatever the throttle reasons", "contended",
+     "`clients` / `clients_and_throughput_drop`"),
+    ("4", "busy, no signature, >= 2 active clients and bandwidth above `shared_bandwidth_percent` (70)",
+     "contended", "`clients_sharing_bandwidth`"),
+    ("5", "busy, >= 2 active clients otherwise (time-sliced tenants), whatever the throttle reasons",
+     "shared", "`clients_sharing_compute`"),
+    ("6", "busy, no bandwidth utilization reported", "throttled with an explaining throttle reason, "
+     "else unknown", "`throttle_reason_active` / `no_bandwidth_signal`"),
+    ("7", "busy and a throttle reason that explains a loss: thermal / hardware slowdown, or a power "
+     "reason with the compute clock >= `power_clock_drop_fraction` (20 %) below its maximum",
+     "throttled", "`throttle_reason_active`"),
+    ("8", "no signature", "healthy", "`no_memory_bound_signature`"),
+    ("9", "signature and a throughput drop, process data showing <= 1 active client", "memory_bound",
+     "`single_client` (a job change, not a neighbour)"),
+    ("10", "signature and a throughput drop without process data, held `drop_confirm_seconds` (900 s)",
+     "unknown", "`throughput_drop_unconfirmed`"),
+    ("11", "signature and a throughput drop otherwise", "contended", "`throughput_drop`"),
+    ("12", "signature, process data with 0 or 1 active client", "memory_bound",
+     "`single_client` / `no_active_client`"),
+    ("13", "signature, no process data, no starvation signal", "unknown",
+     "`no_starvation_signal_no_process_data`"),
+    ("14", "signature, no process data, reference warm (it may have learned a contended level)",
+     "unknown", "`no_process_data`"),
+    ("15", "signature, no process data, reference still warming", "unknown", "`reference_warming`"),
+)
+
+
+def decision_table() -> str:
+    """``ROWS`` as the markdown table of docs/detection.md."""
+    lines = ["| # | condition | state | reason |", "|---|---|---|---|"]
+    lines += [f"| {n} | {cond} | {state} | {reason} |" for n, cond, state, reason in ROWS]
+    return "\n".join(lines)
 
 
 _VERDICTS: dict[tuple[str, str, bool], StateVerdict] = {}

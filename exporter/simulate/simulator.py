@@ -23,9 +23,20 @@ from ..durations import Duration
 from ..model import FAST_METRICS, Device, PollResult
 from ..schema import default_mappings_dir, parse_operand
 from ..sources.base import Abilities, SourceBase, SourceUnavailable
+from ..sources.evidence import process_mode
 from ..yamlfile import ConfigError, load_model
 
-Value = float | list[float] | str
+class Cycle(BaseModel):
+    """A value that steps through a list, one entry per full poll (a flickering process list)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cycle: list[float] = Field(min_length=1)
+
+
+Value = float | list[float] | str | Cycle
+_PROC_UTIL = "gpu_process_utilization_percent"
+_CLIENT_UTIL = "gpu_client_utilization_percent"
+_EVIDENCE_KEY = ("gpu_client_evidence", (("evidence", "simulator"), ("reason", "")))
 _REF_RE = re.compile(r"^=\s*([^*]+?)\s*(?:\*\s*([-+0-9.eE]+))?\s*$")
 
 
@@ -41,6 +52,9 @@ class SimDevice(BaseModel):
     # the L2 miss rate only a profiler gives); targets the live mapping cannot carry go there
     extra_mappings: list[str] = []
     values: dict[str, Value] = {}
+    # co-tenancy evidence (a source that counts this GPU's clients): by default where the device
+    # or a phase gives it per-process utilization; false: a GPU no evidence source can see
+    evidence: bool | None = None
 
 
 class Phase(BaseModel):
@@ -57,7 +71,7 @@ class ExpectWindow(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     start: Duration = Field(alias="from")
     end: Duration = Field(alias="to")
-    state: Literal["idle", "healthy", "memory_bound", "contended", "throttled", "unknown"]
+    state: Literal["idle", "healthy", "memory_bound", "contended", "shared", "throttled", "unknown"]
 
 
 class Expect(BaseModel):
@@ -68,6 +82,17 @@ class Expect(BaseModel):
     case: str = ""
     states: list[ExpectWindow] = []
     contended_seconds: tuple[float, float] | None = None
+    # the same device when no source counts clients (simulator option processes: off); None: as above
+    without_process_data: ExpectVariant | None = None
+
+
+class ExpectVariant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    states: list[ExpectWindow] = []
+    contended_seconds: tuple[float, float] | None = None
+
+
+Expect.model_rebuild()
 
 
 class Scenario(BaseModel):
@@ -156,11 +181,15 @@ class SimulatorSource(SourceBase):
         self.scenario = load_scenario(str(options.get("scenario", "demo")))
         self.mappings = mappings
         self.offset = self.scenario.phase_start(options["phase"]) if options.get("phase") else 0.0
+        # as the real sources (sources/evidence.py): count (clients counted, per-process series
+        # not exported), series (exported too), off (no evidence)
+        self.processes = process_mode(options)
         scale = int(options.get("devices_per_vendor_scale", 1))
         self.clock = time.monotonic
         self._rng = random.Random(self.scenario.seed)
         self._start: float | None = None
         self._last: float | None = None
+        self._polls = 0  # full polls so far (Cycle values step with them)
         self._plans: dict[str, dict[str, _Emit]] = {}
         self._states: list[_SimState] = []
         for spec in self.scenario.devices:
@@ -211,6 +240,7 @@ class SimulatorSource(SourceBase):
         else:
             dt = 0.0 if self._last is None else max(0.0, now - self._last)
             self._last = now
+            self._polls += 1
         phase, _ = self.scenario.phase_at(now - self._start + self.offset)
         sample = PollResult(monotonic=now)
         for st in self._states:
@@ -261,6 +291,8 @@ class SimulatorSource(SourceBase):
                 if not m:
                     continue
                 refs[key] = (m.group(1).strip(), float(m.group(2) or 1.0))
+            elif isinstance(spec, Cycle):
+                resolved[key] = spec.cycle[self._polls % len(spec.cycle)]
             elif isinstance(spec, list):
                 lo, hi = (spec + spec)[:2]
                 resolved[key] = self._rng.uniform(lo, hi)
@@ -270,10 +302,28 @@ class SimulatorSource(SourceBase):
             if ref in resolved:
                 resolved[key] = resolved[ref] * factor
         out: dict[tuple, float] = {}
+        mode = self.processes
         for key, v in resolved.items():
             name, matchers = parse_operand(key)
+            if name == _PROC_UTIL and mode != "series":
+                if mode == "off":
+                    continue
+                labels = dict(matchers)
+                name, matchers = _CLIENT_UTIL, tuple(sorted(
+                    {"client": labels.get("pid", ""), **{k: labels[k] for k in ("engine", "gpu_instance")
+                                                          if k in labels}}.items()))
             out[(name, matchers)] = v
+        if mode != "off" and self._has_evidence(st):
+            out[_EVIDENCE_KEY] = 1.0
         return out
+
+    def _has_evidence(self, st: _SimState) -> bool:
+        if st.spec.evidence is not None:
+            return st.spec.evidence
+        key = f"{st.dev.vendor}:{st.dev.index}"
+        specs = [st.spec.values] + [p.values for p in self.scenario.phases] + \
+            [p.devices.get(key, {}) for p in self.scenario.phases]
+        return any(k.startswith(_PROC_UTIL) for spec in specs for k in spec)
 
     def _plan(self, mapping_name: str) -> dict[tuple, _Emit]:
         plan = self._plans.get(mapping_name)

@@ -7,8 +7,10 @@ series comes from two sources:
     ecc_block.{correctable,uncorrectable,deferred}_count      per RAS block, label ``block``
     xgmi.link_up (1/0, label ``link``), xgmi.{read,write}_kb (label ``link``; unmapped by default,
         amdgpu's gpu_metrics provides the same counters)
+    client.engine_usage.gfx ns per client (label ``client``) and ``client.evidence``: the
+        busy-client count of the default ``processes: count`` (sources/evidence.py), never exported
     process.{vram_mem,gtt_mem,cpu_mem,mem} bytes and process.engine_usage.{gfx,enc} ns, labels
-        ``pid`` and ``process`` (opt-in with ``options: {processes: true}``, top ``process_top_n``)
+        ``pid`` and ``process`` (with ``options: {processes: series}``, top ``process_top_n``)
 
 Importing ``amdsmi`` may fail in any way (PyPI 7.0.2 without ROCm prints two lines to stdout and
 raises KeyError); the import runs only in ``open``, with stdout/stderr redirected at both the Python
@@ -33,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
+from .evidence import mark, process_mode
 
 NOT_SUPPORTED = 2  # amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED
 _TIMEOUTS = (8, 9)  # AMDSMI_STATUS_TIMEOUT, AMDSMI_STATUS_RETRY
@@ -212,12 +215,22 @@ class AmdsmiSource(SourceBase):
                 if isinstance(link, dict):
                     sample.add(key, "xgmi.read_kb", _num(link.get("read")), (("link", str(i)),))
                     sample.add(key, "xgmi.write_kb", _num(link.get("write")), (("link", str(i)),))
-        if self.options.get("processes", False):
-            self._poll_processes(h, key, sample)
+        mode = process_mode(self.options)
+        if mode != "off":
+            self._poll_processes(h, key, sample, mode)
 
-    def _poll_processes(self, h: Any, key: str, sample: PollResult) -> None:
+    def _poll_processes(self, h: Any, key: str, sample: PollResult, mode: str) -> None:
         procs = self._call(key, "amdsmi_get_gpu_process_list", h, errors=sample.errors)
         if not isinstance(procs, list):
+            mark(sample, key, "amdsmi", False, "not_supported")
+            return
+        mark(sample, key, "amdsmi", True)
+        if mode == "count":  # the busy-client count only: the gfx engine counter per pid
+            for p in procs:
+                if isinstance(p, dict) and _num(p.get("pid")) is not None:
+                    eng = p.get("engine_usage") if isinstance(p.get("engine_usage"), dict) else {}
+                    sample.add(key, "client.engine_usage.gfx", _num(eng.get("gfx")),
+                               (("client", str(int(p["pid"]))),))
             return
         rows: list[tuple[float, str, str, dict[str, float | None]]] = []
         for p in procs:

@@ -15,7 +15,12 @@ ignored (the previous, larger value is kept until it catches up), as the kernel 
 Readings (device key = PCI address ``0000:03:00.0``, so they merge with the vendor source of the
 same GPU): ``process.engine_utilization`` (percent; labels pid, process, engine) and
 ``process.memory`` (bytes resident; labels pid, process, region).  Cardinality is bounded:
-``options.top_n`` processes per GPU (default 5), the rest summed under ``pid="other"``.
+``options.top_n`` processes per GPU (default 5), the rest summed under ``pid="other"``.  Those
+are exported with ``options.processes: series`` only; the default ``count`` emits the internal
+``client.engine_utilization`` (label ``client``, no process name read) for the busy-client count
+of the indicators, and marks every amdgpu / i915 / xe card with ``client.evidence``: complete when
+the procfs is the host's PID namespace (kthreadd is pid 2) and every process's fd table was
+readable (``pid_namespace_private`` / ``procfs_unreadable`` otherwise: docs/privileges.md).
 
 Cost: one ``readlink`` per fd (no open) decides whether an fd is a DRM device; only DRM fds have
 their fdinfo read.  Targets outside ``/dev/dri`` under ``/dev`` are stat'ed once and the verdict
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
+from .evidence import mark, process_mode
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
 from .sysfs_util import read_kv, read_text
 
@@ -44,6 +50,9 @@ DRM_MAJOR = 226
 # Device.vendor from the DRM driver name (identity, not a metric mapping).
 DRIVER_VENDOR = {"i915": "intel", "xe": "intel", "amdgpu": "amd", "nvidia-drm": "nvidia", "nvidia": "nvidia"}
 _CARD_RE = re.compile(r"^card(\d+)$")
+# drivers whose fdinfo carries engine usage (drm-engine-*, drm-cycles-*): their clients can be counted
+EVIDENCE_DRIVERS = frozenset({"amdgpu", "i915", "xe"})
+MAX_CLIENTS = 64  # internal client readings per GPU and poll (the count needs two)
 
 
 @dataclass(slots=True)
@@ -111,6 +120,7 @@ class FdScanner:
     def __init__(self, procfs: Path) -> None:
         self.procfs = str(procfs)
         self._dev_cache: dict[tuple[str, str, str], bool] = {}
+        self.unreadable = 0  # fd tables of the last scan that could not be read (EACCES)
 
     def _is_drm_target(self, pid: str, fd: str, dir_fd: int, target: str, cache: dict) -> bool:
         if target.startswith("/dev/dri/"):
@@ -135,8 +145,11 @@ class FdScanner:
             dir_fd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             return None
+        except PermissionError:
+            self.unreadable += 1  # other users' processes without CAP_SYS_PTRACE: no evidence
+            return []
         except OSError:
-            return []  # EACCES for other users' processes: expected, silent
+            return []
         try:
             out = []
             readlink, is_drm = os.readlink, self._is_drm_target
@@ -156,6 +169,7 @@ class FdScanner:
     def scan(self, errors: dict) -> Iterator[tuple[str, str, str]]:
         """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
         new_cache: dict[tuple[str, str, str], bool] = {}
+        self.unreadable = 0
         try:
             pids = sorted((e.name for e in os.scandir(self.procfs) if e.name.isdigit()), key=int)
         except OSError:
@@ -181,6 +195,24 @@ class FdScanner:
                     continue
                 yield pid, fd, data.decode("utf-8", "replace")
         self._dev_cache = new_cache
+
+
+def card_drivers(sysfs: Path) -> dict[str, str]:
+    """PCI address -> DRM driver name of each ``<sysfs>/class/drm/card*``."""
+    out: dict[str, str] = {}
+    drm = Path(sysfs) / "class" / "drm"
+    for addr, card in card_indices(sysfs).items():
+        try:
+            out[addr] = Path(os.readlink(drm / f"card{card}" / "device" / "driver")).name
+        except OSError:
+            continue
+    return out
+
+
+def host_pid_namespace(procfs: Path) -> bool:
+    """Whether ``procfs`` shows the host's processes: kthreadd is pid 2 only in the initial PID
+    namespace (a container without hostPID sees its own processes only)."""
+    return read_text(Path(procfs) / "2" / "comm") == "kthreadd"
 
 
 def card_indices(sysfs: Path) -> dict[str, str]:
@@ -223,16 +255,24 @@ class DrmFdinfoSource(SourceBase):
         except (TypeError, ValueError):
             log.warning("fdinfo: top_n %r is not an integer; using 5", options.get("top_n"))
             self.top_n = 5
+        self.mode = process_mode(options)
         self._clock = clock or (lambda: time.monotonic())
         self._scanner = FdScanner(self.procfs)
         self._clients: dict[tuple[str, str], _ClientState] = {}
         self._devices: dict[str, Device] = {}
         self._cards: dict[str, str] = {}
+        self._counted: dict[str, str] = {}  # pdev -> driver of the cards whose clients are counted
 
     def open(self) -> None:
+        if self.mode == "off":
+            raise SourceUnavailable("processes: off")
         if not self.procfs.is_dir():
             raise SourceUnavailable(f"procfs not found at {self.procfs}")
         self._cards = card_indices(self.sysfs)
+        drivers = card_drivers(self.sysfs)
+        if not any(d in DRIVER_VENDOR for d in drivers.values()):
+            raise SourceUnavailable(f"no DRM GPU under {self.sysfs}/class/drm")
+        self._counted = {a: d for a, d in drivers.items() if d in EVIDENCE_DRIVERS}
 
     def close(self) -> None:
         self._clients.clear()
@@ -284,10 +324,35 @@ class DrmFdinfoSource(SourceBase):
             for region, nbytes in rec.resident().items():
                 proc.memory[region] = proc.memory.get(region, 0) + nbytes
         self._clients = seen
+        self._mark(sample)
         sample.devices = list(self._devices.values())
         for pdev, by_pid in procs.items():
-            self._emit(sample, pdev, by_pid)
+            if self.mode == "count":
+                self._emit_clients(sample, pdev, by_pid)
+            else:
+                self._emit(sample, pdev, by_pid)
         return sample
+
+    def _mark(self, sample: PollResult) -> None:
+        """``client.evidence`` for every card whose driver reports engine usage."""
+        if not self._counted:
+            return
+        if not host_pid_namespace(self.procfs):
+            complete, reason = False, "pid_namespace_private"
+        elif self._scanner.unreadable:
+            complete, reason = False, "procfs_unreadable"
+        else:
+            complete, reason = True, ""
+        for pdev, driver in self._counted.items():
+            if self._device(pdev, driver) is not None:
+                mark(sample, pdev, "fdinfo", complete, reason)
+
+    def _emit_clients(self, sample: PollResult, pdev: str, by_pid: dict[str, _Proc]) -> None:
+        """Count-only: each busy process's engine percentages, by pid, for the indicators."""
+        ranked = sorted(by_pid.values(), key=lambda p: (-p.rank()[0], int(p.pid)))[:MAX_CLIENTS]
+        for p in ranked:
+            for eng, pct in sorted(p.util.items()):
+                sample.add(pdev, "client.engine_utilization", pct, (("client", p.pid), ("engine", eng)))
 
     def _emit(self, sample: PollResult, pdev: str, by_pid: dict[str, _Proc]) -> None:
         ranked = sorted(by_pid.values(), key=lambda p: (-p.rank()[0], -p.rank()[1], int(p.pid)))

@@ -7,14 +7,14 @@ units); ``mappings/nvml.yaml`` turns them into canonical series.  Pieces:
   event reasons, field values for PCIe/NVLink counters, ECC, remapped rows).
 * ``nvml_gpm``: GPM two-sample metrics on Hopper+ (per GPU and per MIG GPU instance).
 * ``nvml_events``: XID counts from an event-set wait in a background thread.
-* ``nvml_processes``: opt-in per-process utilization/memory, top N per GPU.
+* ``nvml_processes``: the busy-client count (default) or per-process series, top N per GPU.
 * ``nvml_calls``: error classification; unsupported series are counted once and not retried.
 
 A GPU that returns GpuIsLost/Unknown is reported with ``device_up=False``; the others continue,
 and every poll re-checks the device count and re-acquires handles of GPUs that were lost.
 
 Options (the ``nvml`` section of the config; all optional):
-  processes: false, processes_top_n: 10, xid: true, xid_timeout_ms: 500, gpm: true,
+  processes: count (off | count | series), processes_top_n: 10, xid: true, xid_timeout_ms: 500, gpm: true,
   gpm_metrics: [NVML_GPM_METRIC_* suffixes], gpm_min_window_s: 0.1, gpm_reseed_factor: 5,
   gpm_max_window_s: 600, interval: <poll interval s, sharpens the GPM reseed rule>,
   nvlink_per_link: false, mig: true, mig_rescan_polls: 30
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
+from .evidence import process_mode
 from .nvml_calls import LOST_CODES, CallGuard, DeviceLost
 from .nvml_events import XidWatcher
 from .nvml_gpm import DEFAULT_GPM_METRICS, GpmReader
@@ -121,8 +122,9 @@ class NvmlSource(SourceBase):
                 interval_s=float(opts["interval"]) if opts.get("interval") else None)
         if opts.get("xid", True):
             self.xid = XidWatcher(nv, timeout_ms=int(opts.get("xid_timeout_ms", 500)))
-        if opts.get("processes", False):
-            self.procs = ProcessReader(nv, self.guard, self.procfs, int(opts.get("processes_top_n", 10)))
+        mode = process_mode(opts)
+        if mode != "off":
+            self.procs = ProcessReader(nv, self.guard, self.procfs, int(opts.get("processes_top_n", 10)), mode)
         try:
             self.driver = _text(nv.nvmlSystemGetDriverVersion())
         except Exception:  # noqa: BLE001 - identity only
@@ -322,7 +324,7 @@ class NvmlSource(SourceBase):
                           ("mig_profile", _CI_PREFIX.sub("", inst.profile)))
                 self.gpm.read(sample, st.key, st.handle, now, gi=inst.gpu_instance, labels=labels)
         if self.procs is not None:
-            self.procs.read(sample, st.key, st.handle)
+            self.procs.read(sample, st.key, st.handle, mig=bool(st.mig))
 
     def _read_xid(self, sample: PollResult) -> None:
         if self.xid is None:

@@ -1,6 +1,13 @@
-"""Per-process GPU utilization and memory (opt-in), bounded to the top N processes per GPU.
+"""Per-process GPU utilization and memory, bounded to the top N processes per GPU.
 
-Raw fields: ``process.sm_util`` (percent, from nvmlDeviceGetProcessUtilization samples since the
+Two modes (``processes`` option, sources/evidence.py).  ``count`` (the default) reads only what
+the busy-client count needs: ``client.sm_util`` (label ``client``, the pid, never exported) from
+nvmlDeviceGetProcessUtilization, and on MIG GPUs (where NVML reports no per-process
+utilization) ``client.contexts`` per GPU instance from the compute process list; each GPU is
+marked with ``client.evidence`` (1 when the call answered).  No name is read.  ``series``
+exports the per-process series below as well.
+
+Raw fields of ``series``: ``process.sm_util`` (percent, from nvmlDeviceGetProcessUtilization samples since the
 last poll) and ``process.memory_used`` (bytes, from nvmlDeviceGetComputeRunningProcesses), with
 labels ``pid`` and ``process`` (the command name from ``<procfs>/<pid>/comm``, else NVML's
 process name) plus ``gpu_instance``/``compute_instance`` on MIG.  Processes beyond the top N
@@ -14,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import PollResult
+from .evidence import mark
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 
 INVALID_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
@@ -29,11 +37,13 @@ class _Proc:
 
 
 class ProcessReader:
-    def __init__(self, nvml: Any, guard: CallGuard, procfs: Path, top_n: int = 10) -> None:
+    def __init__(self, nvml: Any, guard: CallGuard, procfs: Path, top_n: int = 10,
+                 mode: str = "series") -> None:
         self.nvml = nvml
         self.guard = guard
         self.procfs = procfs
         self.top_n = max(0, int(top_n))
+        self.mode = mode
         self.last_ts: dict[str, int] = {}
         self._names: dict[int, str] = {}
 
@@ -53,7 +63,10 @@ class ProcessReader:
         self._names[pid] = name
         return name
 
-    def read(self, sample: PollResult, key: str, handle: Any) -> None:
+    def read(self, sample: PollResult, key: str, handle: Any, mig: bool = False) -> None:
+        if self.mode == "count":
+            self._count(sample, key, handle, mig)
+            return
         errors = sample.errors
         procs: dict[int, _Proc] = {}
         running = self.guard.call(errors, key, "process.memory_used",
@@ -66,16 +79,11 @@ class ProcessReader:
             ci = getattr(p, "computeInstanceId", INVALID_ID)
             if gi is not None and gi != INVALID_ID:
                 pr.gi, pr.ci = int(gi), (int(ci) if ci is not None and ci != INVALID_ID else None)
-        samples = self.guard.call(errors, key, "process.sm_util", "nvmlDeviceGetProcessUtilization",
-                                  handle, self.last_ts.get(key, 0),
-                                  empty_codes=(SUCCESS, NOT_FOUND), empty=[]) or []
-        latest: dict[int, Any] = {}
-        for s in samples:
-            if s.pid not in latest or s.timeStamp > latest[s.pid].timeStamp:
-                latest[int(s.pid)] = s
-            self.last_ts[key] = max(self.last_ts.get(key, 0), int(s.timeStamp))
-        for pid, s in latest.items():
-            procs.setdefault(pid, _Proc(pid)).sm = float(s.smUtil)
+        answered = self._utilization(sample, key, handle)
+        mark(sample, key, "nvml", answered is not None, "not_supported")
+        latest = answered or {}
+        for pid, sm in latest.items():
+            procs.setdefault(pid, _Proc(pid)).sm = sm
         ranked = sorted(procs.values(), key=lambda p: (p.sm or 0.0, p.mem or 0.0, -p.pid), reverse=True)
         top, rest = ranked[: self.top_n], ranked[self.top_n:]
         for p in top:
@@ -94,3 +102,45 @@ class ProcessReader:
                 sample.add(key, "process.sm_util", sum(sms), other)
             if mems:
                 sample.add(key, "process.memory_used", sum(mems), other)
+
+    def _utilization(self, sample: PollResult, key: str, handle: Any) -> dict[int, float] | None:
+        """pid -> SM percent of the newest sample since the previous read; None when the call
+        failed or is not supported (NOT_FOUND: no process ran since, an empty answer)."""
+        samples = self.guard.call(sample.errors, key, "process.sm_util", "nvmlDeviceGetProcessUtilization",
+                                  handle, self.last_ts.get(key, 0),
+                                  empty_codes=(SUCCESS, NOT_FOUND), empty=[])
+        if samples is None:
+            return None
+        latest: dict[int, Any] = {}
+        for s in samples:
+            pid = int(s.pid)
+            if pid not in latest or s.timeStamp > latest[pid].timeStamp:
+                latest[pid] = s
+            self.last_ts[key] = max(self.last_ts.get(key, 0), int(s.timeStamp))
+        return {pid: float(s.smUtil) for pid, s in latest.items()}
+
+    def _count(self, sample: PollResult, key: str, handle: Any, mig: bool) -> None:
+        """Count-only evidence: per-client utilization (internal), or on MIG the compute
+        contexts per GPU instance; no names, no memory."""
+        if mig:
+            running = self.guard.call(sample.errors, key, "client.contexts",
+                                      "nvmlDeviceGetComputeRunningProcesses", handle)
+            if running is None:
+                mark(sample, key, "nvml", False, "not_supported")
+                return
+            per_gi: dict[int, int] = {}
+            for p in running:
+                gi = getattr(p, "gpuInstanceId", INVALID_ID)
+                if gi is not None and gi != INVALID_ID:
+                    per_gi[int(gi)] = per_gi.get(int(gi), 0) + 1
+            for gi, n in sorted(per_gi.items()):
+                sample.add(key, "client.contexts", n, (("gpu_instance", str(gi)),))
+            mark(sample, key, "nvml", True)
+            return
+        latest = self._utilization(sample, key, handle)
+        if latest is None:
+            mark(sample, key, "nvml", False, "not_supported")
+            return
+        for pid, sm in sorted(latest.items()):
+            sample.add(key, "client.sm_util", sm, (("client", str(pid)),))
+        mark(sample, key, "nvml", True)

@@ -24,6 +24,18 @@ def _positive_duration(value: Any) -> float:
     return seconds
 
 
+def _process_mode(value: Any) -> Any:
+    # YAML's true/false (and off/no) of older configs: series / off
+    if value is True:
+        return "series"
+    if value is False:
+        return "off"
+    return value
+
+
+# co-tenancy evidence (sources/evidence.py): off | count (default: counted, not exported) | series
+ProcessMode = Annotated[Literal["off", "count", "series"], BeforeValidator(_process_mode)]
+
 # seconds, given as a number or a duration string (1.5s, 1m30s, 250ms)
 Duration = Annotated[float, BeforeValidator(_positive_duration)]
 DurationOrZero = Annotated[float, BeforeValidator(parse_duration)]
@@ -44,7 +56,7 @@ class NoOptions(Options):
 
 
 class NvmlOptions(Options):
-    processes: bool = False
+    processes: ProcessMode = "count"
     processes_top_n: int = Field(10, ge=1)
     xid: bool = True
     xid_timeout_ms: int = Field(500, ge=1, le=60_000)
@@ -87,11 +99,12 @@ class AmdgpuOptions(Options):
 
 class AmdsmiOptions(Options):
     ecc_blocks: list[str] | None = None
-    processes: bool = False
+    processes: ProcessMode = "count"
     process_top_n: int = Field(10, ge=1)
 
 
 class FdinfoOptions(Options):
+    processes: ProcessMode = "count"
     top_n: int = 5  # < 0: every process, no "other"
 
 
@@ -196,6 +209,7 @@ class UpstreamOptions(Options):
 class SimulatorOptions(Options):
     scenario: str = "demo"
     phase: str | None = None
+    processes: ProcessMode = "count"
     devices_per_vendor_scale: int = Field(1, ge=1, le=64)
 
 

@@ -37,8 +37,9 @@ COLLECTORS: dict[str, Collector] = {c.name: c for c in [
               "Intel GPUs through i915/xe sysfs and hwmon"),
     Collector("levelzero", "exporter.sources.levelzero", "LevelZeroSource", True,
               "Intel GPUs through Level Zero Sysman (pyzes)"),
-    Collector("fdinfo", "exporter.sources.drm_fdinfo", "DrmFdinfoSource", False,
-              "per-process GPU use from DRM fdinfo (opt-in: per-process cardinality)"),
+    Collector("fdinfo", "exporter.sources.drm_fdinfo", "DrmFdinfoSource", True,
+              "busy clients per GPU from DRM fdinfo (count-only by default; per-process series "
+              "with processes: series)"),
     Collector("upstream", "exporter.sources.upstream", "UpstreamSource", False,
               "scrape vendor exporters already on the node and normalise their series"),
     Collector("profiles", "exporter.sources.profiles", "ProfilesSource", False,

@@ -317,6 +317,18 @@ def h100_mig(i: int = 0) -> dict[str, Any]:
     return g
 
 
+def h100_mig_shared(i: int = 0) -> dict[str, Any]:
+    """h100_mig with compute processes per GPU instance: two in instance 1 (memory-bound: 90 % DRAM
+    bandwidth at 40 % occupancy), one in instance 2.  NVML gives no per-process utilization in MIG
+    mode; the process list carries each process's gpuInstanceId."""
+    g = h100_mig(i)
+    gib = 1 << 30
+    g["processes"] = [{"pid": 5101, "name": "etl", "mem": 4 * gib, "gi": 1, "ci": 0},
+                      {"pid": 5102, "name": "train", "mem": 5 * gib, "gi": 1, "ci": 0},
+                      {"pid": 5201, "name": "infer", "mem": 1 * gib, "gi": 2, "ci": 0}]
+    return g
+
+
 def a100_mig(i: int = 0) -> dict[str, Any]:
     """A100 40GB with MIG enabled: three instances (two 1g.5gb, one 2g.10gb); no GPM (pre-Hopper)."""
     mib = 1 << 20

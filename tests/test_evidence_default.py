@@ -1,0 +1,131 @@
+"""Co-tenancy evidence on a default install (issue 24): the busy-client count is collected
+without any configuration and without exporting per-process series.
+
+The NVIDIA GPU is the faithful NVML fake (tests/fakes/pynvml_fake.py), run inside the real
+exporter process (``tests.fakes.nvml_exporter``); nothing but the fake stands in for hardware.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.sources.nvml import NvmlSource
+from tests.e2e_util import ProcessSet, Server, free_port, http_get, wait_until
+from tests.fakes import pynvml_fake as pf
+
+
+def _readings(sample):
+    return {(r.field, r.labels): r.value for r in sample.readings}
+
+
+def test_nvml_counts_clients_by_default_without_names_or_memory(tmp_path):
+    fake = pf.make_module([pf.h100(0)])
+    src = NvmlSource(module=fake, procfs=tmp_path, options={"xid": False})
+    src.open()
+    try:
+        r = _readings(src.poll())
+    finally:
+        src.close()
+    assert r[("client.sm_util", (("client", "4242"),))] == 93
+    assert r[("client.sm_util", (("client", "4343"),))] == 5
+    assert r[("client.evidence", (("evidence", "nvml"), ("reason", "")))] == 1.0
+    assert not any(f.startswith("process.") for f, _ in r)  # no per-process series
+    assert fake.fake_calls["nvmlDeviceGetComputeRunningProcesses"] == 0  # no memory, no names
+    assert fake.fake_calls.get("nvmlSystemGetProcessName", 0) == 0
+
+
+def test_nvml_processes_off_reads_nothing():
+    fake = pf.make_module([pf.h100(0)])
+    src = NvmlSource(module=fake, options={"xid": False, "processes": "off"})
+    src.open()
+    try:
+        r = _readings(src.poll())
+    finally:
+        src.close()
+    assert not any(f.startswith(("client.", "process.")) for f, _ in r)
+    assert fake.fake_calls.get("nvmlDeviceGetProcessUtilization", 0) == 0
+
+
+def test_nvml_mig_counts_compute_contexts_per_instance():
+    fake = pf.make_module([pf.h100_mig_shared(0)])
+    src = NvmlSource(module=fake, options={"xid": False})
+    src.open()
+    try:
+        r = _readings(src.poll())
+    finally:
+        src.close()
+    assert r[("client.contexts", (("gpu_instance", "1"),))] == 2
+    assert r[("client.contexts", (("gpu_instance", "2"),))] == 1
+    assert r[("client.evidence", (("evidence", "nvml"), ("reason", "")))] == 1.0
+
+
+def _serve(tmp_path, gpus: str, until, config: str | None = None) -> dict[tuple[str, tuple], float]:
+    """Run the real exporter on the NVML fake with no config (or ``config``) and return the
+    samples of the first /metrics for which ``until(samples)`` holds."""
+    empty_sys = tmp_path / "sys"
+    empty_sys.mkdir()
+    port = free_port()
+    args = [sys.executable, "-m", "tests.fakes.nvml_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+            "--path.sysfs", str(empty_sys), "--poll.interval", "500ms"]
+    if config is not None:
+        (tmp_path / "config.yml").write_text(config)
+        args += ["--config.file", str(tmp_path / "config.yml")]
+    got: dict = {}
+    with ProcessSet() as procs:
+        exporter = procs.add(Server("exporter", args, port, tmp_path / "exporter.log",
+                                    env={"PYTHONUNBUFFERED": "1", "FAKE_NVML_GPUS": gpus, "PATH": "/usr/bin:/bin"},
+                                    listen_log=rf"\baddress=127\.0\.0\.1:{port}\b"))
+        exporter.start().wait_ready("/readyz", 20)
+
+        def ready() -> bool:
+            text = http_get(exporter.url + "/metrics").text
+            got.clear()
+            got[("__text__", ())] = text
+            for fam in text_string_to_metric_families(text):
+                for s in fam.samples:
+                    got[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            return until(got)
+
+        wait_until(ready, timeout=20)
+    return got
+
+
+def _value(samples, name, **labels):
+    hits = [v for (n, lab), v in samples.items() if n == name and dict(lab).items() >= labels.items()
+            and n != "__text__"]
+    return hits
+
+
+def test_default_install_counts_two_busy_processes_and_evaluates_co_tenancy(tmp_path):
+    """No config: the fake H100 has two processes at >= 5 % (93 %, 5 %) and a memory-bound
+    signature (88.5 % DRAM bandwidth, 38.25 % occupancy): gpu_active_clients 2, contended, and
+    no series names a pid or process."""
+    def until(s):
+        return _value(s, "gpu_active_clients") == [2.0] and \
+            _value(s, "gpu_memory_state", state="contended") == [1.0]
+
+    s = _serve(tmp_path, "h100", until)
+    assert _value(s, "gpu_memory_state_info", state="contended", reason="clients") == [1.0]
+    assert _value(s, "gpu_contention_evidence_info", evidence="clients", source="nvml") == [1.0]
+    text = "\n".join(ln for ln in s[("__text__", ())].splitlines() if not ln.startswith("#"))
+    assert "gpu_process_" not in text and 'pid="' not in text and "gpu_client_" not in text
+
+
+def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co_tenants(tmp_path):
+    """Instance 1: two compute processes on a memory-bound signature (contended); instance 2: one
+    process at 10 % bandwidth (healthy).  The GPU reads contended (never no_load_signal), and no
+    device-level client count adds the instances up."""
+    def until(s):
+        return _value(s, "gpu_memory_state", state="contended", gpu_instance="1") == [1.0]
+
+    s = _serve(tmp_path, "h100_mig_shared", until)
+    assert _value(s, "gpu_memory_state", state="healthy", gpu_instance="2") == [1.0]
+    assert _value(s, "gpu_active_clients", gpu_instance="1") == [2.0]
+    assert _value(s, "gpu_active_clients", gpu_instance="2") == [1.0]
+    device = {lab: v for (n, lab), v in s.items() if n == "gpu_memory_state" and v == 1.0
+              and "gpu_instance" not in dict(lab)}
+    assert [dict(lab)["state"] for lab in device] == ["contended"]
+    assert not [1 for (n, lab) in s if n == "gpu_active_clients" and "gpu_instance" not in dict(lab)]
+    assert not _value(s, "gpu_memory_state_info", reason="no_load_signal")
