@@ -30,10 +30,12 @@ from pathlib import Path
 
 from ..model import DeviceId
 from .baseline import BaselineStore
+from .clients import device_evidence, held_clients, say_evidence, trusted
 from .config import IndicatorConfig
 from .contention import BASIS_SERIES, bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
 from .device_state import _DeviceInfo, _DeviceState
+from .mig import derive_gpu_state, instance_verdicts
 from .robust import DeviationTracker, RobustBaseline
 from .rootcause import CAUSES, classify_values, dominant_cause, miss_rate_risen, throttle_explains
 from .series import InputKey, LabelledSignals, SeriesIndex
@@ -47,8 +49,7 @@ from .signals import (
     UTILIZATION,
     VARIABILITY_SERIES,
 )
-from .mig import derive_gpu_state, instance_outputs
-from .state import STARVATION_BASES, STATES, StateVerdict, decide
+from .state import STARVATION_BASES, STATES, decide
 from .variability import window_summary
 from .window import RingWindow, SortedWindow, capacity_for
 
@@ -65,21 +66,8 @@ _NO_LABELS: dict[str, str] = {}
 _BY_BASIS = {b: {"basis": b} for b in BASIS_SERIES}
 _BY_CAUSE = {c: {"cause": c} for c in (*CAUSES, "none", "unknown")}
 _MAX_LABEL_SETS = 1024  # shared label dicts kept (a fixed vocabulary: states, reasons, causes, ...)
-_MAX_CLIENTS = 256  # clients held over per device
 
 
-def _evidence(labelled: LabelledSignals) -> tuple[str, str, str]:
-    """(complete | partial | none, source, reason) of the device's co-tenancy evidence."""
-    ev = labelled.evidence
-    if ev:
-        complete = sorted(src for src, (value, _) in ev.items() if value >= 0.5)
-        if complete:
-            return "complete", complete[0], ""
-        source = sorted(ev)[0]
-        return "partial", source, ev[source][1] or "incomplete"
-    if labelled.processes is not None:  # per-process series without a source's mark (older feeds)
-        return "complete", "process_series", ""
-    return "none", "", "no_client_source"
 
 
 class _LabelSets(dict):
@@ -224,9 +212,12 @@ class IndicatorEngine:
         miss = series.get(MISS_RATE)
         labelled = self._gather(st, series)
         throttled = throttle_explains(labelled.throttle, labelled.clock_ratio(), cfg.rootcause)
-        held = self._held_clients(st, labelled, now)
-        evidence, ev_source, ev_reason = _evidence(labelled)
-        clients = self._trusted(evidence, held.get("", 0))
+        held = held_clients(st, labelled, now, scfg)
+        evidence, ev_source, ev_reason = device_evidence(labelled)
+        if st.evidence_said != (evidence, ev_source, ev_reason):
+            st.evidence_said = (evidence, ev_source, ev_reason)
+            say_evidence(device_id, evidence, ev_source, ev_reason)
+        clients = trusted(evidence, held.get("", 0), scfg)
 
         # 1. memory state: signature, evidence, verdict
         signal = compute_signal(series, cfg.contention.basis_order)
@@ -257,7 +248,7 @@ class IndicatorEngine:
                          throughput_drop, unconfirmed, scfg, cfg.contention.bandwidth_utilization_percent,
                          cfg.contention.compute_percent)
         if labelled.instances:  # MIG: a state per GPU instance, the GPU's derived from them
-            inst = self._instances(labelled, held, evidence, throttled, out)
+            inst = instance_verdicts(cfg, self._labels, labelled, held, evidence, throttled, out)
             verdict, inst_basis, inst_bw = derive_gpu_state(verdict, inst)
             if basis is None:
                 basis, bw_util = inst_basis, inst_bw
@@ -415,60 +406,6 @@ class IndicatorEngine:
         else:
             cause = "none"
         out.append(("gpu_contention_cause_info", by_cause.get(cause) or labels.one("cause", cause), 1.0))
-
-    def _held_clients(self, st: _DeviceState, labelled: LabelledSignals, now: float) -> dict[str, int]:
-        """Busy clients per GPU instance ("" outside MIG), each counted for
-        ``client_holdover_seconds`` after it was last seen busy; MIG instances without
-        per-process utilization count their compute contexts instead."""
-        scfg = self.config.state
-        seen = st.client_seen
-        for client in labelled.busy(scfg.client_active_percent):
-            seen[client] = now
-        if seen:
-            hold = scfg.client_holdover_seconds
-            for client in [c for c, t in seen.items() if now - t > hold or t > now]:
-                del seen[client]
-            if len(seen) > _MAX_CLIENTS:  # bounded whatever the process churn
-                for client in sorted(seen, key=seen.__getitem__)[:len(seen) - _MAX_CLIENTS]:
-                    del seen[client]
-        counts: dict[str, int] = {}
-        for gi, _ in seen:
-            counts[gi] = counts.get(gi, 0) + 1
-        for gi, n in labelled.contexts.items():
-            if gi not in counts:
-                counts[gi] = -int(n)  # contexts: counted only while the instance is busy
-        return counts
-
-    def _trusted(self, evidence: str, count: int) -> int | None:
-        """The client count the state may use: all of it with complete evidence, a partial
-        count only as proof of co-tenancy (some clients may be unseen), nothing without."""
-        if evidence == "complete":
-            return max(count, 0)
-        if evidence == "partial" and count >= self.config.state.min_clients:
-            return count
-        return None
-
-    def _instances(self, labelled: LabelledSignals, held: dict[str, int], evidence: str,
-                   throttled: bool, out: list[Output]) -> list[tuple[str, StateVerdict, str | None, float | None]]:
-        """One state per MIG GPU instance (exported with gpu_instance, mig_profile)."""
-        cfg = self.config
-        found = []
-        for gi in sorted(labelled.instances):
-            values = labelled.instances[gi]
-            signal = compute_signal(values, cfg.contention.basis_order)
-            basis, compute = signal if signal is not None else (None, None)
-            bw = values.get(BANDWIDTH_UTIL)
-            util = values.get(UTILIZATION)
-            count = held.get(gi, 0)
-            if count < 0:  # compute contexts of an instance without per-process utilization
-                busy = decide(bw, util, basis, compute, False, None, False, False, False, cfg.state).state != "idle"
-                count = -count if busy else 0
-            clients = self._trusted(evidence, count)
-            verdict = decide(bw, util, basis, compute, throttled, clients, False, False, False, cfg.state,
-                             cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
-            instance_outputs(self._labels, gi, labelled.profiles.get(gi, ""), verdict, clients, out)
-            found.append((gi, verdict, basis, bw))
-        return found
 
     def _gather(self, st: _DeviceState, series: Mapping[InputKey, float]) -> LabelledSignals:
         """The device's labelled signals; which of its keys are labelled is worked out again only

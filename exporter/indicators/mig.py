@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import STATES, StateVerdict
+from .clients import trusted
+from .config import IndicatorConfig
+from .contention import BANDWIDTH_UTIL, compute_signal
+from .series import LabelledSignals
+from .signals import UTILIZATION
+from .state import STATES, StateVerdict, decide
 
 # most severe first: the GPU's state is the first of these any instance is in
 SEVERITY = ("contended", "shared", "throttled", "unknown", "memory_bound", "healthy", "idle")
@@ -40,3 +45,25 @@ def instance_outputs(labels: Any, gi: str, profile: str, verdict: StateVerdict, 
                 1.0))
     if clients is not None:
         out.append(("gpu_active_clients", labels.many(*base), float(clients)))
+
+
+def instance_verdicts(cfg: IndicatorConfig, labels: Any, labelled: LabelledSignals, held: dict[str, int],
+                  evidence: str, throttled: bool, out: list[tuple[str, dict[str, str], float]]) -> list[Found]:
+    """One state per MIG GPU instance (exported with gpu_instance, mig_profile)."""
+    found = []
+    for gi in sorted(labelled.instances):
+        values = labelled.instances[gi]
+        signal = compute_signal(values, cfg.contention.basis_order)
+        basis, compute = signal if signal is not None else (None, None)
+        bw = values.get(BANDWIDTH_UTIL)
+        util = values.get(UTILIZATION)
+        count = held.get(gi, 0)
+        if count < 0:  # compute contexts of an instance without per-process utilization
+            busy = decide(bw, util, basis, compute, False, None, False, False, False, cfg.state).state != "idle"
+            count = -count if busy else 0
+        clients = trusted(evidence, count, cfg.state)
+        verdict = decide(bw, util, basis, compute, throttled, clients, True, False, False, cfg.state,
+                         cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+        instance_outputs(labels, gi, labelled.profiles.get(gi, ""), verdict, clients, out)
+        found.append((gi, verdict, basis, bw))
+    return found

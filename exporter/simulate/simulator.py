@@ -26,6 +26,7 @@ from ..sources.base import Abilities, SourceBase, SourceUnavailable
 from ..sources.evidence import process_mode
 from ..yamlfile import ConfigError, load_model
 
+
 class Cycle(BaseModel):
     """A value that steps through a list, one entry per full poll (a flickering process list)."""
 
