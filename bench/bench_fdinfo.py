@@ -60,6 +60,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "proc"
         drm_files = build(root, args.fds, args.procs, args.drm)
+        card = Path(tmp) / "sys" / "class" / "drm" / "card0"  # the GPU the clients use (xe)
+        card.mkdir(parents=True)
+        (card / "device").symlink_to("../../../devices/pci0000:00/0000:00:01.0/0000:03:00.0")
         src = DrmFdinfoSource(procfs=root, sysfs=Path(tmp) / "sys", options={"top_n": 5})
         src.open()
         times = []

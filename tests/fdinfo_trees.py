@@ -34,3 +34,11 @@ def add_card(sysfs: Path, card: int, pci: str, *, symlink: bool = True) -> None:
     else:
         (card_dir / "device").mkdir()
         (card_dir / "device" / "uevent").write_text(f"DRIVER=i915\nPCI_SLOT_NAME={pci}\n")
+
+
+def some_card(sysfs: Path, pci: str = "0000:ff:00.0") -> None:
+    """One DRM card in sysfs (unless the tree has one already): the fdinfo source, on by
+    default, is absent on a node without any."""
+    drm = Path(sysfs) / "class" / "drm"
+    if not any(drm.glob("card*")) if drm.is_dir() else True:
+        add_card(Path(sysfs), 99, pci)

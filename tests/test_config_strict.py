@@ -95,7 +95,7 @@ def test_valid_options_reach_the_source_as_set(tmp_path):
                    "  upstream:\n    options:\n      targets:\n"
                    "        - {url: 'http://127.0.0.1:1/metrics', exporter: dcgm-exporter, timeout: 1.5s}\n")
     config = load_config(cfg)
-    assert config.collector("nvml").options_dict() == {"processes": True, "gpm_min_window_s": 0.25}
+    assert config.collector("nvml").options_dict() == {"processes": "series", "gpm_min_window_s": 0.25}
     target, = config.collector("upstream").options_dict()["targets"]
     assert target["timeout"] == 1.5 and target["exporter"] == "dcgm-exporter"
     assert config.collector("amdgpu").options_dict() == {}

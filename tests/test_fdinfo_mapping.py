@@ -6,7 +6,7 @@ import pytest
 
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.testing import map_source_once
-from tests.fdinfo_trees import add_card, add_fd, set_fdinfo
+from tests.fdinfo_trees import add_card, add_fd, set_fdinfo, some_card
 
 KiB = 1024
 
@@ -59,9 +59,11 @@ def test_process_series_carry_each_gpus_vendor_and_index(tmp_path):
         set_fdinfo(proc, 10, 4, xe(3_000_000, 1_000_000))  # 300 % of one ccs / capacity 4 = 75 %
         set_fdinfo(proc, 20, 4, amd(400_000_000))  # 0.4 s busy in 1 s
 
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={}, clock=StepClock())
+    some_card(sysfs)  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"}, clock=StepClock())
     res = map_source_once(Stepping(src, [lambda: None, second]))
-    got = {(name, tuple(sorted(labels))): v for (name, labels), v in res.items()}
+    # the client count's internal series (gpu_client_*, never served) aside
+    got = {(name, tuple(sorted(labels))): v for (name, labels), v in res.items() if not name.startswith("gpu_client_")}
     intel = (("gpu", "0"), ("pid", "10"), ("process", "trainer"), ("uuid", ""), ("vendor", "intel"))
     amdl = (("gpu", "0000:08:00.0"), ("pid", "20"), ("process", "infer"), ("uuid", ""), ("vendor", "amd"))
 

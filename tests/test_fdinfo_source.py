@@ -8,7 +8,7 @@ import pytest
 
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
-from tests.fdinfo_trees import add_card, add_fd, set_fdinfo
+from tests.fdinfo_trees import add_card, add_fd, set_fdinfo, some_card
 
 KiB = 1024
 I915 = "0000:00:02.0"
@@ -64,7 +64,8 @@ def node(tmp_path, shared_fixtures):
     add_card(sysfs, 0, I915, symlink=False)
     add_card(sysfs, 1, XE)
     clock = Clock()
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={}, clock=clock)
+    some_card(sysfs)  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"}, clock=clock)
     src.open()
     return proc, src, clock, texts
 
@@ -153,7 +154,8 @@ def test_top_n_keeps_busiest_and_sums_the_rest_as_other(tmp_path):
 
     for i in range(1, 8):
         add_fd(proc, 1000 + i, 3, "/dev/dri/renderD128", text(i, 0), comm=f"job{i}")
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"top_n": 2}, clock=clock)
+    some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"top_n": 2, "processes": "series"}, clock=clock)
     src.open()
     src.poll()
     clock.t += 1.0
@@ -172,7 +174,8 @@ def test_tree_without_fd_links_reads_fdinfo_directly(tmp_path, shared_fixtures):
     (proc / "42" / "comm").write_text("render\n")
     (proc / "42" / "fdinfo" / "3").write_text((shared_fixtures / "intel" / "fdinfo-xe-1.txt").read_text())
     (proc / "42" / "fdinfo" / "4").write_text("pos:\t0\n")
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={})
+    some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"processes": "series"})
     src.open()
     s = src.poll()
     assert [d.key for d in s.devices] == [XE]
@@ -183,7 +186,8 @@ def test_platform_and_unknown_drivers_are_not_attributed(tmp_path, shared_fixtur
     proc = tmp_path / "proc"
     add_fd(proc, 7, 3, "/dev/dri/renderD128", (shared_fixtures / "intel" / "fdinfo-msm-1.txt").read_text())
     add_fd(proc, 8, 3, "/dev/dri/renderD129", f"drm-driver: vgem\ndrm-pdev: {XE}\ndrm-client-id: 1\n")
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={})
+    some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"processes": "series"})
     src.open()
     s = src.poll()
     assert s.devices == [] and s.readings == [] and not s.errors
@@ -201,7 +205,8 @@ def test_process_exit_between_polls_drops_its_state(node):
     (proc / "300" / "fd" / "9").unlink()
     clock.t += 1.0
     s = src.poll()
-    assert all(r.device != AMD for r in s.readings)
+    # only the count's mark remains: the GPU is still watched, with no client now
+    assert all(r.device != AMD or r.field == "client.evidence" for r in s.readings)
     assert not s.errors
 
 
@@ -209,7 +214,8 @@ def test_malformed_drm_lines_are_counted(tmp_path):
     proc = tmp_path / "proc"
     add_fd(proc, 5, 3, "/dev/dri/renderD128",
            f"drm-driver: i915\ndrm-pdev: {I915}\ndrm-client-id: 1\ndrm-engine-render: x ns\n")
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={})
+    some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"processes": "series"})
     src.open()
     assert src.poll().errors["parse_error"] == 1
 

@@ -25,6 +25,9 @@ NO_DATA_ON_THE_SIMULATED_FLEET = {
     "gpu_memory_arbitration_stalls_percent", "model_cloud:gpu_memory_arbitration_stalls_percent:avg7d",
     "gpu_memory_latency_nanoseconds", "model_cloud:gpu_memory_latency_nanoseconds:avg",
     "model_cloud:gpu_memory_latency_nanoseconds:avg7d",
+    # per-process series are opt-in (processes: series); a default install, simulated nodes too,
+    # counts clients without exporting them (issue 24)
+    "gpu_process_utilization_percent", "gpu_process_memory_bytes",
     # other exporters beside ours (node_exporter, kube-state-metrics): not part of the fleet demo
     "node_cpu_seconds_total", "node_network_receive_bytes_total", "node_network_transmit_bytes_total",
     "node_disk_reads_completed_total", "node_disk_read_time_seconds_total", "kube_pod_info",

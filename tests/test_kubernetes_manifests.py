@@ -204,7 +204,8 @@ def test_per_process_variant_hostpid_and_readonly_host_proc():
     assert set(c["securityContext"]["capabilities"]["add"]) == {"SYS_PTRACE", "DAC_READ_SEARCH"}
     (cm,) = by_kind(docs, "ConfigMap")
     config = yaml.safe_load(cm["data"]["config.yml"])
-    assert config["collectors"]["nvml"]["options"]["processes"] is True
+    assert config["collectors"]["nvml"]["options"]["processes"] == "series"
+    assert config["collectors"]["fdinfo"]["options"]["processes"] == "series"
     assert config["collectors"]["fdinfo"]["enabled"] is True
     # PodMonitor instead of ServiceMonitor, and pod labels from the API server
     assert by_kind(docs, "PodMonitor") and not by_kind(docs, "ServiceMonitor")

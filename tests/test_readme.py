@@ -18,7 +18,7 @@ def test_readme_config_example_validates(tmp_path):
     cfg.write_text(m.group(1))
     daemon = Daemon(Settings(config_path=cfg))
     daemon.load()  # raises ConfigError naming file, line and field when invalid
-    assert daemon.config.collector("nvml").options_dict()["processes"] is True
+    assert daemon.config.collector("nvml").options_dict()["processes"] == "series"
     assert daemon.config.indicators.contention.bandwidth_utilization_percent == 85
 
 

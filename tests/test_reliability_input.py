@@ -34,7 +34,7 @@ from exporter.testing import load_mappings
 from exporter.yamlfile import ConfigError
 from tests.amd_fixture_tree import arrange_mi300x_node
 from tests.fdinfo_trees import add_card as add_drm_card
-from tests.fdinfo_trees import add_fd
+from tests.fdinfo_trees import add_fd, some_card
 
 SCHEMA = load_schema(default_mappings_dir() / "canonical.yaml")
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -367,9 +367,10 @@ def test_fdinfo_poll_survives_garbage_fdinfo_and_comm(tmp_path_factory, texts):
         add_fd(proc, 20 + i, 3, "/dev/dri/renderD128", "", comm="x")
         (proc / str(20 + i) / "fdinfo" / "3").write_bytes(data)
         (proc / str(20 + i) / "comm").write_bytes(data[:20])
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs)
+    some_card(sysfs)  # a node with a DRM card (else the source is absent)
+    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"})
     samples = _poll_twice(src)
-    pids = {dict(r.labels)["pid"] for r in samples[-1].readings}
+    pids = {dict(r.labels)["pid"] for r in samples[-1].readings if r.field.startswith("process.")}
     assert "10" in pids
     _mapped("fdinfo", samples)
 

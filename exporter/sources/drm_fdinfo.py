@@ -269,10 +269,9 @@ class DrmFdinfoSource(SourceBase):
         if not self.procfs.is_dir():
             raise SourceUnavailable(f"procfs not found at {self.procfs}")
         self._cards = card_indices(self.sysfs)
-        drivers = card_drivers(self.sysfs)
-        if not any(d in DRIVER_VENDOR for d in drivers.values()):
-            raise SourceUnavailable(f"no DRM GPU under {self.sysfs}/class/drm")
-        self._counted = {a: d for a, d in drivers.items() if d in EVIDENCE_DRIVERS}
+        if not self._cards:  # on by default: a node without DRM cards does not have this source
+            raise SourceUnavailable(f"no DRM card under {self.sysfs}/class/drm")
+        self._counted = {a: d for a, d in card_drivers(self.sysfs).items() if d in EVIDENCE_DRIVERS}
 
     def close(self) -> None:
         self._clients.clear()
@@ -290,6 +289,8 @@ class DrmFdinfoSource(SourceBase):
         dev = Device(key=pdev, vendor=vendor, index=self._cards.get(pdev, pdev), mapping="drm_fdinfo",
                      pci_bus_id=pdev, driver=driver)
         self._devices[pdev] = dev
+        if driver in EVIDENCE_DRIVERS:
+            self._counted.setdefault(pdev, driver)
         return dev
 
     def poll(self) -> PollResult:
