@@ -24,13 +24,18 @@ def set_fdinfo(proc: Path, pid: int, fd: int, text: str) -> None:
     (proc / str(pid) / "fdinfo" / str(fd)).write_text(text)
 
 
-def add_card(sysfs: Path, card: int, pci: str, *, symlink: bool = True) -> None:
+def add_card(sysfs: Path, card: int, pci: str, *, symlink: bool = True, driver: str | None = None) -> None:
     """``<sysfs>/class/drm/card<N>/device``: a symlink named after the PCI address (as the
-    kernel has it), or a directory whose uevent names it (as the LACT captures have it)."""
+    kernel has it), or a directory whose uevent names it (as the LACT captures have it).
+    ``driver``: the device's ``driver`` link names that DRM driver (amdgpu, i915, xe)."""
     card_dir = sysfs / "class" / "drm" / f"card{card}"
     card_dir.mkdir(parents=True, exist_ok=True)
     if symlink:
         os.symlink(f"../../../devices/pci0000:00/0000:00:01.0/{pci}", card_dir / "device")
+        if driver:
+            dev = sysfs / "devices" / "pci0000:00" / "0000:00:01.0" / pci
+            dev.mkdir(parents=True, exist_ok=True)
+            os.symlink(f"../../../../bus/pci/drivers/{driver}", dev / "driver")
     else:
         (card_dir / "device").mkdir()
         (card_dir / "device" / "uevent").write_text(f"DRIVER=i915\nPCI_SLOT_NAME={pci}\n")

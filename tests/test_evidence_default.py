@@ -129,3 +129,96 @@ def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co
     assert [dict(lab)["state"] for lab in device] == ["contended"]
     assert not [1 for (n, lab) in s if n == "gpu_active_clients" and "gpu_instance" not in dict(lab)]
     assert not _value(s, "gpu_memory_state_info", reason="no_load_signal")
+
+
+# ------------------------------------------------------------------ DRM fdinfo, count-only
+AMD_PDEV = "0000:08:00.0"
+_AMD = ("pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t" + AMD_PDEV + "\n"
+        "drm-client-id:\t{cid}\ndrm-memory-vram:\t1024 KiB\ndrm-engine-gfx:\t{ns} ns\n")
+
+
+class _Clock:
+    t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _fdinfo_node(tmp_path, host_pid_namespace: bool = True):
+    from tests.fdinfo_trees import add_card, add_fd, set_fdinfo
+
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    add_card(sysfs, 1, AMD_PDEV, driver="amdgpu")
+    for pid in (300, 301):
+        add_fd(proc, pid, 5, "/dev/dri/renderD128", _AMD.format(cid=pid, ns=0), comm=f"job{pid}")
+    if host_pid_namespace:
+        (proc / "2").mkdir()
+        (proc / "2" / "comm").write_text("kthreadd\n")
+
+    def advance(busy_ns: dict[int, int]) -> None:
+        for pid, ns in busy_ns.items():
+            set_fdinfo(proc, pid, 5, _AMD.format(cid=pid, ns=ns))
+
+    return proc, sysfs, advance
+
+
+def _engine_inputs(series):
+    """The mapped series as the indicator feed hands them to the engine (identity aside)."""
+    out = {}
+    for (name, labels), value in series.items():
+        extra = tuple(sorted((k, v) for k, v in labels if k not in ("vendor", "gpu", "uuid")))
+        out[(name, extra) if extra else name] = value
+    return out
+
+
+def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
+    from exporter.indicators import IndicatorConfig, IndicatorEngine
+    from exporter.mapping import Mapper
+    from exporter.pipeline import poll_and_map
+    from exporter.sources.drm_fdinfo import DrmFdinfoSource
+    from exporter.store import SourceState, Store
+    from exporter.testing import load_mappings
+
+    proc, sysfs, advance = _fdinfo_node(tmp_path, host_pid_namespace)
+    clock = _Clock()
+    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, clock=clock)  # default options: count
+    src.open()
+    store, state = Store(), SourceState("fdinfo")
+    state.provides_identity = False
+    store.add(state)
+    mapper = Mapper(load_mappings())
+    poll_and_map(src.poll, store, state, mapper, now=1000.0)
+    clock.t += 1.0
+    advance({pid: 600_000_000 for pid in busy})  # 60 % of one second each
+    cycle = poll_and_map(src.poll, store, state, mapper, now=1001.0)
+    src.close()
+    series = dict(cycle.result.series)
+    engine = IndicatorEngine(IndicatorConfig(), None, 0.5)
+    inputs = {**_engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
+              "gpu_memory_bandwidth_utilization_percent": 95.0}
+    out = engine.update(1.0, {("amd", "1", ""): inputs})
+    return series, out
+
+
+def _out(out, name, **labels):
+    return [v for n, lab, v in out if n == name and lab.items() >= labels.items()]
+
+
+def test_fdinfo_counts_busy_clients_by_default_without_exporting_them(tmp_path):
+    series, out = _fdinfo_clients(tmp_path)
+    names = {name for name, _ in series}
+    assert "gpu_process_utilization_percent" not in names and "gpu_process_memory_bytes" not in names
+    assert "gpu_client_utilization_percent" in names
+    assert _out(out, "gpu_active_clients") == [2.0]
+    assert _out(out, "gpu_memory_state", state="contended") == [1.0]
+    assert _out(out, "gpu_contention_evidence_info", evidence="clients", source="fdinfo", reason="") == [1.0]
+
+
+def test_fdinfo_in_a_private_pid_namespace_says_so_and_proves_only_co_tenancy(tmp_path):
+    _, out = _fdinfo_clients(tmp_path / "a", host_pid_namespace=False)
+    assert _out(out, "gpu_memory_state", state="contended") == [1.0]  # two clients seen: proof
+    assert _out(out, "gpu_contention_evidence_info", evidence="clients", reason="pid_namespace_private") == [1.0]
+    _, out = _fdinfo_clients(tmp_path / "b", host_pid_namespace=False, busy=(300,))
+    assert _out(out, "gpu_active_clients") == []  # one client seen: the other may be unseen
+    assert _out(out, "gpu_memory_state", state="unknown") == [1.0]
+    assert _out(out, "gpu_contention_evidence_info", evidence="none", reason="pid_namespace_private") == [1.0]

@@ -289,3 +289,51 @@ def test_a_lasting_deviation_is_accepted_as_the_new_normal_after_relearn_after_s
     assert 1.0 in flags  # raised after 1 s, held 5 s
     assert flags[-1] in (None, 0.0)  # then the baseline started over at the new level
     assert engine.baseline(DEV, "bandwidth").stats()[0] == pytest.approx(1100.0)
+
+
+def _decline_after(history_hours: float, engine, seed: int = 5):
+    """``history_hours`` at 1800 GB/s under load, then -30 % over 6 h and on to -40 %; returns
+    the decline at which the deviation flag and the drop-under-load flag were first raised."""
+    rng = random.Random(seed)
+    t = 0.0
+    for i in range(int(history_hours * 3600 / 5)):
+        t = i * 5.0
+        engine.update(t, {DEV: {"gpu_compute_utilization_percent": 95.0,
+                                "gpu_memory_bandwidth_gbps": 1800.0 * (1 + rng.gauss(0, 0.02))}})
+    start, flagged, dropped = t, None, None
+    for i in range(1, int(9 * 3600 / 5)):
+        t = start + i * 5.0
+        decline = min(0.30 * (t - start) / (6 * 3600), 0.40)
+        out = engine.update(t, {DEV: {"gpu_compute_utilization_percent": 95.0,
+                                      "gpu_memory_bandwidth_gbps": 1800.0 * (1 - decline) * (1 + rng.gauss(0, 0.02))}})
+        if flagged is None and _series(out, "gpu_baseline_deviation", metric="bandwidth") == [1.0]:
+            flagged = decline
+        if dropped is None and _series(out, "gpu_bandwidth_drop_under_load") == [1.0]:
+            dropped = decline
+        if flagged is not None and dropped is not None:
+            break
+    return flagged, dropped, out
+
+
+def test_slow_decline_with_two_hours_of_history_is_flagged_and_drops_under_load_by_minus_30():
+    """Issue 24: with only 2 h of history a -30 % decline over 6 h is flagged (against the
+    protected level, the best hourly median) before -30 %, and the seed's bandwidth-drop rule
+    (30 % below baseline under load) holds within an hour of reaching -30 % (-35 % at 5 %/h)."""
+    flagged, dropped, out = _decline_after(2.0, IndicatorEngine(IndicatorConfig(), None, poll_interval=5.0))
+    assert flagged is not None and flagged < 0.30, flagged
+    assert dropped is not None and dropped <= 0.35, dropped
+    assert _series(out, "gpu_baseline_long_mean", metric="bandwidth")[0] == pytest.approx(1800.0, rel=0.02)
+
+
+def test_relearning_a_deviation_is_counted_and_logged(caplog):
+    cfg = IndicatorConfig.model_validate({"baseline": {"relearn_after_seconds": 1800}})
+    engine = IndicatorEngine(cfg, None, poll_interval=5.0)
+    flagged, _, _ = _decline_after(2.0, engine)
+    assert flagged is not None
+    t = 2 * 3600 + 9 * 3600
+    with caplog.at_level(logging.WARNING):
+        for i in range(int(3600 / 5)):  # an hour at -40 %: held 30 min -> accepted as normal
+            out = engine.update(t + i * 5.0, {DEV: {"gpu_compute_utilization_percent": 95.0,
+                                                    "gpu_memory_bandwidth_gbps": 1080.0}})
+    assert _series(out, "gpu_baseline_relearned_total", metric="bandwidth") == [1.0]
+    assert any("relearned" in r.getMessage() for r in caplog.records)

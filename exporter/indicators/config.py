@@ -68,7 +68,8 @@ class BaselineConfig(_Strict):
     warmup_bins: int = Field(5, ge=1)
     long_bin_bins: int = Field(60, ge=1, le=10080)
     long_bins: int = Field(168, ge=1, le=10080)
-    long_warmup_bins: int = Field(3, ge=1)
+    # hourly bins before the protected level (the highest hourly median) flags a decline: 2 h
+    long_warmup_bins: int = Field(2, ge=1)
     deviation_sigma: float = Field(2.0, gt=0)
     # the value compared with the baseline is the median of the last compare_seconds of samples
     compare_seconds: float = Field(30.0, gt=0)

@@ -331,7 +331,8 @@ class IndicatorEngine:
             b = self._baseline(key, bw_metric)
             tracker = self._tracker(st, key, bw_metric)
             stats = b.stats() if b.bins >= bcfg.warmup_bins else None
-            long_ref = b.long_median() if len(b.long) >= bcfg.long_warmup_bins else None
+            # the protected level (highest hourly median): a slow decline does not drag it along
+            long_ref = b.long_peak() if len(b.long) >= bcfg.long_warmup_bins else None
             cond = False
             recent = self._recent(st, bw_metric, now, bw_value) if loaded else None
             if recent is not None and stats is not None:
@@ -343,8 +344,10 @@ class IndicatorEngine:
             held = st.flagged_seconds.get(bw_metric, 0.0) + dt if deviating else 0.0
             st.flagged_seconds[bw_metric] = held
             if deviating and bcfg.relearn_after_seconds and held >= bcfg.relearn_after_seconds:
-                log.info("bandwidth of %s deviated from its baseline for %.0f s: accepted as the new normal",
-                         key, held)
+                # an event an operator sees (counter and log), never a silent clear
+                log.warning("bandwidth of %s has been below its baseline for %.0f s: relearned, the low "
+                            "level is the new normal (gpu_baseline_relearned_total)", key, held)
+                st.relearned[bw_metric] = st.relearned.get(bw_metric, 0) + 1
                 b.reset()
                 tracker.flagged = deviating = cond = False
                 st.flagged_seconds[bw_metric] = 0.0
@@ -363,9 +366,13 @@ class IndicatorEngine:
                 out.append(("gpu_baseline_long_mean", metric_labels, long_ref))
             if stats is not None or long_ref is not None:
                 out.append(("gpu_baseline_deviation", metric_labels, 1.0 if deviating else 0.0))
+            if bw_metric in st.relearned:
+                out.append(("gpu_baseline_relearned_total", metric_labels, float(st.relearned[bw_metric])))
             if stats is not None and util is not None:
-                drop = bandwidth_drop_under_load(recent if recent is not None else bw_value, stats[0],
-                                                 util, cfg.bandwidth_drop)
+                # against the fast reference or the protected level, whichever is higher (a slow
+                # decline is in the first and not in the second)
+                drop = bandwidth_drop_under_load(recent if recent is not None else bw_value,
+                                                 max(stats[0], long_ref or 0.0), util, cfg.bandwidth_drop)
                 out.append(("gpu_bandwidth_drop_under_load", _NO_LABELS, 1.0 if drop else 0.0))
             if loaded and clean_state and not cond and not deviating and not drop and dt > 0:
                 b.learn(bw_value, dt)

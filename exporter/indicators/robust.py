@@ -102,6 +102,12 @@ class RobustBaseline:
             self._long_median = median(self.long)
         return self._long_median
 
+    def long_peak(self) -> float | None:
+        """The protected level: the highest hourly median of the long window.  A slow decline
+        enters the hourly medians one step at a time (each hour a little lower), so their median
+        follows it; the best hour the GPU sustained does not."""
+        return max(self.long) if self.long else None
+
     def zscore(self, x: float, min_relative_sigma: float) -> float | None:
         st = self.stats()
         if st is None:
