@@ -414,3 +414,22 @@ def test_monitor_relabelings_are_valid_prometheus_relabel_configs(target, tmp_pa
     out = subprocess.run([promtool, "check", "config", "--syntax-only", str(path)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_client_count_variant_counts_fdinfo_clients_with_two_capabilities_not_privileged():
+    """Issue 24: AMD / Intel co-tenancy evidence (DRM fdinfo, count-only) with the least
+    privilege that works: host PID namespace, host /proc read-only, uid 0 with CAP_SYS_PTRACE and
+    CAP_DAC_READ_SEARCH, not privileged, and no per-process series in the config."""
+    docs = render("overlays/client-count")
+    pod, c = pod_spec(docs), exporter(docs)
+    assert pod["hostPID"] is True
+    assert c["securityContext"]["privileged"] is False
+    assert set(c["securityContext"]["capabilities"]["add"]) == {"SYS_PTRACE", "DAC_READ_SEARCH"}
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    (proc,) = [m for m in c["volumeMounts"] if vols[m["name"]].get("hostPath", {}).get("path") == "/proc"]
+    assert proc["readOnly"] is True and f"--path.procfs={proc['mountPath']}" in c["args"]
+    (cm,) = by_kind(docs, "ConfigMap")
+    config = yaml.safe_load(cm["data"]["config.yml"])
+    assert config["collectors"]["fdinfo"]["options"]["processes"] == "count"
+    assert config["collectors"]["nvml"]["options"]["processes"] == "count"
