@@ -93,6 +93,10 @@ class PollResult:
     errors: Counter[str] = field(default_factory=Counter)
     # monotonic time at which the readings were taken (set by the daemon when left at 0)
     monotonic: float = 0.0
+    # self-metric samples about the source itself, (name after unified_gpu_exporter_, labels,
+    # value): exported only for names the exposition declares (SOURCE_SELF_METRICS), e.g. the
+    # upstream source's upstream_schema_info
+    self_samples: list[tuple[str, tuple[tuple[str, str], ...], float]] = field(default_factory=list)
 
     def add(self, device: str, field_name: str, value: float | int | None,
             labels: tuple[tuple[str, str], ...] = ()) -> None:
