@@ -138,6 +138,7 @@ class UpstreamSource(SourceBase):
         cm = self._mappings.get(target.spec.mapping) if self._mappings is not None else None
         prefix = target.metric_prefix
         names = {n[len(prefix):] if prefix and n.startswith(prefix) else n for n, _, _ in samples}
+        names.update(fld for _, fld, _, _ in result.readings)  # with selector labels, too
         schema = detect(cm, names, {k for _, labels, _ in samples for k in labels})
         dependent = schema_dependent(cm)
         if schema and dependent:
