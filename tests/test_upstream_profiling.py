@@ -191,3 +191,24 @@ def test_daemon_reads_unknown_not_healthy(tmp_path, server) -> None:
     finally:
         exp.stop()
     assert re.search(r'^gpu_memory_state\{.*state="unknown".*\} 1', text, re.MULTILINE)
+
+
+# ------------------------------------------------------------------ mapping file checks
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("fields:\n  - {raw: e, metric: gpu_energy_joules_total, profiling: true}\n",
+     r"fields\[0\].metric: profiling: applies to gauges mapped as read"),
+    ("profiling_guard: {busy_metric: gpu_no_such_metric}\nfields:\n"
+     "  - {raw: o, metric: gpu_compute_occupancy_percent, profiling: true}\n",
+     r"x.yaml:2: profiling_guard.busy_metric: unknown canonical metric 'gpu_no_such_metric'"),
+    ("schemas: [{name: a}, {name: a}]\nfields: []\n", r"schemas: names must be unique"),
+    ("schemas: [{name: 'a b'}]\nfields: []\n", r"schemas.0.name|schemas\[0\].name"),
+])
+def test_bad_profiling_and_schema_entries_name_file_and_line(tmp_path, body, message) -> None:
+    from exporter.mapping import load_mapping
+    from exporter.schema import default_mappings_dir, load_schema
+    from exporter.yamlfile import ConfigError
+    path = tmp_path / "x.yaml"
+    path.write_text("vendor: nvidia\n" + body)
+    with pytest.raises(ConfigError, match=message):
+        load_mapping(path, load_schema(default_mappings_dir() / "canonical.yaml"))

@@ -161,3 +161,41 @@ def test_amd_dme_clock_sentinel_is_not_a_value(server, mappings) -> None:
             'gpu_gfx_activity{gpu_id="1",serial_number="S1"} 5\n')
     got = mapped(server, mappings, "/dme-sentinel", body, exporter="amd-device-metrics-exporter")
     assert got == {m("gpu_compute_utilization_percent"): 5}
+
+
+# the B580 of test_upstream_samples.XPUMD_2X, as XPU Manager 1.x serves the same values (names and
+# 0-1 ratios from prometheus_exporter_types.py / convert-metrics.sh; built, not captured)
+_X1 = ('dev_file="card0",dev_name="Intel(R) Arc(TM) B580 Graphics",pci_bdf="0000:03:00.0",pci_dev="0xe20b",'
+       'uuid="8680e20b-0000-0000-0300-000000000000",vendor="Intel(R) Corporation"')
+XPUM_1X_B580 = f"""\
+xpum_engine_ratio{{{_X1},src="avg"}} 0.125
+xpum_engine_group_ratio{{{_X1},src="direct",type="compute"}} 1
+xpum_engine_group_ratio{{{_X1},src="direct",type="copy"}} 0
+xpum_frequency_mhz{{{_X1},location="gpu",src="direct",type="actual"}} 2800
+xpum_temperature_celsius{{{_X1},location="gpu",src="direct"}} 61
+xpum_temperature_celsius{{{_X1},location="mem",src="direct"}} 54
+xpum_memory_used_bytes{{{_X1},src="direct"}} 1073741824
+xpum_memory_bandwidth_ratio{{{_X1},src="avg"}} 0.9
+xpum_power_watts{{{_X1},src="direct"}} 151.5
+# TYPE xpum_energy_joules_total counter
+xpum_energy_joules_total{{{_X1},src="direct"}} 98765.25
+# TYPE xpum_pcie_read_bytes_total counter
+xpum_pcie_read_bytes_total{{{_X1},src="direct"}} 4096
+# TYPE xpum_pcie_write_bytes_total counter
+xpum_pcie_write_bytes_total{{{_X1},src="direct"}} 2048
+"""
+
+
+def test_xpu_manager_2x_gives_the_series_of_1x(server, mappings) -> None:
+    from tests.test_upstream_samples import XPUMD_2X
+    v1 = mapped(server, mappings, "/xpum1", XPUM_1X_B580, exporter="xpumanager")
+    v2 = mapped(server, mappings, "/xpum2", XPUMD_2X, exporter="xpumanager")
+    # 2.x also reports the frequency limit and the memory size (1.x has neither)
+    extra = {m("gpu_clock_max_mhz", domain="graphics"), m("gpu_memory_total_bytes"),
+             m("gpu_memory_utilization_percent")}
+    assert set(v2) - set(v1) == extra
+    assert {k: v for k, v in v2.items() if k not in extra} == v1
+    assert v1[m("gpu_clock_mhz", domain="graphics")] == 2800 and v1[m("gpu_compute_utilization_percent")] == 12.5
+    schemas = {name: self_samples(source(server, path, body, exporter="xpumanager"))["upstream_schema_info"]["schema"]
+               for name, path, body in (("1", "/xpum1", XPUM_1X_B580), ("2", "/xpum2", XPUMD_2X))}
+    assert schemas == {"1": "xpum-1.x", "2": "xpumd-2.x"}
