@@ -10,6 +10,7 @@ in ../shared/fixtures (metricslist.md @ v1.4.1 shows the GPU_CLOCK_TYPE_* values
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from pathlib import Path
@@ -73,9 +74,16 @@ def mappings():
 
 
 def source(server: ExporterServer, path: str, body: str, exporter: str = "dcgm-exporter", **extra) -> UpstreamSource:
+    """An upstream source with the shipped mapping set, as the daemon builds it (``mappings=``:
+    the schemas and the known names come from it)."""
     server.routes[path] = Route(body=body.encode())
     return UpstreamSource(options={"targets": [{"name": "t", "url": server.url(path), "exporter": exporter,
-                                                **extra}]})
+                                                **extra}]}, mappings=_shipped())
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped():
+    return load_mappings()
 
 
 def mapped(server, mappings, path: str, body: str, **kw) -> dict:
@@ -199,3 +207,10 @@ def test_xpu_manager_2x_gives_the_series_of_1x(server, mappings) -> None:
     schemas = {name: self_samples(source(server, path, body, exporter="xpumanager"))["upstream_schema_info"]["schema"]
                for name, path, body in (("1", "/xpum1", XPUM_1X_B580), ("2", "/xpum2", XPUMD_2X))}
     assert schemas == {"1": "xpum-1.x", "2": "xpumd-2.x"}
+
+
+def test_without_a_mapping_set_no_schema_is_claimed(server) -> None:
+    """A bare source (no ``mappings=``) recognises nothing and counts nothing as unknown."""
+    server.routes["/bare"] = Route(body=(DATA / "dcgm-exporter-4.9.prom").read_text().encode())
+    src = UpstreamSource(options={"targets": [{"name": "t", "url": server.url("/bare"), "exporter": "dcgm-exporter"}]})
+    assert self_samples(src) == {}

@@ -40,7 +40,6 @@ normalized PCI bus id key, or same uuid).
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections import Counter
@@ -83,7 +82,9 @@ class UpstreamSource(SourceBase):
     def __init__(self, *, options: Mapping[str, Any] | None = None, mappings: Any = None,
                  **_: Any) -> None:
         self._targets = parse_targets(options or {})
-        self._mappings = mappings if mappings is not None else _default_mappings()
+        # the daemon's loaded mapping set (``mappings=``): schemas and known names come from it;
+        # without one (a bare test source) no schema is recognised and nothing counted unknown
+        self._mappings = mappings
         self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
         self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
@@ -135,7 +136,8 @@ class UpstreamSource(SourceBase):
         text, content_type = fetch(target)
         samples = parse_exposition(text, content_type)
         result = read_series(target, samples)
-        cm = self._mappings.get(target.spec.mapping) if self._mappings is not None else None
+        get = getattr(self._mappings, "get", None)
+        cm = get(target.spec.mapping) if callable(get) else None
         prefix = target.metric_prefix
         names = {n[len(prefix):] if prefix and n.startswith(prefix) else n for n, _, _ in samples}
         names.update(fld for _, fld, _, _ in result.readings)  # with selector labels, too
@@ -145,8 +147,10 @@ class UpstreamSource(SourceBase):
             result.readings = [(ref, qualify(fld, schema) if fld in dependent else fld, value, dims)
                                for ref, fld, value, dims in result.readings]
         labels = (("target", target.name), ("exporter", target.spec.name))
-        extra = [("upstream_unknown_fields", labels,
-                  float(len(self._unknown(target, cm, {fld for _, fld, _, _ in result.readings}))))]
+        extra = []
+        if cm is not None:
+            unknown_names = self._unknown(target, cm, {fld for _, fld, _, _ in result.readings})
+            extra.append(("upstream_unknown_fields", labels, float(len(unknown_names))))
         if schema:
             extra.append(("upstream_schema_info", (*labels, ("schema", schema)), 1.0))
         return result, extra
@@ -217,21 +221,6 @@ class _DaemonThreads:
                 fut.set_exception(e)
         threading.Thread(target=run, name="upstream", daemon=True).start()
         return fut
-
-
-@functools.lru_cache(maxsize=1)
-def _default_mappings() -> Any:
-    """The shipped mapping set, for a source built without one (tests, tools): the daemon hands
-    its loaded set (``mappings=``).  None when it cannot be loaded: no schemas then."""
-    from ..mapping import MappingSet
-    from ..schema import default_mappings_dir, load_schema
-    from ..yamlfile import ConfigError
-    directory = default_mappings_dir()
-    try:
-        return MappingSet.load_dir(directory, load_schema(directory / "canonical.yaml"))
-    except (ConfigError, OSError):
-        log.warning("upstream: the shipped mappings do not load; schemas are not recognised")
-        return None
 
 
 def _device(target: Target, ident: SeriesIdentity, position: int) -> Device:

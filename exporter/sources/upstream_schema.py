@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
-from ..mapping import CompiledMapping
+# ``cm`` below is a compiled mapping file (exporter.mapping.CompiledMapping: ``rules``,
+# ``schemas``, ``not_mapped``), handed over by the daemon; a source does not import the mapping
+# side (tests/test_layering.py), so it is read by attribute
 
 _SCHEMA_SELECTOR = re.compile(r'(?:,|(?<=\{))schema="([^"\\]*)"(?=[,}])')
 
 
-def schema_dependent(cm: CompiledMapping | None) -> frozenset[str]:
+def schema_dependent(cm: Any) -> frozenset[str]:
     """Raw fields of ``cm`` whose rules are qualified by a schema (the unqualified names)."""
     if cm is None:
         return frozenset()
@@ -42,7 +45,7 @@ def qualify(field: str, schema: str) -> str:
     return f'{field}{{schema="{schema}"}}'
 
 
-def detect(cm: CompiledMapping | None, names: Iterable[str], label_names: Iterable[str]) -> str:
+def detect(cm: Any, names: Iterable[str], label_names: Iterable[str]) -> str:
     """The first schema of ``cm`` with a marker among ``names``/``label_names``, else its last
     schema; "" when the mapping lists none."""
     if cm is None or not cm.schemas:
@@ -56,7 +59,7 @@ def detect(cm: CompiledMapping | None, names: Iterable[str], label_names: Iterab
     return cm.schemas[-1].name
 
 
-def unknown(cm: CompiledMapping | None, fields: Iterable[str]) -> set[str]:
+def unknown(cm: Any, fields: Iterable[str]) -> set[str]:
     """Metric names among ``fields`` (raw fields, selector labels dropped) that no rule of ``cm``
     maps and its ``not_mapped`` does not list (an entry ending in ``*`` is a prefix)."""
     if cm is None:
