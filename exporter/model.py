@@ -26,6 +26,8 @@ FAST_METRICS = frozenset({
     "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
     "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
     "gpu_l2_cache_miss_rate_percent",
+    # whether the profiling values above are values (exporter/profiling_guard.py): refreshed with them
+    "gpu_profiling_available",
 })
 
 
