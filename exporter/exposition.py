@@ -60,12 +60,23 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
     "config_last_reload_successful": ("gauge", "1 if the last configuration (re)load succeeded."),
     "config_last_reload_success_timestamp_seconds": (
         "gauge", "Unix time of the last successful configuration (re)load."),
+    "upstream_schema_info": ("gauge",
+                             "Value 1 per upstream target that answered its last poll: the exporter "
+                             "and the naming generation (schema) its series were recognised as "
+                             "(mappings/upstream/<exporter>.yaml, schemas)."),
+    "upstream_unknown_fields": ("gauge",
+                                "Metric names of an upstream target, in its last poll, that no "
+                                "mapping knows (an upgrade that added or renamed fields); the "
+                                "first ones are logged."),
     "stage_cpu_seconds_total": ("counter",
                                 "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
                                 "fast_map per source; indicators, render), as of the last render. "
                                 "process_cpu_seconds_total minus their sum is the event loop, HTTP "
                                 "serving, the garbage collector and helper threads."),
 }
+
+# self-metrics a source reports itself (PollResult.self_samples)
+SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields"})
 
 
 def _family(name: str, typ: str, doc: str, unit: str) -> Family:
@@ -224,6 +235,9 @@ class Renderer:
             for kind, count in sorted(errors.items()):
                 add("source_errors_total", {**s, "kind": kind}, float(count))
             add("source_series", s, float(len(st.series)))
+            for name, labels, value in st.self_samples:
+                if name in SOURCE_SELF_METRICS:  # declared ones only: a source cannot invent families
+                    add(name, {**s, **dict(labels)}, value)
             up: dict[tuple[str, str, str], bool] = {}
             for key, dev in st.devices.items():  # one per identity (a device may have companions)
                 ident = dev.id

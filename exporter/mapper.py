@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .model import Device, Labels, PollResult, SeriesKey, identity_labels
+from .profiling_guard import AVAILABLE, Held, apply_guard
 
 if TYPE_CHECKING:
-    from .mapping import MappingSet, Rule
+    from .mapping import MappingSet, ProfilingGuard, Rule
 
 device_labels = identity_labels
 
@@ -47,6 +48,10 @@ class Mapper:
     delta of the raw counter that feeds the series (a decrease is a reset: the new value is the
     delta), so the total never goes down, even when the feeding raw counter changes (fallback) or
     a poll misses the value.
+
+    Values of ``profiling: true`` rules go through the file's profiling guard
+    (``profiling_guard.py``); what it skips is counted in ``sample.errors`` as
+    ``profiling_unavailable`` (the runner adds a poll's errors after mapping it).
     """
 
     def __init__(self, mappings: MappingSet):
@@ -76,6 +81,8 @@ class Mapper:
         plans = self._plans
         isfinite = math.isfinite
         malformed = 0
+        held: dict[str, list[Held]] = {}  # device key -> profiling values, for the guard
+        blanks: dict[str, int] = {}  # device key -> blank profiling readings
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
@@ -97,7 +104,10 @@ class Mapper:
                         continue
                 else:
                     if value in rule.invalid:
-                        malformed += 1
+                        if rule.profiling:
+                            blanks[r.device] = blanks.get(r.device, 0) + 1
+                        else:
+                            malformed += 1
                         break
                     if lookup is not None:
                         looked_up = lookup.get(value)
@@ -127,6 +137,9 @@ class Mapper:
                     if not isfinite(value):  # overflow of a garbage raw value: never exported
                         malformed += 1
                         continue
+                    if rule.profiling:
+                        held.setdefault(r.device, []).append((key, rule.order, rule.combine, value))
+                        continue
                 have = gauges.get(key)
                 if have is None:
                     gauges[key] = (rule.order, rule.combine, value)
@@ -135,9 +148,14 @@ class Mapper:
                 else:
                     have.append((rule.order, rule.combine, value))
         out.malformed = malformed
+        available = apply_guard(held, blanks, devices, gauges, self._guard_of, self._base,
+                                sample.errors, _combine) if held or blanks else None
         series = out.series
         for key, cands in gauges.items():
             series[key] = cands[2] if type(cands) is tuple else _combine(cands)  # type: ignore[arg-type]
+        if available and AVAILABLE in self.mappings.schema.metrics:
+            for base, value in available.items():
+                series[(AVAILABLE, base)] = value
         for key, cands in counters.items():
             total = self._total(key, cands)
             if total is not None:
@@ -153,8 +171,7 @@ class Mapper:
         if rules:
             raw_labels = dict(r.labels) if r.labels else {}
             # one label tuple per device identity, shared by every plan and series key of it
-            base = device_labels(dev)
-            base = self._labels.setdefault(base, base)
+            base = self._base(dev)
             steps = []
             for rule in rules:
                 extra = dict(rule.fixed)
@@ -163,7 +180,7 @@ class Mapper:
                         extra[canon] = raw_labels[raw_name]
                 key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())) if extra else base)
                 simple = not (rule.invalid or rule.values or rule.is_counter or rule.rate
-                              or rule.valid or rule.clamp)
+                              or rule.valid or rule.clamp or rule.profiling)
                 lookup = None
                 if rule.values:
                     lookup = self._lookups.get(rule.values)
@@ -178,6 +195,15 @@ class Mapper:
             self._labels.clear()
         self._plans[(r.device, r.field, r.labels)] = (dev, plan)
         return plan
+
+    def _base(self, dev: Device) -> Labels:
+        """The device's identity labels, one interned tuple per identity."""
+        base = device_labels(dev)
+        return self._labels.setdefault(base, base)
+
+    def _guard_of(self, dev: Device) -> ProfilingGuard | None:
+        cm = self.mappings.get(dev.mapping)
+        return cm.profiling_guard if cm is not None else None
 
     def _total(self, key: SeriesKey, cands: list[tuple[int, str, float | None, float]]) -> float | None:
         cands.sort(key=lambda c: c[0])

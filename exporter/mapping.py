@@ -41,6 +41,9 @@ class FieldRule(BaseModel):
     combine: Literal["first", "max", "sum"] = "first"
     # for a histogram metric: which part this raw field is (bucket counts carry an `le` label)
     histogram: Literal["bucket", "sum", "count"] | None = None
+    # a profiling counter (DCGM DCP, NVML GPM): subject to the file's profiling_guard ("a zero is
+    # not always a value"), and a blank (``invalid``) reading of it counts as profiling_unavailable
+    profiling: bool = False
 
     @model_validator(mode="after")
     def _names(self) -> FieldRule:
@@ -61,11 +64,47 @@ class FieldRule(BaseModel):
         return self
 
 
+class ProfilingGuard(BaseModel):
+    """When every profiling reading of a GPU is 0 while ``busy_metric`` (fed by the file's
+    non-profiling rules, GPU level) is at least ``busy_above``, the profiling readings are not
+    values (another profiler holds the counters, the profiling module is not loaded): they are
+    skipped and counted as ``profiling_unavailable``, and ``gpu_profiling_available`` reads 0."""
+
+    model_config = ConfigDict(extra="forbid")
+    busy_metric: str = "gpu_compute_utilization_percent"
+    busy_above: float = Field(10.0, ge=0)
+
+
+class SchemaRule(BaseModel):
+    """One naming generation of an upstream exporter, recognised by any of its markers: a raw
+    name (``names``), a raw-name prefix (``prefixes``) or a label name (``labels``) on a series."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+    description: str = ""
+    names: list[str] = []
+    prefixes: list[str] = []
+    labels: list[str] = []
+
+
 class MappingFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     vendor: Literal["nvidia", "amd", "intel"]
     description: str = ""
     fields: list[FieldRule]
+    profiling_guard: ProfilingGuard = ProfilingGuard()
+    # upstream exporters: the naming generations, most recent first; the first whose marker a
+    # scrape shows is that target's schema, the last one (no marker needed) the default
+    schemas: list[SchemaRule] = []
+    # raw names the exporter serves that are deliberately not mapped (not counted as unknown)
+    not_mapped: list[str] = []
+
+    @model_validator(mode="after")
+    def _schema_names(self) -> MappingFile:
+        names = [s.name for s in self.schemas]
+        if len(set(names)) != len(names):
+            raise ValueError("schemas: names must be unique")
+        return self
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,6 +127,7 @@ class Rule:
     valid: tuple[float, float] | None
     series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
     values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
+    profiling: bool = False  # subject to the file's profiling guard
 
 
 @dataclass(slots=True)
@@ -96,6 +136,9 @@ class CompiledMapping:
     path: Path
     vendor: str
     rules: dict[str, tuple[Rule, ...]]
+    profiling_guard: ProfilingGuard | None = None  # set when the file has profiling rules
+    schemas: tuple[SchemaRule, ...] = ()
+    not_mapped: frozenset[str] = frozenset()
 
 
 def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
@@ -128,6 +171,8 @@ def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
         return "values: (a lookup table) applies to gauges mapped as read"
     if rule.wrap is not None and mdef.type != "counter" and rule.transform != "rate":
         return "wrap applies only to raw counters (a counter metric or transform: rate)"
+    if rule.profiling and (mdef.type != "gauge" or rule.transform != "none"):
+        return "profiling: applies to gauges mapped as read"
     return None
 
 
@@ -151,9 +196,18 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
             valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
-            values=tuple(sorted(fr.values.items()))))
+            values=tuple(sorted(fr.values.items())), profiling=fr.profiling))
+    guard = parsed.profiling_guard
+    if any(fr.profiling for fr in parsed.fields):
+        if guard.busy_metric not in schema.metrics:
+            line = lines.get(("profiling_guard", "busy_metric")) or lines.get(("profiling_guard",))
+            raise ConfigError(f"{path}:{line}: profiling_guard.busy_metric: unknown canonical metric "
+                              f"{guard.busy_metric!r}")
+    else:
+        guard = None
     return CompiledMapping(name or path.stem, path, parsed.vendor,
-                           {k: tuple(v) for k, v in rules.items()})
+                           {k: tuple(v) for k, v in rules.items()}, guard, tuple(parsed.schemas),
+                           frozenset(parsed.not_mapped))
 
 
 class MappingSet:

@@ -26,6 +26,8 @@ FAST_METRICS = frozenset({
     "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
     "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
     "gpu_l2_cache_miss_rate_percent",
+    # whether the profiling values above are values (exporter/profiling_guard.py): refreshed with them
+    "gpu_profiling_available",
 })
 
 
@@ -93,6 +95,10 @@ class PollResult:
     errors: Counter[str] = field(default_factory=Counter)
     # monotonic time at which the readings were taken (set by the daemon when left at 0)
     monotonic: float = 0.0
+    # self-metric samples about the source itself, (name after unified_gpu_exporter_, labels,
+    # value): exported only for names the exposition declares (SOURCE_SELF_METRICS), e.g. the
+    # upstream source's upstream_schema_info
+    self_samples: list[tuple[str, tuple[tuple[str, str], ...], float]] = field(default_factory=list)
 
     def add(self, device: str, field_name: str, value: float | int | None,
             labels: tuple[tuple[str, str], ...] = ()) -> None:

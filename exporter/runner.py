@@ -110,6 +110,7 @@ class SourceRunner:
         st.device_up = {k: sample.device_up.get(k, True) for k in devices}
         st.series = st.polled = result.series
         st.fast = {}
+        st.self_samples = sample.self_samples
         st.errors.update(sample.errors)
         if result.malformed:
             st.errors["malformed_value"] += result.malformed

@@ -38,11 +38,14 @@ class SourceState:
     # the exposition shows the full poll's values.  All three are replaced, never mutated.
     polled: dict[SeriesKey, float] | None = None
     fast: dict[SeriesKey, float] = field(default_factory=dict)
+    # the last full poll's PollResult.self_samples (the exposition exports the declared ones)
+    self_samples: list[tuple[str, tuple[tuple[str, str], ...], float]] = field(default_factory=list)
 
     def clear(self) -> None:
         self.series = {}
         self.polled = None
         self.fast = {}
+        self.self_samples = []
         self.up = False
 
 

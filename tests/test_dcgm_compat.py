@@ -65,3 +65,29 @@ def test_migration_guide_lists_every_compat_rule_and_the_unit_changes():
         assert fact in text, fact
     table = [ln for ln in text.splitlines() if re.match(r"\| `DCGM_FI_", ln)]
     assert len(table) >= 25
+
+
+# dcgm-exporter 4.9 (DCGM 4.7) renamed the defaults, with base units (issue #25)
+REQUIRED_49 = {"DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_FREE_BYTES",
+               "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_BOARD_POWER_WATTS", "DCGM_FI_DEV_SM_CLOCK_HERTZ",
+               "DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO"}
+
+
+def test_the_4_9_names_are_recreated_with_their_units_and_hostname_label():
+    assert REQUIRED_49 <= DCGM_RECORDS
+    by_name = {r["record"]: r["expr"] for r in RULES}
+    for name in REQUIRED_49:
+        assert "hostname)" in by_name[name] and "Hostname" not in by_name[name], name
+    assert "/ 100" in by_name["DCGM_FI_DEV_GPU_UTIL_RATIO"]        # % -> 0-1
+    assert "* 1000000" in by_name["DCGM_FI_DEV_SM_CLOCK_HERTZ"]     # MHz -> Hz
+    assert "1048576" not in by_name["DCGM_FI_DEV_FB_USED_BYTES"]    # bytes as they are
+
+
+def test_migration_guide_says_which_release_each_name_comes_from():
+    text = DOC.read_text()
+    for fact in ("4.8.3, 4.8.4 (DCGM 4.6)", "4.9.0 (DCGM 4.7)", "4.10.0 (DCGM 4.8)", "**ratio**",
+                 "upstream_schema_info", "upstream_unknown_fields", "profiling_unavailable",
+                 "gpu_profiling_available"):
+        assert fact in text, fact
+    for name in REQUIRED_49:
+        assert re.search(rf"^\| `{name}` \(", text, re.MULTILINE), name

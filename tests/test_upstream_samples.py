@@ -94,6 +94,7 @@ def test_dcgm_exporter_l4(server, mappings, shared_fixtures: Path) -> None:
         m("gpu_memory_remapped_rows", state="corrected"): 0,
         m("gpu_memory_remapped_rows", state="failure"): 0,
         m("gpu_tensor_utilization_percent"): 0,
+        m("gpu_profiling_available"): 1,           # PROF_* all 0 on an idle GPU: values, kept
     }
 
 
@@ -125,6 +126,7 @@ def test_dcgm_exporter_a100_mig(server, mappings, shared_fixtures: Path) -> None
         m("gpu_compute_utilization_percent", **mig): 99.5687,
         m("gpu_tensor_utilization_percent", **mig): 93.0433,
         m("gpu_memory_bandwidth_utilization_percent", **mig): 80.0339,
+        m("gpu_profiling_available"): 1,
     }
 
 

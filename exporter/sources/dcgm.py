@@ -26,8 +26,10 @@ from .base import Device, PollResult, SourceBase, SourceUnavailable
 BINDING_PATHS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")
 
 # DCP profiling fields (dcgm_fields.h ids): GR engine active, SM active, SM occupancy, tensor
-# active, DRAM active, FP64/FP32/FP16 active, PCIe TX/RX bytes, NVLink TX/RX bytes.
-DEFAULT_FIELD_IDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012)
+# active, DRAM active, FP64/FP32/FP16 active, PCIe TX/RX bytes, NVLink TX/RX bytes; and 203
+# GPU utilization, which tells the profiling guard (mappings/dcgm.yaml) a busy GPU whose DCP
+# fields all read 0 (another profiler holds the counters): those zeros are not values.
+DEFAULT_FIELD_IDS = (203, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012)
 
 # dcgm_structs.h: DCGM_INT64_BLANK = 0x7ffffffffffffff0 (and +1..+3), DCGM_FP64_BLANK = 140737488355328.0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0

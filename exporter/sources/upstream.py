@@ -21,6 +21,12 @@ Each series becomes a raw reading: field = the upstream metric name (qualified b
 selector labels, see ``upstream_identity``), value = the sample value, labels = the remaining
 dimension labels.  The device's mapping file is ``mappings/upstream/<exporter>.yaml``.
 
+Per scrape the target's naming generation is recognised from the mapping file's ``schemas``
+(``upstream_schema``): a raw field whose unit depends on it is qualified with it
+(``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``), and the poll reports the self-metrics
+``upstream_schema_info{target, exporter, schema}`` and ``upstream_unknown_fields{target,
+exporter}`` (metric names no mapping knows; each new set is logged once, the first names).
+
 A target that fails in a poll (refused, timeout, HTTP error, unparsable body) contributes no
 readings at all in that poll; its error kind is counted (read_error, timeout, parse_error) and
 its devices seen before are reported with ``device_up=False``.  When every target fails, ``poll``
@@ -58,6 +64,7 @@ from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: import
 from .upstream_identity import (
     SeriesIdentity,
 )
+from .upstream_schema import detect, qualify, schema_dependent, unknown
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +79,13 @@ class UpstreamSource(SourceBase):
     abilities = Abilities(secondary=True)
     secondary: ClassVar[bool] = abilities.secondary  # the flag's older spelling
 
-    def __init__(self, *, options: Mapping[str, Any] | None = None, **_: Any) -> None:
+    def __init__(self, *, options: Mapping[str, Any] | None = None, mappings: Any = None,
+                 **_: Any) -> None:
         self._targets = parse_targets(options or {})
+        # the daemon's loaded mapping set (``mappings=``): schemas and known names come from it;
+        # without one (a bare test source) no schema is recognised and nothing counted unknown
+        self._mappings = mappings
+        self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
         self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
@@ -92,12 +104,12 @@ class UpstreamSource(SourceBase):
         if self._pool is None:
             self.open()
         assert self._pool is not None
-        futures = [(t, self._pool.submit(scrape_target, t)) for t in self._targets]
+        futures = [(t, self._pool.submit(self._scrape, t)) for t in self._targets]
         keys_taken: set[str] = set()
         failures: list[str] = []
         for target, future in futures:
             try:
-                result = future.result()
+                result, extra = future.result()
             except FetchError as e:
                 self._target_failed(target, e.kind, str(e), sample, keys_taken)
                 failures.append(f"{target.name}: {e.kind}: {e}")
@@ -111,11 +123,48 @@ class UpstreamSource(SourceBase):
                 del self._failing[target.name]
                 log.info("upstream target %s (%s) answers again", target.name, target.url)
             self._add_target(target, result, sample, keys_taken)
+            sample.self_samples.extend(extra)
         if failures and len(failures) == len(self._targets):
             errors = Counter(sample.errors)
             cls = UpstreamTimeout if set(errors) == {"timeout"} else UpstreamDown
             raise cls(errors, "; ".join(failures))
         return sample
+
+    def _scrape(self, target: Target) -> tuple[TargetReadings, list]:
+        """``scrape_target`` plus the schema: raw fields qualified where the unit depends on it,
+        the schema and the unknown names as self-metric samples (run on the target's thread)."""
+        text, content_type = fetch(target)
+        samples = parse_exposition(text, content_type)
+        result = read_series(target, samples)
+        get = getattr(self._mappings, "get", None)
+        cm = get(target.spec.mapping) if callable(get) else None
+        prefix = target.metric_prefix
+        names = {n[len(prefix):] if prefix and n.startswith(prefix) else n for n, _, _ in samples}
+        names.update(fld for _, fld, _, _ in result.readings)  # with selector labels, too
+        schema = detect(cm, names, {k for _, labels, _ in samples for k in labels})
+        dependent = schema_dependent(cm)
+        if schema and dependent:
+            result.readings = [(ref, qualify(fld, schema) if fld in dependent else fld, value, dims)
+                               for ref, fld, value, dims in result.readings]
+        labels = (("target", target.name), ("exporter", target.spec.name))
+        extra = []
+        if cm is not None:
+            unknown_names = self._unknown(target, cm, {fld for _, fld, _, _ in result.readings})
+            extra.append(("upstream_unknown_fields", labels, float(len(unknown_names))))
+        if schema:
+            extra.append(("upstream_schema_info", (*labels, ("schema", schema)), 1.0))
+        return result, extra
+
+    def _unknown(self, target: Target, cm: Any, fields: set[str]) -> set[str]:
+        names = unknown(cm, fields)
+        key = frozenset(names)
+        if names and self._unknown_logged.get(target.name) != key:
+            if len(self._unknown_logged) < 1024:  # bounded: target names come from the config
+                self._unknown_logged[target.name] = key
+            shown = sorted(names)[:20]
+            log.info("upstream target %s (%s): %d metric names no mapping knows: %s%s", target.name,
+                     target.spec.name, len(names), ", ".join(shown), " ..." if len(names) > 20 else "")
+        return names
 
     def _target_failed(
         self, target: Target, kind: str, message: str, sample: PollResult, keys_taken: set[str]
