@@ -24,6 +24,11 @@ ROWS = [
     # (case, inputs, state, reason)
     ("nothing reported", StateInputs(), "unknown", "no_load_signal"),
     ("idle", occ(1.0, 0.5, util=1.0), "idle", "below_idle_bars"),
+    ("busy, profiling counters all zero (another profiler holds them)",
+     StateInputs(utilization=99.0, basis="utilization", compute=99.0, profiling_unavailable=True),
+     "unknown", "profiling_unavailable"),
+    ("idle, profiling counters zero", StateInputs(utilization=1.0, profiling_unavailable=True), "idle",
+     "below_idle_bars"),
     ("thermal throttle while busy", occ(50.0, 55.0, throttled=True), "throttled", "throttle_reason_active"),
     ("power cap while two tenants fight over bandwidth", occ(92.0, 30.0, clients=2, throttled=True),
      "contended", "clients"),

@@ -180,7 +180,6 @@ def test_daemon_exports_the_unavailability_and_the_schema(tmp_path, server) -> N
                      r'source="upstream",target="dcgm"\} 0', text, re.MULTILINE)
 
 
-@pytest.mark.xfail(strict=True, reason="lead wires engine")
 def test_daemon_reads_unknown_not_healthy(tmp_path, server) -> None:
     exp = _daemon(tmp_path, server)
     try:

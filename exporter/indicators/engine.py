@@ -45,6 +45,7 @@ from .signals import (
     INTERCONNECT_BASELINE,
     MISS_BASELINE,
     MISS_RATE,
+    PROFILING_AVAILABLE,
     REFERENCE_PREFIX,
     UTILIZATION,
     VARIABILITY_SERIES,
@@ -246,7 +247,7 @@ class IndicatorEngine:
         unconfirmed = bool(scfg.drop_confirm_seconds) and st.drop_seconds >= scfg.drop_confirm_seconds
         verdict = decide(bw_util, util, basis, compute, throttled, clients, ref_median is not None,
                          throughput_drop, unconfirmed, scfg, cfg.contention.bandwidth_utilization_percent,
-                         cfg.contention.compute_percent)
+                         cfg.contention.compute_percent, series.get(PROFILING_AVAILABLE) == 0.0)
         if labelled.instances:  # MIG: a state per GPU instance, the GPU's derived from them
             inst = instance_verdicts(cfg, self._labels, labelled, held, evidence, throttled, out)
             verdict, inst_basis, inst_bw = derive_gpu_state(verdict, inst)

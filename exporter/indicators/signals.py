@@ -18,6 +18,8 @@ from .series import (
 UTILIZATION = "gpu_compute_utilization_percent"
 BANDWIDTH_GBPS = "gpu_memory_bandwidth_gbps"
 MISS_RATE = "gpu_l2_cache_miss_rate_percent"
+# 0: the profiling counters read zero / blank on a busy GPU (sources' profiling guard, issue 25)
+PROFILING_AVAILABLE = "gpu_profiling_available"
 
 # metric label -> canonical series feeding the variability windows
 VARIABILITY_SERIES = (
@@ -33,7 +35,7 @@ THROTTLE_CAUSES = ("thermal_throttle", "power_throttle")
 
 # every series name the engine reads: a feed may hand it only these (same output, less work)
 USED_SERIES = frozenset({
-    UTILIZATION, BANDWIDTH_GBPS, BANDWIDTH_UTIL, MISS_RATE, *BASIS_SERIES.values(),
+    UTILIZATION, BANDWIDTH_GBPS, BANDWIDTH_UTIL, MISS_RATE, PROFILING_AVAILABLE, *BASIS_SERIES.values(),
     *(name for _, name in VARIABILITY_SERIES), THROTTLE, IC_BYTES, IC_UTIL, PROC_UTIL,
     CLIENT_UTIL, CLIENT_CONTEXTS, CLIENT_EVIDENCE, CLOCK, CLOCK_MAX,
 })

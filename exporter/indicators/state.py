@@ -45,6 +45,7 @@ class StateInputs:
     reference_warm: bool = False  # the memory-bound reference has learned enough
     throughput_drop: bool = False  # compute signal persistently below that reference
     drop_unconfirmed: bool = False  # that drop has lasted too long without per-process data
+    profiling_unavailable: bool = False  # profiling counters zero / blank on a busy GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +92,19 @@ def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float 
                    compute_percent: float = 50.0) -> StateVerdict:
     return decide(inp.bandwidth_util, inp.utilization, inp.basis, inp.compute, inp.throttled, inp.clients,
                   inp.reference_warm, inp.throughput_drop, inp.drop_unconfirmed, cfg, bandwidth_percent,
-                  compute_percent)
+                  compute_percent, inp.profiling_unavailable)
 
 
 def decide(bandwidth_util: float | None, utilization: float | None, basis: str | None,
            compute: float | None, throttled: bool, clients: int | None, reference_warm: bool,
            throughput_drop: bool, drop_unconfirmed: bool, cfg: StateConfig,
-           bandwidth_percent: float = 85.0, compute_percent: float = 50.0) -> StateVerdict:
+           bandwidth_percent: float = 85.0, compute_percent: float = 50.0,
+           profiling_unavailable: bool = False) -> StateVerdict:
     """``classify_state`` of the fields of a ``StateInputs``, without building one (the engine
     decides every device at every fast poll).  The rows are ``ROWS``, in order.
+
+    ``profiling_unavailable``: the profiling counters read zero or blank while the GPU is busy
+    (gpu_profiling_available 0: another profiler holds them); no verdict rests on them.
 
     ``throttled``: a throttle reason that explains a loss (``rootcause.throttle_explains``: a
     hardware / thermal slowdown, or a power cap with the clock cut), not a power cap alone.
@@ -109,6 +114,8 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
         return _verdict("unknown", "no_load_signal", False)
     if not is_busy:
         return _verdict("idle", "below_idle_bars", False)
+    if profiling_unavailable:
+        return _verdict("unknown", "profiling_unavailable", False)
     sig = _signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
     if clients is not None and clients >= cfg.min_clients:
         # co-tenancy is evidence the clocks cannot explain: it wins over every throttle reason
@@ -152,6 +159,8 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("1", "no load signal at all (no utilization, bandwidth or compute signal)", "unknown",
      "`no_load_signal`"),
     ("2", "all load signals below the idle bars", "idle", "`below_idle_bars`"),
+    ("2a", "busy while the profiling counters read zero or blank (`gpu_profiling_available` 0: another "
+     "profiler holds them, or the profiling module is not loaded)", "unknown", "`profiling_unavailable`"),
     ("3", "busy, the signature and >= 2 active clients (`min_clients`, held over "
      "`client_holdover_seconds`), whatever the throttle reasons", "contended",
      "`clients` / `clients_and_throughput_drop`"),
