@@ -265,7 +265,8 @@ class IndicatorEngine:
                     ref.reset()  # the next job gets its own reference
             else:
                 st.idle_seconds = 0.0
-            if sig and state in ("memory_bound", "unknown") and not drop_cond and not throughput_drop:
+            if sig and state in ("memory_bound", "unknown") and not drop_cond and not throughput_drop \
+                    and verdict.reason != "profiling_unavailable":
                 ref.learn(compute, dt)  # type: ignore[arg-type]
         labels = self._labels
         by_basis = _BY_BASIS
