@@ -8,6 +8,7 @@ import binascii
 import hashlib
 import ipaddress
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -16,7 +17,7 @@ from typing import Any
 import bcrypt
 from aiohttp import web
 
-from .model import BCRYPT_MAX_PASSWORD, WebConfig
+from .model import _TLS_VERSIONS, BCRYPT_MAX_PASSWORD, WebConfig
 
 log = logging.getLogger("exporter.webconfig")
 
@@ -94,6 +95,23 @@ def _peer_sans(request: web.Request) -> set[str]:
     return sans
 
 
+_TLS_VERSION_OF = {"TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
+                   "TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def _meets_tls_policy(cfg: WebConfig, request: web.Request) -> bool:
+    """Whether the request's TLS connection was made under a policy at least as strict as the
+    current one (a verified client certificate where one is required, min_version)."""
+    transport = request.transport
+    sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+    if not cfg.tls_enabled or sslobj is None:
+        return True
+    if cfg.tls.client_auth_type == "RequireAndVerifyClientCert" and not transport.get_extra_info("peercert"):
+        return False
+    version = _TLS_VERSION_OF.get(sslobj.version() or "", ssl.TLSVersion.TLSv1)
+    return version >= _TLS_VERSIONS[cfg.tls.min_version]
+
+
 class _TokenBucket:
     def __init__(self) -> None:
         self._tokens = 0.0
@@ -154,6 +172,13 @@ def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
         cfg = webconfig_provider()
         if cfg.broken:
             return _plain(500, "Internal Server Error", cfg)
+        if not _meets_tls_policy(cfg, request):
+            # a keep-alive connection made before the client-certificate policy or min_version
+            # was tightened: closed without an answer, so the client (Go's transport retries an
+            # idempotent request) reconnects under the policy in force now
+            if request.transport is not None:
+                request.transport.abort()
+            return _plain(403, "Forbidden", cfg)
         rl = cfg.rate_limit
         if rl.burst > 0 and rl.interval_seconds > 0 and not bucket.allow(rl.interval_seconds, rl.burst):
             return _plain(429, "Too Many Requests", cfg)
