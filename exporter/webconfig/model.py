@@ -81,7 +81,7 @@ _ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
 
 # $2a$ / $2b$ / $2y$ and a cost Go's x/crypto/bcrypt accepts (MinCost 4 .. MaxCost 31);
 # exporter-toolkit checks every hash with bcrypt.Cost() before it serves
-_BCRYPT_RE = re.compile(r"^\$2[aby]\$(\d{2})\$[./A-Za-z0-9]{53}$")
+_BCRYPT_RE = re.compile(r"\A\$2[aby]\$(\d{2})\$[./A-Za-z0-9]{53}\Z")
 BCRYPT_MIN_COST, BCRYPT_MAX_COST = 4, 31
 # bcrypt uses the first 72 bytes of a password; Go's CompareHashAndPassword ignores the rest
 BCRYPT_MAX_PASSWORD = 72

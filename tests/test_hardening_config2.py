@@ -1,0 +1,92 @@
+"""Issue 26, findings 14 and 16 (and issue 27 item 2): names that would make the exposition
+unparsable are refused with file:line (a trailing newline slips through a ``$`` regex; static
+labels that collide with series, Prometheus or attribution labels), and every period of the
+enrichers is bounded below.  The real ``--check-config``, and a real scrape parsed by promtool."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from exporter.schema import LABEL_RE, NAME_RE, Schema
+from tests.conftest import REPO, require_binary
+from tests.e2e_util import EXPORTER_CMD
+from tests.reliability_util import ExporterProcess
+
+
+def _check(tmp_path, text: str) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    return subprocess.run([*EXPORTER_CMD, "--config.file", str(cfg), "--check-config"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["gpu\n", "node\n"])
+def test_names_with_a_trailing_newline_do_not_match(name):
+    assert not LABEL_RE.match(name) and not NAME_RE.match(name)
+
+
+@pytest.mark.parametrize("key,line", [
+    ('"node\\n"', 3),            # a trailing newline (passes a "$" regex)
+    ("__name__", 3),             # issue 27 item 2
+    ("__meta_x", 3),
+    ("instance", 3),             # issue 27 item 2: a Prometheus target label
+    ("job", 3),
+    ("le", 3),
+    ("vendor", 3),               # identity labels
+    ("gpu", 3),
+    ("uuid", 3),
+    ("gpu_instance", 3),
+    ("source", 3),               # labels of canonical series (gpu_info)
+    ("pid", 3),
+])
+def test_static_label_that_breaks_the_exposition_is_refused_with_its_line(tmp_path, key, line):
+    r = _check(tmp_path, f"poll_interval: 1s\nlabels:\n  {key}: x\n")
+    assert r.returncode != 0, r.stdout
+    assert f"c.yaml:{line}:" in r.stderr, r.stderr
+    assert "labels" in r.stderr
+
+
+def test_attribution_labels_refused_only_with_pod_attribution(tmp_path):
+    r = _check(tmp_path, "labels:\n  namespace: team-a\n  label_app: x\n"
+                         "enrich:\n  kubernetes:\n    enabled: true\n    api: 'off'\n")
+    assert r.returncode != 0
+    assert "c.yaml:2:" in r.stderr and "c.yaml:3:" in r.stderr, r.stderr
+    assert "pod attribution" in r.stderr
+    ok = _check(tmp_path, "labels:\n  label_app: x\n  cluster: c1\n"
+                          "enrich:\n  kubernetes:\n    enabled: false\n")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_label_allowlist_name_with_a_newline_is_refused(tmp_path):
+    r = _check(tmp_path, 'exposition:\n  label_allowlist: ["vendor", "gpu\\n"]\n')
+    assert r.returncode != 0 and "c.yaml:" in r.stderr, r.stderr
+
+
+def test_canonical_metric_name_with_a_newline_is_refused():
+    with pytest.raises(ValueError, match="invalid metric name"):
+        Schema.model_validate({"version": 1, "device_labels": ["vendor", "gpu", "uuid"], "metrics": {
+            "gpu_temp_celsius\n": {"type": "gauge", "unit": "celsius", "help": "t", "labels": []}}})
+
+
+@pytest.mark.parametrize("key", ["pid_refresh_seconds", "refresh_seconds"])
+def test_enricher_periods_are_bounded_below(tmp_path, key):
+    r = _check(tmp_path, f"enrich:\n  kubernetes:\n    enabled: true\n    api: 'off'\n    {key}: 0.000001\n")
+    assert r.returncode != 0
+    assert f"c.yaml:5: enrich.kubernetes.{key}" in r.stderr, r.stderr
+
+
+def test_accepted_static_labels_keep_the_exposition_valid(tmp_path):
+    promtool = require_binary("promtool", "prometheus")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("labels:\n  node: n1\n  cluster: 'c\"1\\n'\n")
+    exp = ExporterProcess(["--simulate", "--config.file", str(cfg)], tmp_path)
+    try:
+        body = exp.scrape()
+    finally:
+        exp.stop()
+    assert 'node="n1"' in body
+    r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True,
+                       timeout=60)
+    assert "error" not in (r.stdout + r.stderr).lower() or r.returncode == 0, r.stdout + r.stderr
