@@ -26,8 +26,8 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_prometheus_text
 
+from ..http_deadline import Deadline, opener
 from .base import PollFailed
-from .upstream_deadline import Deadline, HTTPHandler, HTTPSHandler
 from .upstream_identity import (
     EXPORTERS,
     ExporterSpec,
@@ -164,18 +164,14 @@ def _authorization(auth: Any, where: str) -> str:
 # --- reading one target ----------------------------------------------------------------------
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: the configured URL is the only one read (no file://, no other host)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib API
-        raise FetchError("read_error", f"HTTP {code} redirect to {newurl!r} refused (redirects "
-                                       "are not followed; configure the final URL)")
+def _refuse_redirect(code: int, newurl: str) -> FetchError:
+    return FetchError("read_error", f"HTTP {code} redirect to {newurl!r} refused (redirects "
+                                    "are not followed; configure the final URL)")
 
 
 def _opener(target: Target, deadline: Deadline) -> urllib.request.OpenerDirector:
     # no proxy from the environment (a node-local exporter), no redirects, http(s) only
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(),
-                                       HTTPHandler(deadline), HTTPSHandler(deadline, target.ssl_context))
+    return opener(deadline, target.ssl_context, _refuse_redirect)
 
 
 def _gunzip(body: bytes) -> bytes:

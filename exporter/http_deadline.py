@@ -1,5 +1,8 @@
-"""HTTP for the upstream source: one deadline per request over connect, TLS, status line,
-headers and body (urllib's socket timeout bounds only each read)."""
+"""urllib with one deadline per request over connect, TLS, status line, headers and body
+(urllib's socket timeout bounds only each read), no redirects and no proxy from the environment.
+
+Used by the clients that read another party's server: the upstream source and the Kubernetes
+API pod lister."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import ssl
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 
@@ -92,3 +96,21 @@ class HTTPSHandler(urllib.request.HTTPSHandler):
     def https_open(self, req: urllib.request.Request) -> Any:
         conn = type("_Conn", (_HTTPSConnection,), {"deadline": self._deadline})
         return self.do_open(conn, req, context=self._context)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: only the configured URL is read, and credentials (a bearer
+    token, basic auth) never go to another host or scheme."""
+
+    def __init__(self, refuse: Callable[[int, str], Exception]) -> None:
+        self._refuse = refuse
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib API
+        raise self._refuse(code, newurl)
+
+
+def opener(deadline: Deadline, context: ssl.SSLContext | None,
+           refuse_redirect: Callable[[int, str], Exception]) -> urllib.request.OpenerDirector:
+    """http(s) only, no proxy from the environment (HTTP(S)_PROXY), no redirects."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(refuse_redirect),
+                                       HTTPHandler(deadline), HTTPSHandler(deadline, context))
