@@ -172,3 +172,43 @@ async def test_no_server_header_discloses_versions(tmp_path):
             assert all(b"python" not in h.lower() and b"aiohttp" not in h.lower() for h in server), head
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_unique_wrong_passwords_never_queue_a_verified_scraper(tmp_path):
+    """300 clients with unique wrong passwords (each one bcrypt, one at a time, as in
+    exporter-toolkit) evict only other failures: a scraper verified once is answered from the
+    cache while they wait, not after them."""
+    cost = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(5)).decode()
+    p = write_cfg(tmp_path, f"basic_auth_users:\n  u: '{cost}'\n")
+    watcher = WebConfigWatcher(p)
+    arrived = 0
+
+    class Counting:  # counts the requests that reached the middleware
+        def current(self) -> WebConfig:
+            nonlocal arrived
+            arrived += 1
+            return watcher.current()
+
+        def __getattr__(self, name):
+            return getattr(watcher, name)
+    srv = await _serve(Counting())  # type: ignore[arg-type]
+    done = 0
+
+    async def wrong(i: int) -> None:
+        nonlocal done
+        async with aiohttp.ClientSession() as s, s.get(srv.url, headers=basic("u", f"no-{i}")) as r:
+            assert r.status == 401
+        done += 1
+    try:
+        assert await _status(srv.url, headers=basic("u", "s3cret")) == 200  # verified once
+        await asyncio.gather(*(wrong(i) for i in range(300)))  # the first wave fills the cache
+        done, before = 0, arrived
+        wave = [asyncio.ensure_future(wrong(1000 + i)) for i in range(300)]
+        while arrived < before + 300:  # the whole wave waits in the bcrypt queue
+            await asyncio.sleep(0.005)
+        assert await _status(srv.url, headers=basic("u", "s3cret")) == 200
+        assert done < 150, done  # answered while most of the wave still waited, not after it
+        await asyncio.gather(*wave)
+    finally:
+        await srv.runner.cleanup()

@@ -36,10 +36,8 @@ def _fake_hash_for_unknown_users() -> bytes:
     return _fake_hash
 
 
-class _AuthCache:
-    """Bounded LRU of bcrypt results keyed by sha256(user, hash, password) (no plaintext kept)."""
-
-    def __init__(self, size: int = 256) -> None:
+class _LRU:
+    def __init__(self, size: int) -> None:
         self._size = size
         self._items: OrderedDict[bytes, bool] = OrderedDict()
 
@@ -54,6 +52,23 @@ class _AuthCache:
         self._items.move_to_end(key)
         while len(self._items) > self._size:
             self._items.popitem(last=False)
+
+
+class _AuthCache:
+    """bcrypt results keyed by sha256(user, hash, password) (no plaintext kept), in two bounded
+    LRUs: successes and failures.  Wrong passwords, however many and however unique, evict only
+    other failures, so a scraper verified once never waits behind them in the bcrypt queue
+    (exporter-toolkit keeps one 100-entry cache for both)."""
+
+    def __init__(self, size: int = 256, ok_size: int = 64) -> None:
+        self._ok = _LRU(ok_size)
+        self._bad = _LRU(size)
+
+    def get(self, key: bytes) -> bool | None:
+        return True if self._ok.get(key) else self._bad.get(key)
+
+    def set(self, key: bytes, ok: bool) -> None:
+        (self._ok if ok else self._bad).set(key, ok)
 
 
 def _bcrypt_ok(password: bytes, hashed: bytes) -> bool:
@@ -163,6 +178,9 @@ def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
         if ok is None:
             async with bcrypt_lock:
                 ok = await asyncio.to_thread(_bcrypt_ok, password, hashed)
+            # an unknown user with the fake hash's password is a failure too: only real
+            # successes enter (and can evict entries of) the success cache
+            ok = ok and known
             cache.set(key, ok)
         # bcrypt.checkpw compares the digests in constant time; unknown users cost one bcrypt too
         return ok and known
