@@ -86,6 +86,7 @@ def _check_static_labels(config: Config, schema: Schema, k8s: PodResourcesEnrich
     taken = set(schema.device_labels) | set(schema.instance_labels)
     for m in schema.metrics.values():
         taken |= m.allowed_labels
+    taken -= _ATTRIBUTION_LABELS  # on gpu_pod_info, which exists only with pod attribution
     attribution = k8s is not None and k8s.enabled
     errors = []
     for name in config.labels:

@@ -54,7 +54,7 @@ def test_attribution_labels_refused_only_with_pod_attribution(tmp_path):
     assert r.returncode != 0
     assert "c.yaml:2:" in r.stderr and "c.yaml:3:" in r.stderr, r.stderr
     assert "pod attribution" in r.stderr
-    ok = _check(tmp_path, "labels:\n  label_app: x\n  cluster: c1\n"
+    ok = _check(tmp_path, "labels:\n  namespace: team-a\n  workload: w\n  label_app: x\n  cluster: c1\n"
                           "enrich:\n  kubernetes:\n    enabled: false\n")
     assert ok.returncode == 0, ok.stderr
 
@@ -90,3 +90,22 @@ def test_accepted_static_labels_keep_the_exposition_valid(tmp_path):
     r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True,
                        timeout=60)
     assert "error" not in (r.stdout + r.stderr).lower() or r.returncode == 0, r.stdout + r.stderr
+
+
+def test_enrichment_label_never_duplicates_a_series_own_label():
+    """A cloud ``region`` label (added to every series like a static one) beside a process's
+    memory ``region``: the series keeps its own, and the exposition stays parsable."""
+    from exporter.exposition import Renderer
+    from exporter.schema import default_mappings_dir, load_schema
+    from exporter.store import Store
+
+    schema = load_schema(default_mappings_dir() / "canonical.yaml")
+    r = Renderer(schema)
+    series = [("gpu_process_memory_bytes", (("vendor", "amd"), ("gpu", "0"), ("uuid", "u"), ("pid", "7"),
+                                            ("process", "p"), ("region", "vram")), 5.0)]
+    static = (("cluster", "c1"), ("region", "eu-west-1"))
+    text = r.render(Store(), series, static).text.decode()
+    line = next(x for x in text.splitlines() if x.startswith("gpu_process_memory_bytes{"))
+    assert line.count("region=") == 1 and 'region="vram"' in line and 'cluster="c1"' in line
+    fams = [f for f in r.build(Store(), series, static) if f.name == "gpu_process_memory_bytes"]
+    assert [dict(s[1])["region"] for s in fams[0].samples] == ["vram"]
