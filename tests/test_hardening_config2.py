@@ -109,3 +109,10 @@ def test_enrichment_label_never_duplicates_a_series_own_label():
     assert line.count("region=") == 1 and 'region="vram"' in line and 'cluster="c1"' in line
     fams = [f for f in r.build(Store(), series, static) if f.name == "gpu_process_memory_bytes"]
     assert [dict(s[1])["region"] for s in fams[0].samples] == ["vram"]
+
+
+@pytest.mark.parametrize("collector,option", [("amdgpu", "pcie_bw_interval"), ("nvml", "gpm_min_window_s")])
+def test_collector_periods_are_bounded_below(tmp_path, collector, option):
+    r = _check(tmp_path, f"collectors:\n  {collector}:\n    options:\n      {option}: 0.000001\n")
+    assert r.returncode != 0
+    assert "c.yaml:4" in r.stderr and option in r.stderr and "at least 10ms" in r.stderr, r.stderr
