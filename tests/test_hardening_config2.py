@@ -16,10 +16,27 @@ from tests.reliability_util import ExporterProcess
 
 
 def _check(tmp_path, text: str) -> subprocess.CompletedProcess:
+    """What ``--check-config`` does (exporter.loading.prepare), in this process: rc and stderr."""
+    from exporter.daemon import Settings
+    from exporter.loading import prepare
+    from exporter.yamlfile import ConfigError
+
     cfg = tmp_path / "c.yaml"
     cfg.write_text(text)
-    return subprocess.run([*EXPORTER_CMD, "--config.file", str(cfg), "--check-config"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    try:
+        prepare(Settings(config_path=cfg))
+    except ConfigError as exc:
+        return subprocess.CompletedProcess([], 1, "", str(exc))
+    return subprocess.CompletedProcess([], 0, "", "")
+
+
+def test_check_config_refuses_a_reserved_static_label_with_its_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("labels:\n  node: a\n  __name__: x\n  instance: foo\n")
+    r = subprocess.run([*EXPORTER_CMD, "--config.file", str(cfg), "--check-config"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "c.yaml:3: labels.__name__" in r.stderr and "c.yaml:4: labels.instance" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("name", ["gpu\n", "node\n"])
