@@ -137,6 +137,7 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     log.debug("open-files limit", extra={"soft": soft, "hard": hard})
     middlewares = []
     ssl_ctx = None
+    context_provider = None  # with TLS: each new connection gets the current file's policy
     if args.web_config is not None:  # validated in main(); without one: plain HTTP, no auth
         # imported only here: the TLS/basic-auth code (pydantic models, bcrypt) costs start-up
         # time and memory that a node without a web config never uses
@@ -144,6 +145,8 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
 
         watcher = WebConfigWatcher(args.web_config)
         ssl_ctx = watcher.ssl_context()
+        if ssl_ctx is not None:
+            context_provider = watcher.context_for_new_connection
         middlewares.append(auth_middleware(watcher.current))
     await daemon.start()
     app = make_app(daemon, args.telemetry_path, middlewares=middlewares)
@@ -155,14 +158,16 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     if args.systemd_socket:
         for sock in systemd_sockets():
             if ssl_ctx is not None:  # plain HTTP on the TLS port gets a 400, as from Go
-                await SniffingTLSSite(runner, ssl_context=ssl_ctx, sock=sock).start()
+                await SniffingTLSSite(runner, ssl_context=ssl_ctx, sock=sock,
+                                      context_provider=context_provider).start()
             else:
                 await web.SockSite(runner, sock).start()
             log.info("listening on systemd socket", extra={"address": str(sock.getsockname()),
                                                            "scheme": scheme})
     for host, port in args.listen or ([] if args.systemd_socket else [(None, DEFAULT_PORT)]):
         if ssl_ctx is not None:
-            site: web.BaseSite = SniffingTLSSite(runner, host, port, ssl_context=ssl_ctx)
+            site: web.BaseSite = SniffingTLSSite(runner, host, port, ssl_context=ssl_ctx,
+                                                 context_provider=context_provider)
         else:
             site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()

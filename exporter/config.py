@@ -17,7 +17,6 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     create_model,
-    model_validator,
 )
 
 from .durations import Duration, parse_duration
@@ -83,15 +82,8 @@ class Config(BaseModel):
     _path: Path | None = PrivateAttr(default=None)
     _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _labels(self) -> Config:
-        from .schema import LABEL_RE
-
-        reserved = {"vendor", "gpu", "uuid"}
-        for name in self.labels:
-            if not LABEL_RE.match(name) or name in reserved:
-                raise ValueError(f"labels: {name!r} is not a valid extra label name")
-        return self
+    # the names of `labels` are checked against the schema and the enrichers at load
+    # (loading._check_static_labels), each error with the line of its key
 
     def collector(self, name: str) -> CollectorConfig:
         return getattr(self.collectors, name, None) or CollectorConfig()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from . import __version__, cpustats, process_metrics
 from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
-from .series_lines import SeriesLines
+from .series_lines import SeriesLines, extend_labels
 from .seriesfilter import SeriesFilter
 from .store import Store
 from .textformat import Counts, Family, PrefixCache, body, encode, header
@@ -180,8 +180,8 @@ class Renderer:
                 if dev and filt is not None:
                     dev = filt.extra(dev)  # after the call: a labeler is not a label tuple
                 if dev:
-                    labels = labels + dev
-            fam.samples.append((name, labels + static_labels if static_labels else labels, value))
+                    labels = extend_labels(labels, dev)
+            fam.samples.append((name, extend_labels(labels, static_labels), value))
 
         for src, dev in store.info_devices():
             add("gpu_info", identity_labels(dev) + (

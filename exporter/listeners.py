@@ -11,6 +11,7 @@ import resource
 import socket
 import ssl
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -20,12 +21,16 @@ log = logging.getLogger("unified_gpu_exporter")
 # Connection limits (slowloris and fd exhaustion).  A connection gets HEADER_TIMEOUT to send its
 # first complete request head; an idle keep-alive connection is closed after KEEPALIVE_TIMEOUT
 # (aiohttp's keepalive_timeout, which also covers a later request whose head never finishes).
-# At most MAX_CONNECTIONS are open: a new one then evicts the oldest connection that is not in
-# the middle of a request, so a scraper always finds a slot however many idle or slow clients
-# hold connections.  TLS handshakes are bounded by asyncio's ssl_handshake_timeout.
+# At most MAX_CONNECTIONS sockets are open, counting every state: waiting for a first byte, in
+# a TLS handshake, sending a request head, idle between keep-alive requests and in a request.  A
+# new one evicts the oldest socket that is not in the middle of a request, so a scraper always
+# finds a slot however many idle, stalled or slow clients hold connections.  TLS handshakes are
+# also bounded by asyncio's ssl_handshake_timeout (HEADER_TIMEOUT).  The cap never exceeds the
+# open-files soft limit less FD_RESERVE (the descriptors sources, logs and files need).
 HEADER_TIMEOUT = 10.0
 KEEPALIVE_TIMEOUT = 15.0
 MAX_CONNECTIONS = 512
+FD_RESERVE = 64
 
 
 def raise_nofile_limit() -> tuple[int, int]:
@@ -45,7 +50,8 @@ def raise_nofile_limit() -> tuple[int, int]:
 class _Guarded(asyncio.Protocol):
     """Wraps aiohttp's per-connection protocol: header deadline and membership in the cap."""
 
-    __slots__ = ("_guard", "_inner", "transport", "_head", "_in_head", "_timer", "busy")
+    __slots__ = ("_guard", "_inner", "transport", "_head", "_in_head", "_timer", "_seen_request",
+                 "replaces")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol):
         self._guard = guard
@@ -54,11 +60,31 @@ class _Guarded(asyncio.Protocol):
         self._head = b""
         self._in_head = True   # until the first request head is complete
         self._timer: asyncio.TimerHandle | None = None
-        self.busy = False      # a request head arrived: never evicted to make room
+        self._seen_request = False
+        self.replaces: Any = None  # the TLS listener's entry for this socket's handshake
+
+    @property
+    def busy(self) -> bool:
+        """In a request (head complete, answer not yet written): never evicted to make room.
+
+        Before its first complete head, and idle between keep-alive requests (aiohttp's handler
+        waits for the next message and has none queued), a connection may be evicted."""
+        if not self._seen_request:
+            return False
+        inner = self._inner
+        waiter = getattr(inner, "_waiter", None)
+        idle = (waiter is not None and not waiter.done() and not getattr(inner, "_messages", ())
+                and not getattr(inner, "_request_in_progress", False))
+        return not idle
+
+    def evict(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        self._guard._admit(self)
+        self._guard._admit(self, self.replaces)
+        self.replaces = None
         self._timer = asyncio.get_running_loop().call_later(self._guard.header_timeout, self._expire)
         self._inner.connection_made(transport)
 
@@ -73,7 +99,7 @@ class _Guarded(asyncio.Protocol):
             self._head = (self._head + data)[-4096:]
             if b"\r\n\r\n" in self._head or b"\n\n" in self._head:
                 self._in_head = False
-                self.busy = True
+                self._seen_request = True
                 self._head = b""
                 if self._timer is not None:
                     self._timer.cancel()
@@ -103,9 +129,17 @@ class ConnectionGuard:
     def __init__(self, server: Any, max_connections: int = MAX_CONNECTIONS,
                  header_timeout: float = HEADER_TIMEOUT):
         self._server = server
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY and max_connections > soft - FD_RESERVE:
+            log.warning("--web.max-connections is above the open-files limit; capped",
+                        extra={"max_connections": max_connections, "nofile": soft,
+                               "cap": max(2, soft - FD_RESERVE)})
+            max_connections = soft - FD_RESERVE
         self.max_connections = max(2, max_connections)
         self.header_timeout = header_timeout
-        self._open: OrderedDict[int, _Guarded] = OrderedDict()  # oldest first
+        # every socket of every listener, oldest first: _Guarded connections, and the TLS
+        # listener's sockets that have not reached HTTP yet (anything with .busy and .evict())
+        self._open: OrderedDict[int, Any] = OrderedDict()
         self.evicted = 0
         self.timed_out = 0
 
@@ -119,18 +153,20 @@ class ConnectionGuard:
     def open_connections(self) -> int:
         return len(self._open)
 
-    def _admit(self, conn: _Guarded) -> None:
-        if len(self._open) >= self.max_connections:
-            # make room: the oldest connection that has not sent a complete request head
+    def _admit(self, conn: Any, replaces: Any = None) -> None:
+        if replaces is not None:  # a TLS socket's handshake entry becomes its connection
+            self._open.pop(id(replaces), None)
+        while len(self._open) >= self.max_connections:
+            # make room: the oldest socket that is not in the middle of a request
             victim = next((c for c in self._open.values() if not c.busy), None)
-            if victim is not None:
-                self._open.pop(id(victim), None)
-                self.evicted += 1
-                if victim.transport is not None:
-                    victim.transport.abort()
+            if victim is None:
+                break  # all in requests: admitted over the cap (bounded by the fd reserve)
+            self._open.pop(id(victim), None)
+            self.evicted += 1
+            victim.evict()
         self._open[id(conn)] = conn
 
-    def _release(self, conn: _Guarded) -> None:
+    def _release(self, conn: Any) -> None:
         self._open.pop(id(conn), None)
 
 
@@ -150,6 +186,22 @@ BAD_REQUEST_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\n\r\n"
 _TLS_HANDSHAKE_RECORD = 0x16
 
 
+class _Pending:
+    """A TLS listener's socket before HTTP (waiting for its first byte, refused, or in the TLS
+    handshake): an entry of the connection cap that is never busy."""
+
+    __slots__ = ("_site", "sock", "timer", "task")
+    busy = False
+
+    def __init__(self, site: SniffingTLSSite, sock: socket.socket) -> None:
+        self._site, self.sock = site, sock
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Future | None = None
+
+    def evict(self) -> None:
+        self._site._drop(self)
+
+
 class SniffingTLSSite(web.BaseSite):
     """A TLS listener that looks at the first byte of each connection before TLS starts.
 
@@ -157,18 +209,25 @@ class SniffingTLSSite(web.BaseSite):
     ``ssl_handshake_timeout`` = the header timeout); a plain HTTP request gets Go's ``400 Bad
     Request`` instead of a silent close; anything else is closed.  A connection that sends
     nothing within the header timeout is closed.  The bytes are peeked (``MSG_PEEK``), so TLS
-    reads them again.
+    reads them again.  Every socket counts in the connection cap from accept on, handshakes in
+    progress included (the oldest is evicted to make room).  ``context_provider`` (optional)
+    gives the context for each new connection, so a changed client-certificate policy applies
+    to the next handshake.
     """
 
     def __init__(self, runner: web.BaseRunner, host: str | None = None, port: int = 0, *,
                  ssl_context: ssl.SSLContext, sock: socket.socket | None = None,
-                 backlog: int = 128, header_timeout: float = HEADER_TIMEOUT):
+                 backlog: int = 128, header_timeout: float = HEADER_TIMEOUT,
+                 context_provider: Callable[[], ssl.SSLContext] | None = None):
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host, self._port, self._given = host, port, sock
         self._header_timeout = header_timeout
         self._listeners: list[socket.socket] = []
-        self._waiting: dict[socket.socket, asyncio.TimerHandle] = {}
-        self._handshakes: set[asyncio.Task] = set()
+        self._pending: dict[socket.socket, _Pending] = {}  # sockets that have not reached HTTP
+        server = runner.server
+        # the cap shared with the HTTP connections (a private one without guard_connections)
+        self._guard = server if isinstance(server, ConnectionGuard) else ConnectionGuard(server)
+        self._context_provider = context_provider
         self.plain_http_refused = 0
 
     @property
@@ -215,42 +274,51 @@ class SniffingTLSSite(web.BaseSite):
                     loop.call_later(1.0, self._resume, ls)
                 return
             conn.setblocking(False)
-            cap = getattr(self._runner.server, "max_connections", MAX_CONNECTIONS)
-            if len(self._waiting) >= cap:  # silent clients: the oldest makes room
-                self._close(next(iter(self._waiting)))
-            self._waiting[conn] = loop.call_later(self._header_timeout, self._close, conn)
-            loop.add_reader(conn.fileno(), self._sniff, conn)
+            entry = _Pending(self, conn)
+            self._pending[conn] = entry
+            self._guard._admit(entry)  # counted in the cap from accept on; may evict the oldest
+            entry.timer = loop.call_later(self._header_timeout, self._drop, entry)
+            loop.add_reader(conn.fileno(), self._sniff, entry)
 
     def _resume(self, ls: socket.socket) -> None:
         if ls in self._listeners and ls.fileno() >= 0:
             asyncio.get_running_loop().add_reader(ls.fileno(), self._accept, ls)
 
-    def _close(self, conn: socket.socket) -> None:
-        timer = self._waiting.pop(conn, None)
-        if timer is not None:
-            timer.cancel()
+    def _drop(self, entry: _Pending) -> None:
+        """Close a socket that has not reached HTTP (timer, eviction, error, stop)."""
+        self._guard._release(entry)
+        if self._pending.pop(entry.sock, None) is None:
+            return
+        if entry.timer is not None:
+            entry.timer.cancel()
+        if entry.task is not None:  # in the TLS handshake: asyncio owns the socket now
+            entry.task.cancel()
+            with contextlib.suppress(OSError):
+                entry.sock.shutdown(socket.SHUT_RDWR)
+            return
         with contextlib.suppress(OSError, ValueError):
-            asyncio.get_running_loop().remove_reader(conn.fileno())
-        conn.close()
+            asyncio.get_running_loop().remove_reader(entry.sock.fileno())
+        entry.sock.close()
 
-    def _sniff(self, conn: socket.socket) -> None:
+    def _sniff(self, entry: _Pending) -> None:
+        conn = entry.sock
         try:
             head = conn.recv(1, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            self._close(conn)
+            self._drop(entry)
             return
-        timer = self._waiting.get(conn)
-        if timer is None:
+        if conn not in self._pending:
             return  # closed by its timer in the same loop iteration
+        loop = asyncio.get_running_loop()
         if head and head[0] == _TLS_HANDSHAKE_RECORD:
-            del self._waiting[conn]
-            timer.cancel()
-            asyncio.get_running_loop().remove_reader(conn.fileno())
-            task = asyncio.ensure_future(self._tls(conn))
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
+            # stays in the cap (evictable) until the handshake ends, which asyncio bounds too
+            assert entry.timer is not None
+            entry.timer.cancel()
+            entry.timer = None
+            loop.remove_reader(conn.fileno())
+            entry.task = asyncio.ensure_future(self._tls(entry))
             return
         if head[:1].isalpha():  # "GET /metrics HTTP/1.1" on the TLS port
             self.plain_http_refused += 1
@@ -258,36 +326,46 @@ class SniffingTLSSite(web.BaseSite):
                 conn.send(BAD_REQUEST_ON_TLS)
                 conn.shutdown(socket.SHUT_WR)
             except OSError:
-                self._close(conn)
+                self._drop(entry)
                 return
             # lingering close: drain what the client sent, so closing does not reset the
             # connection before it has read the answer (bounded by a second)
-            loop = asyncio.get_running_loop()
-            timer.cancel()
-            self._waiting[conn] = loop.call_later(1.0, self._close, conn)
+            assert entry.timer is not None
+            entry.timer.cancel()
+            entry.timer = loop.call_later(1.0, self._drop, entry)
             loop.remove_reader(conn.fileno())
-            loop.add_reader(conn.fileno(), self._drain, conn)
+            loop.add_reader(conn.fileno(), self._drain, entry)
             return
-        self._close(conn)
+        self._drop(entry)
 
-    def _drain(self, conn: socket.socket) -> None:
+    def _drain(self, entry: _Pending) -> None:
         try:
-            if conn.recv(65536):
+            if entry.sock.recv(65536):
                 return
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             pass
-        self._close(conn)
+        self._drop(entry)
 
-    async def _tls(self, conn: socket.socket) -> None:
+    async def _tls(self, entry: _Pending) -> None:
         loop = asyncio.get_running_loop()
+        server = self._runner.server
+
+        def protocol() -> Any:
+            proto = server()  # type: ignore[misc]
+            if isinstance(proto, _Guarded):
+                proto.replaces = entry  # takes the handshake's place in the cap
+            return proto
+        ctx = self._context_provider() if self._context_provider is not None else self._ssl_context
         try:
-            await loop.connect_accepted_socket(self._runner.server, conn,  # type: ignore[arg-type]
-                                               ssl=self._ssl_context,
+            await loop.connect_accepted_socket(protocol, entry.sock, ssl=ctx,
                                                ssl_handshake_timeout=self._header_timeout)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
-            conn.close()  # a failed handshake: asyncio has closed its transport already
+            entry.sock.close()  # a failed handshake: asyncio has closed its transport already
+        finally:
+            self._pending.pop(entry.sock, None)
+            self._guard._release(entry)
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -295,8 +373,6 @@ class SniffingTLSSite(web.BaseSite):
             with contextlib.suppress(OSError, ValueError):
                 loop.remove_reader(ls.fileno())
             ls.close()
-        for conn in list(self._waiting):
-            self._close(conn)
-        for task in list(self._handshakes):
-            task.cancel()
+        for entry in list(self._pending.values()):
+            self._drop(entry)
         await super().stop()

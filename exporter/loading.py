@@ -15,7 +15,7 @@ from .config import Config, load_config
 from .enrich.cloud import CloudEnricher
 from .exposition import SELF_METRICS
 from .mapping import MappingSet
-from .schema import Schema, default_mappings_dir, load_schema
+from .schema import LABEL_RE, Schema, default_mappings_dir, load_schema
 from .seriesfilter import SeriesFilter
 from .yamlfile import ConfigError
 
@@ -55,11 +55,57 @@ def prepare(settings: Settings) -> Loaded:
         raise ConfigError("\n".join(errors))
     assert config is not None
     series_filter = _series_filter(settings, config, schema)
-    cloud, k8s = _enrichers(settings, config)
+    problems = []  # enricher options and static labels: reported together
+    cloud = k8s = None
+    try:
+        cloud, k8s = _enrichers(settings, config)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        _check_static_labels(config, schema, k8s)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    assert cloud is not None
     if settings.simulate is not None:
         _check_scenario(settings, mappings)
     _check_upstream(settings, config)
     return Loaded(config, schema, mappings, cloud, k8s, series_filter)
+
+
+# names Prometheus gives a meaning of its own (target labels, histogram/summary parts); a
+# static label of that name is renamed (exported_instance) or breaks the series it lands on
+_PROMETHEUS_LABELS = frozenset({"instance", "job", "le", "quantile"})
+_ATTRIBUTION_LABELS = frozenset({"namespace", "pod", "container", "workload"})
+
+
+def _check_static_labels(config: Config, schema: Schema, k8s: PodResourcesEnricher | None) -> None:
+    """Static ``labels`` must not collide with a label any series already carries: the sample
+    would hold the name twice and Prometheus would refuse the whole scrape."""
+    taken = set(schema.device_labels) | set(schema.instance_labels)
+    for m in schema.metrics.values():
+        taken |= m.allowed_labels
+    taken -= _ATTRIBUTION_LABELS  # on gpu_pod_info, which exists only with pod attribution
+    attribution = k8s is not None and k8s.enabled
+    errors = []
+    for name in config.labels:
+        if not LABEL_RE.match(name):
+            why = f"{name!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+        elif name.startswith("__"):
+            why = "names starting with __ are reserved by Prometheus"
+        elif name in _PROMETHEUS_LABELS:
+            why = f"{name} is set by Prometheus itself (a target label or a histogram part)"
+        elif name in taken:
+            why = f"{name} is a label of the canonical series (mappings/canonical.yaml)"
+        elif attribution and (name in _ATTRIBUTION_LABELS or name.startswith("label_")):
+            why = f"{name} is set by pod attribution (enrich.kubernetes)"
+        else:
+            continue
+        field = f"labels.{name}" if LABEL_RE.match(name) else f"labels[{name!r}]"
+        errors.append(f"{config.where('labels', name)}: {field}: {why}; choose another name")
+    if errors:
+        raise ConfigError("\n".join(errors))
 
 
 def _check_upstream(settings: Settings, config: Config) -> None:
@@ -102,7 +148,8 @@ def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodRe
     errors = []
     cloud = k8s = None
     for section, opts in config.enrich.items():  # finite, sensible bounds on every period
-        for key, low in (("refresh_seconds", 0.1), ("timeout_seconds", 0.01)):
+        for key, low in (("refresh_seconds", 0.1), ("pid_refresh_seconds", 0.1),
+                         ("timeout_seconds", 0.01)):
             v = opts.get(key) if isinstance(opts, dict) else None
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                                   or not math.isfinite(v) or not low <= v <= 86400):

@@ -11,8 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .yamlfile import ConfigError, load_model
 
-NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# \A...\Z, not ^...$: "$" also matches before a trailing newline, and a name "gpu\n" breaks
+# every line of the exposition it appears in
+NAME_RE = re.compile(r"\A[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+LABEL_RE = re.compile(r"\A[a-zA-Z_][a-zA-Z0-9_]*\Z")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 _OPERAND_RE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?$')
 _MATCHER_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"\s*')

@@ -147,10 +147,7 @@ class SeriesLines:
         mdef = self.schema.metrics.get(family)
         if mdef is None or mdef.internal:
             return e
-        if added:
-            labels = labels + added
-        if static_labels:
-            labels = labels + static_labels
+        labels = extend_labels(labels, added + static_labels if added else static_labels)
         e[_FAMILY] = family
         out = self._out.get(family)
         if out is None:
@@ -160,3 +157,16 @@ class SeriesLines:
         if mdef.type == "histogram":
             e[_ORDER] = self._order((name, labels, 0.0))
         return e
+
+
+def extend_labels(labels: Labels, extra: Labels) -> Labels:
+    """``labels`` plus the enrichment and static labels it does not carry already: a name twice
+    on one sample makes Prometheus refuse the whole scrape (a cloud ``region`` label beside a
+    process's memory ``region``), so the series' own value wins."""
+    if not extra:
+        return labels
+    own = {k for k, _ in labels}
+    if any(k in own for k, _ in extra):
+        extra = tuple(kv for kv in extra if kv[0] not in own)
+    return labels + extra
+

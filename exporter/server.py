@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from aiohttp import web
+from aiohttp import web, web_response
 
 from . import __version__
 from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
@@ -21,6 +21,12 @@ from .listeners import (  # noqa: F401 - the listeners' names stay importable fr
 
 if TYPE_CHECKING:
     from .daemon import Daemon
+
+# aiohttp sends "Server: Python/3.x aiohttp/3.y" on every answer, its own error pages included
+# (they bypass the app's signals); node_exporter (Go net/http) sends none.  Version numbers help
+# only an attacker choosing an exploit, so every answer names the product without a version.
+SERVER_HEADER = "unified-gpu-exporter"
+web_response.SERVER_SOFTWARE = SERVER_HEADER
 
 DAEMON: web.AppKey = web.AppKey("daemon", object)
 TELEMETRY_PATH: web.AppKey = web.AppKey("telemetry_path", str)

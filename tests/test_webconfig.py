@@ -20,12 +20,14 @@ def write(tmp_path: Path, text: str, name: str = "web.yml") -> Path:
     return p
 
 
-def test_empty_file_means_no_tls_no_auth(tmp_path):
-    cfg = WebConfig.load(write(tmp_path, ""))
+def test_empty_file_is_refused_not_no_tls_no_auth(tmp_path):
+    # exporter-toolkit reads an empty file as "no TLS, no auth"; here it is an error (issue 26)
+    with pytest.raises(WebConfigError, match="no settings"):
+        WebConfig.load(write(tmp_path, ""))
+    cfg = WebConfig.load(write(tmp_path, "http_server_config: {headers: {X-Frame-Options: deny}}\n"))
     assert not cfg.tls_enabled
     assert not cfg.auth_enabled
     assert cfg.ssl_context() is None
-    assert cfg.headers == {}
 
 
 def test_users_and_headers_parsed(tmp_path):

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,10 @@ IMDS = "http://169.254.169.254"
 DEFAULT_ENDPOINTS = {"aws": IMDS, "azure": IMDS, "gcp": IMDS}
 AZURE_API_VERSION = "2021-02-01"
 AWS_TOKEN_TTL_SECONDS = "300"
+# every answer read is bounded (identity documents are about 0.5-2 KB), and every label value is
+# a short identifier: letters, digits and . _ : / -, up to 128 characters
+MAX_BODY_BYTES = 64 * 1024
+_VALUE_RE = re.compile(r"\A[A-Za-z0-9._:/-]{1,128}\Z")
 
 
 @dataclass(frozen=True)
@@ -56,51 +62,73 @@ class _NotThisCloud(Exception):
     pass
 
 
+async def _body(r: aiohttp.ClientResponse, what: str, limit: int = MAX_BODY_BYTES) -> bytes:
+    """At most ``limit`` bytes of an answer (a bigger one is not the metadata service's)."""
+    if r.status != 200:  # redirects are not followed (allow_redirects=False): a 3xx lands here
+        raise _NotThisCloud(f"{what} answered {r.status}")
+    body = await r.content.read(limit + 1)
+    if len(body) > limit:
+        raise _NotThisCloud(f"{what}: answer over {limit} bytes")
+    return body
+
+
+def _json(body: bytes, what: str) -> dict:
+    doc = json.loads(body)
+    if not isinstance(doc, dict):
+        raise _NotThisCloud(f"{what}: not a JSON object")
+    return doc
+
+
 async def _aws(session: aiohttp.ClientSession, base: str) -> CloudIdentity:
-    async with session.put(f"{base}/latest/api/token",
+    async with session.put(f"{base}/latest/api/token", allow_redirects=False,
                            headers={"X-aws-ec2-metadata-token-ttl-seconds": AWS_TOKEN_TTL_SECONDS}) as r:
-        if r.status != 200:
-            raise _NotThisCloud(f"token PUT answered {r.status}")
-        token = (await r.text()).strip()
+        token = (await _body(r, "token PUT", 4096)).decode("ascii", "replace").strip()
     if not token:
         raise _NotThisCloud("empty token")
-    async with session.get(f"{base}/latest/dynamic/instance-identity/document",
+    async with session.get(f"{base}/latest/dynamic/instance-identity/document", allow_redirects=False,
                            headers={"X-aws-ec2-metadata-token": token}) as r:
-        if r.status != 200:
-            raise _NotThisCloud(f"identity document answered {r.status}")
-        doc = await r.json(content_type=None)
-    if not isinstance(doc, dict) or not doc.get("instanceId"):
+        doc = _json(await _body(r, "identity document"), "identity document")
+    if not doc.get("instanceId"):
         raise _NotThisCloud("identity document without instanceId")
-    return CloudIdentity("aws", region=str(doc.get("region", "")), zone=str(doc.get("availabilityZone", "")),
-                         instance_type=str(doc.get("instanceType", "")), instance_id=str(doc["instanceId"]))
+    return CloudIdentity("aws", region=_value(doc.get("region")), zone=_value(doc.get("availabilityZone")),
+                         instance_type=_value(doc.get("instanceType")), instance_id=_value(doc["instanceId"]))
 
 
 async def _azure(session: aiohttp.ClientSession, base: str) -> CloudIdentity:
-    async with session.get(f"{base}/metadata/instance/compute",
+    async with session.get(f"{base}/metadata/instance/compute", allow_redirects=False,
                            params={"api-version": AZURE_API_VERSION, "format": "json"},
                            headers={"Metadata": "true"}) as r:
-        if r.status != 200:
-            raise _NotThisCloud(f"compute answered {r.status}")
-        doc = await r.json(content_type=None)
-    if not isinstance(doc, dict) or not doc.get("vmId"):
+        doc = _json(await _body(r, "compute"), "compute")
+    if not doc.get("vmId"):
         raise _NotThisCloud("compute document without vmId")
-    return CloudIdentity("azure", region=str(doc.get("location", "")), zone=str(doc.get("zone", "")),
-                         instance_type=str(doc.get("vmSize", "")), instance_id=str(doc["vmId"]))
+    return CloudIdentity("azure", region=_value(doc.get("location")), zone=_value(doc.get("zone")),
+                         instance_type=_value(doc.get("vmSize")), instance_id=_value(doc["vmId"]))
 
 
 async def _gcp(session: aiohttp.ClientSession, base: str) -> CloudIdentity:
     async def item(name: str) -> str:
-        async with session.get(f"{base}/computeMetadata/v1/instance/{name}",
+        async with session.get(f"{base}/computeMetadata/v1/instance/{name}", allow_redirects=False,
                                headers={"Metadata-Flavor": "Google"}) as r:
-            if r.status != 200 or r.headers.get("Metadata-Flavor") != "Google":
+            if r.headers.get("Metadata-Flavor") != "Google":
                 raise _NotThisCloud(f"{name} answered {r.status} without Metadata-Flavor: Google")
-            return (await r.text()).strip()
+            return (await _body(r, name, 4096)).decode("utf-8", "replace").strip()
 
     instance_id, zone_path, type_path = await asyncio.gather(item("id"), item("zone"), item("machine-type"))
     zone = zone_path.rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
     region = zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else ""
-    return CloudIdentity("gcp", region=region, zone=zone, instance_type=type_path.rsplit("/", 1)[-1],
-                         instance_id=instance_id)
+    return CloudIdentity("gcp", region=_value(region), zone=_value(zone),
+                         instance_type=_value(type_path.rsplit("/", 1)[-1]), instance_id=_value(instance_id))
+
+
+def _value(v: object) -> str:
+    """A label value from the metadata service: a short identifier ("" when absent), or the
+    whole answer is refused (a 1 MB instanceId would land on every series)."""
+    if v is None or v == "":
+        return ""
+    text = str(v)
+    if not _VALUE_RE.match(text):
+        raise _NotThisCloud(f"a value that is not a short identifier ({len(text)} characters)")
+    return text
 
 
 _PROBES = {"aws": _aws, "azure": _azure, "gcp": _gcp}
@@ -121,7 +149,7 @@ async def detect(providers: tuple[str, ...] = PROVIDERS, endpoints: Mapping[str,
                 try:
                     return await fut
                 except (TimeoutError, _NotThisCloud, aiohttp.ClientError, ValueError) as e:
-                    log.debug("cloud metadata: not %s", type(e).__name__)
+                    log.debug("cloud metadata: not %s (%s)", type(e).__name__, str(e)[:200])
         finally:
             for t in tasks:
                 t.cancel()
@@ -137,7 +165,10 @@ class CloudEnricher:
         unknown = set(o) - {"enabled", "providers", "timeout_seconds", "refresh_seconds", "labels", "endpoints"}
         if unknown:
             raise ValueError(f"cloud: unknown option(s) {', '.join(sorted(unknown))}")
-        self.enabled = bool(o.get("enabled", True))
+        self.enabled = o.get("enabled", True)
+        if not isinstance(self.enabled, bool):  # bool("false") is True: probing would stay on
+            raise ValueError(f"cloud.enabled must be true or false (a YAML boolean), "
+                             f"got {self.enabled!r}")
         self.providers = tuple(o.get("providers", PROVIDERS))
         bad = [p for p in self.providers if p not in PROVIDERS]
         if bad:

@@ -14,12 +14,15 @@ stays. Needs RBAC get/list on pods (deploy/kubernetes/components/pod-labels).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+
+from ..http_deadline import Deadline, opener
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
@@ -28,6 +31,11 @@ PAGE = 250
 
 class PodListError(RuntimeError):
     pass
+
+
+def _refuse_redirect(code: int, newurl: str) -> PodListError:
+    return PodListError(f"API server answered HTTP {code} (a redirect): not followed, the "
+                        "service-account token is sent to the configured server only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +124,19 @@ class PodLister:
     def _get(self, url: str, token: str, ctx: ssl.SSLContext | None) -> dict:
         req = urllib.request.Request(url, headers={"Accept": "application/json",
                                                    "Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(req, timeout=self.timeout, context=ctx) as resp:  # noqa: S310
-            body = resp.read(MAX_RESPONSE_BYTES + 1)
+        # the token goes to the configured server only: no redirect is followed (urllib would
+        # send the Authorization header to wherever it points) and no HTTP(S)_PROXY is used;
+        # one deadline covers connect, headers and body
+        deadline = Deadline(self.timeout)
+        try:
+            with opener(deadline, ctx, _refuse_redirect).open(req, timeout=self.timeout) as resp:
+                body = resp.read(MAX_RESPONSE_BYTES + 1)
+        except (OSError, http.client.HTTPException):
+            if deadline.expired:
+                raise PodListError(f"no complete answer within {self.timeout} s") from None
+            raise
+        finally:
+            deadline.cancel()
         if len(body) > MAX_RESPONSE_BYTES:
             raise PodListError(f"pod list page over {MAX_RESPONSE_BYTES} bytes")
         doc = json.loads(body)

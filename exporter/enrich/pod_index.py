@@ -34,8 +34,9 @@ class KubernetesOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
     socket: str = DEFAULT_SOCKET
-    refresh_seconds: float = Field(30.0, gt=0, le=3600)
-    timeout_seconds: float = Field(5.0, gt=0, le=120)
+    # every period bounded below: a loop every microsecond spins a core
+    refresh_seconds: float = Field(30.0, ge=0.1, le=3600)
+    timeout_seconds: float = Field(5.0, ge=0.01, le=120)
     resource_names: list[str] = list(DEFAULT_RESOURCES)
     dra_drivers: list[str] = list(DEFAULT_DRA_DRIVERS)
     # pod labels copied onto attributed series as label_<name> (sanitised), exact keys
@@ -50,7 +51,7 @@ class KubernetesOptions(BaseModel):
     node_name: str | None = None  # default: $NODE_NAME (downward API)
     max_pods: int = Field(1000, ge=1, le=100000)
     # how often new per-process PIDs are resolved to pods; the cache of PID -> pod is bounded
-    pid_refresh_seconds: float = Field(2.0, gt=0, le=600)
+    pid_refresh_seconds: float = Field(2.0, ge=0.1, le=600)
     pid_cache_size: int = Field(8192, ge=16, le=1_000_000)
 
 

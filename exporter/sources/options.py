@@ -14,13 +14,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from ..durations import parse_duration
+from ..durations import MIN_DURATION, parse_duration
 
 
 def _positive_duration(value: Any) -> float:
     seconds = parse_duration(value)
-    if seconds <= 0:
-        raise ValueError("must be above zero")
+    if seconds < MIN_DURATION:  # every period bounded below: a thread waking every 1 us spins a core
+        raise ValueError(f"must be at least {MIN_DURATION * 1000:g}ms")
     return seconds
 
 

@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, ClassVar
 
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
@@ -67,6 +69,8 @@ from .upstream_identity import (
 from .upstream_schema import detect, qualify, schema_dependent, unknown
 
 log = logging.getLogger(__name__)
+# after a target's own deadline, how long its parse may take before the poll stops waiting
+RESULT_GRACE_S = 5.0
 
 # --- the source ------------------------------------------------------------------------------
 
@@ -104,12 +108,19 @@ class UpstreamSource(SourceBase):
         if self._pool is None:
             self.open()
         assert self._pool is not None
+        started = time.monotonic()
         futures = [(t, self._pool.submit(self._scrape, t)) for t in self._targets]
         keys_taken: set[str] = set()
         failures: list[str] = []
         for target, future in futures:
             try:
-                result, extra = future.result()
+                # each target has its own deadline (fetch() enforces it on the socket); this
+                # bound only keeps one stuck thread from holding the others' results
+                wait = started + target.timeout + RESULT_GRACE_S - time.monotonic()
+                try:
+                    result, extra = future.result(timeout=max(0.0, wait))
+                except FutureTimeout:
+                    raise FetchError("timeout", f"no answer within {target.timeout} s") from None
             except FetchError as e:
                 self._target_failed(target, e.kind, str(e), sample, keys_taken)
                 failures.append(f"{target.name}: {e.kind}: {e}")

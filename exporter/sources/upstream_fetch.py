@@ -7,6 +7,7 @@ decompression, and series, label values and label lengths are bounded per target
 from __future__ import annotations
 
 import base64
+import http.client
 import logging
 import math
 import re
@@ -25,6 +26,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_prometheus_text
 
+from ..http_deadline import Deadline, opener
 from .base import PollFailed
 from .upstream_identity import (
     EXPORTERS,
@@ -162,18 +164,14 @@ def _authorization(auth: Any, where: str) -> str:
 # --- reading one target ----------------------------------------------------------------------
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: the configured URL is the only one read (no file://, no other host)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib API
-        raise FetchError("read_error", f"HTTP {code} redirect to {newurl!r} refused (redirects "
-                                       "are not followed; configure the final URL)")
+def _refuse_redirect(code: int, newurl: str) -> FetchError:
+    return FetchError("read_error", f"HTTP {code} redirect to {newurl!r} refused (redirects "
+                                    "are not followed; configure the final URL)")
 
 
-def _opener(target: Target) -> urllib.request.OpenerDirector:
+def _opener(target: Target, deadline: Deadline) -> urllib.request.OpenerDirector:
     # no proxy from the environment (a node-local exporter), no redirects, http(s) only
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(),
-                                       urllib.request.HTTPSHandler(context=target.ssl_context))
+    return opener(deadline, target.ssl_context, _refuse_redirect)
 
 
 def _gunzip(body: bytes) -> bytes:
@@ -188,24 +186,38 @@ def _gunzip(body: bytes) -> bytes:
 def fetch(target: Target) -> tuple[str, str]:
     """GET the target; returns (body text, content type).  Raises ``FetchError``.
 
-    The timeout bounds the whole request, not only each socket operation, so an exporter that
-    trickles its body cannot hold the poll.
+    The timeout bounds the whole request (connect, status line, headers and body), not only
+    each socket operation, so an exporter that trickles any part of its answer cannot hold the
+    poll.
     """
-    deadline = time.monotonic() + target.timeout
+    deadline = Deadline(target.timeout)
+    try:
+        return _fetch(target, deadline)
+    except FetchError as e:
+        if deadline.expired and e.kind != "timeout":
+            raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
+        raise
+    finally:
+        deadline.cancel()
+
+
+def _fetch(target: Target, deadline: Deadline) -> tuple[str, str]:
     request = urllib.request.Request(target.url, headers={"Accept": _ACCEPT})
     if target.authorization:
         request.add_header("Authorization", target.authorization)
     try:
-        with _opener(target).open(request, timeout=target.timeout) as resp:
+        with _opener(target, deadline).open(request, timeout=target.timeout) as resp:
             chunks: list[bytes] = []
             size = 0
             while chunk := resp.read1(65536):  # returns what arrived: the deadline is checked
                 size += len(chunk)
                 if size > MAX_BODY_BYTES:
                     raise FetchError("read_error", f"body larger than {MAX_BODY_BYTES} bytes")
-                if time.monotonic() > deadline:
+                if deadline.expired or time.monotonic() > deadline.at:
                     raise FetchError("timeout", f"no complete answer within {target.timeout} s")
                 chunks.append(chunk)
+            if deadline.expired:  # shut down mid-body: what arrived is cut short
+                raise FetchError("timeout", f"no complete answer within {target.timeout} s")
             body = b"".join(chunks)
             if resp.headers.get("Content-Encoding", "").lower() == "gzip":
                 body = _gunzip(body)
@@ -219,7 +231,7 @@ def fetch(target: Target) -> tuple[str, str]:
         raise FetchError(kind, str(e.reason)) from e
     except TimeoutError as e:
         raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
-    except (OSError, EOFError, ValueError, zlib.error) as e:  # reset, bad gzip, http.client errors
+    except (OSError, EOFError, ValueError, zlib.error, http.client.HTTPException) as e:  # reset, bad gzip
         raise FetchError("read_error", f"{type(e).__name__}: {e}") from e
     try:
         return body.decode("utf-8"), content_type

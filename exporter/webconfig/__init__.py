@@ -17,15 +17,22 @@ once).  Here:
 
 * ``WebConfigWatcher.current()`` stats the YAML file and re-parses it when its mtime/size changed;
   the auth middleware calls it per request, so users, hashes and headers apply to the next request.
-  An invalid new file is logged and the last good config stays in force.
-* ``WebConfig.ssl_context(provider)`` returns ONE ``ssl.SSLContext`` for
-  ``aiohttp.web.TCPSite(ssl_context=...)``.  Its ``sni_callback`` runs during every TLS handshake
-  (OpenSSL calls it after the ClientHello even when the client sent no SNI, e.g. Prometheus
-  scraping an IP address); it stats cert/key/CA files and, when one changed, builds a fresh
-  context and switches the connection to it (``ssl_object.context = new``).  Certificates, keys and
-  client CAs therefore rotate without a restart.  Settings that OpenSSL copies from the listening
-  context when a connection is created (client_auth_type, min/max version, cipher list) apply
-  only after a restart; a change of those is logged.
+  It fails closed: an unreadable or invalid file, one with no settings (empty, whitespace,
+  comments, ``null``, ``---``, ``basic_auth_users:`` with no users) and a change that loosens
+  access (basic auth or TLS off, a weaker ``client_auth_type``, no ``client_allowed_sans``, a
+  lower ``min_version``: what a file read half-rewritten looks like) refuse every request (500)
+  and handshake until fixed or restarted.
+* ``WebConfigWatcher.context_for_new_connection()`` gives each new TLS connection a context
+  built from the current file (``SniffingTLSSite(context_provider=...)``), so a tightened
+  client-certificate policy, TLS versions and ciphers apply to the next handshake; the middleware
+  closes an open connection made under a weaker policy at its next request.
+* ``WebConfig.ssl_context(provider)`` returns ONE listening ``ssl.SSLContext`` whose
+  ``sni_callback`` runs during every TLS handshake (OpenSSL calls it after the ClientHello even
+  when the client sent no SNI); it stats cert/key/CA files and, when one changed, switches the
+  connection to a freshly built context (``ssl_object.context = new``).  Certificates, keys and
+  client CAs therefore rotate without a restart, with a plain ``web.TCPSite`` too; settings that
+  OpenSSL copies when a connection is created apply there only through the per-connection
+  context above.
 
 Python's ``ssl`` cannot express every Go TLS option:
 

@@ -8,6 +8,7 @@ import binascii
 import hashlib
 import ipaddress
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -16,7 +17,7 @@ from typing import Any
 import bcrypt
 from aiohttp import web
 
-from .model import BCRYPT_MAX_PASSWORD, WebConfig
+from .model import _TLS_VERSIONS, BCRYPT_MAX_PASSWORD, WebConfig
 
 log = logging.getLogger("exporter.webconfig")
 
@@ -35,10 +36,8 @@ def _fake_hash_for_unknown_users() -> bytes:
     return _fake_hash
 
 
-class _AuthCache:
-    """Bounded LRU of bcrypt results keyed by sha256(user, hash, password) (no plaintext kept)."""
-
-    def __init__(self, size: int = 256) -> None:
+class _LRU:
+    def __init__(self, size: int) -> None:
         self._size = size
         self._items: OrderedDict[bytes, bool] = OrderedDict()
 
@@ -53,6 +52,23 @@ class _AuthCache:
         self._items.move_to_end(key)
         while len(self._items) > self._size:
             self._items.popitem(last=False)
+
+
+class _AuthCache:
+    """bcrypt results keyed by sha256(user, hash, password) (no plaintext kept), in two bounded
+    LRUs: successes and failures.  Wrong passwords, however many and however unique, evict only
+    other failures, so a scraper verified once never waits behind them in the bcrypt queue
+    (exporter-toolkit keeps one 100-entry cache for both)."""
+
+    def __init__(self, size: int = 256, ok_size: int = 64) -> None:
+        self._ok = _LRU(ok_size)
+        self._bad = _LRU(size)
+
+    def get(self, key: bytes) -> bool | None:
+        return True if self._ok.get(key) else self._bad.get(key)
+
+    def set(self, key: bytes, ok: bool) -> None:
+        (self._ok if ok else self._bad).set(key, ok)
 
 
 def _bcrypt_ok(password: bytes, hashed: bytes) -> bool:
@@ -92,6 +108,23 @@ def _peer_sans(request: web.Request) -> set[str]:
                 pass
         sans.add(value)
     return sans
+
+
+_TLS_VERSION_OF = {"TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
+                   "TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def _meets_tls_policy(cfg: WebConfig, request: web.Request) -> bool:
+    """Whether the request's TLS connection was made under a policy at least as strict as the
+    current one (a verified client certificate where one is required, min_version)."""
+    transport = request.transport
+    sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+    if not cfg.tls_enabled or sslobj is None:
+        return True
+    if cfg.tls.client_auth_type == "RequireAndVerifyClientCert" and not transport.get_extra_info("peercert"):
+        return False
+    version = _TLS_VERSION_OF.get(sslobj.version() or "", ssl.TLSVersion.TLSv1)
+    return version >= _TLS_VERSIONS[cfg.tls.min_version]
 
 
 class _TokenBucket:
@@ -145,6 +178,9 @@ def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
         if ok is None:
             async with bcrypt_lock:
                 ok = await asyncio.to_thread(_bcrypt_ok, password, hashed)
+            # an unknown user with the fake hash's password is a failure too: only real
+            # successes enter (and can evict entries of) the success cache
+            ok = ok and known
             cache.set(key, ok)
         # bcrypt.checkpw compares the digests in constant time; unknown users cost one bcrypt too
         return ok and known
@@ -154,6 +190,13 @@ def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
         cfg = webconfig_provider()
         if cfg.broken:
             return _plain(500, "Internal Server Error", cfg)
+        if not _meets_tls_policy(cfg, request):
+            # a keep-alive connection made before the client-certificate policy or min_version
+            # was tightened: closed without an answer, so the client (Go's transport retries an
+            # idempotent request) reconnects under the policy in force now
+            if request.transport is not None:
+                request.transport.abort()
+            return _plain(403, "Forbidden", cfg)
         rl = cfg.rate_limit
         if rl.burst > 0 and rl.interval_seconds > 0 and not bucket.allow(rl.interval_seconds, rl.burst):
             return _plain(429, "Too Many Requests", cfg)

@@ -81,7 +81,7 @@ _ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
 
 # $2a$ / $2b$ / $2y$ and a cost Go's x/crypto/bcrypt accepts (MinCost 4 .. MaxCost 31);
 # exporter-toolkit checks every hash with bcrypt.Cost() before it serves
-_BCRYPT_RE = re.compile(r"^\$2[aby]\$(\d{2})\$[./A-Za-z0-9]{53}$")
+_BCRYPT_RE = re.compile(r"\A\$2[aby]\$(\d{2})\$[./A-Za-z0-9]{53}\Z")
 BCRYPT_MIN_COST, BCRYPT_MAX_COST = 4, 31
 # bcrypt uses the first 72 bytes of a password; Go's CompareHashAndPassword ignores the rest
 BCRYPT_MAX_PASSWORD = 72
@@ -216,8 +216,10 @@ class _WebConfigFile(_Strict):
     @field_validator("basic_auth_users", mode="before")
     @classmethod
     def _users(cls, v: Any) -> Any:
-        if v is None:
-            return {}
+        if v is None or v == {}:
+            # "basic_auth_users:" with no users under it (or a file cut short while it is
+            # rewritten) must not read as "no basic auth": remove the key to serve without it
+            raise ValueError("no users listed (remove the key to serve without basic auth)")
         if not isinstance(v, dict):
             raise ValueError("must be a map of user name to bcrypt hash")  # noqa: TRY004 (pydantic)
         for user, hashed in v.items():
@@ -290,8 +292,11 @@ class WebConfig:
             raw, _lines = load_yaml(p, text)
         except ConfigError as e:
             raise WebConfigError(f"web config {e}") from None
-        if raw is None:
-            raw = {}
+        if raw is None or raw == {}:
+            # an empty file, whitespace, comments, "null", "---" or "{}": a file cut short or
+            # emptied by mistake must never mean "no TLS, no auth" (exporter-toolkit reads it so)
+            raise WebConfigError(f"web config {p}: no settings (empty, only comments, null or "
+                                 "{}); without a web config, pass no --web.config.file")
         if not isinstance(raw, dict):
             raise WebConfigError(f"web config {p}: top level must be a map")
         try:

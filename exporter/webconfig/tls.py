@@ -101,10 +101,20 @@ class ReloadingTLS:
             return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
         try:
             ctx = self._latest()
-            if ctx is not self.context:
+            if ctx is not _ctx:  # rotated certificates: this very handshake uses them
                 sslobj.context = ctx
         except Exception:  # never abort a handshake because of a reload problem
             log.exception("TLS reload failed; keeping the previous certificate")
+
+    def for_new_connection(self) -> ssl.SSLContext:
+        """The context to create a new connection with (the latest; OpenSSL copies the client
+        certificate policy, versions and ciphers from it, which a swap in the SNI callback
+        cannot change).  A broken config gives the listening one: its handshake is refused."""
+        try:
+            return self._latest()
+        except Exception:
+            log.exception("TLS reload failed; keeping the previous context")
+            return self._current
 
     def _latest(self) -> ssl.SSLContext:
         cfg = self._provider() if self._provider is not None else self._cfg
@@ -121,8 +131,11 @@ class ReloadingTLS:
                 log.error("%s; keeping the previous certificate", e)
                 return self._current
             if cfg._shape() != self._shape:
-                log.warning("web config: client_auth_type, TLS versions and cipher suites apply "
-                            "after a restart; new certificates apply now")
+                self._shape = cfg._shape()
+                log.info("web config: client_auth_type, TLS versions and cipher suites changed: "
+                         "they apply to new connections; connections made under a weaker "
+                         "client-certificate policy are closed at their next request")
+            new.sni_callback = self._on_handshake
             self._current = new
             log.info("TLS material reloaded from %s", ", ".join(str(p) for p in cfg.tls_files()))
             return new
