@@ -56,8 +56,9 @@ def trusted(evidence: str, count: int, scfg: StateConfig) -> int | None:
 
 
 def say_evidence(device_id: DeviceId, evidence: str, source: str, reason: str) -> None:
-    """One log line per change of a GPU's co-tenancy evidence (at start, then on change)."""
-    gpu = f"{device_id[0]} gpu {device_id[1]} ({device_id[2] or 'no uuid'})"
+    """One log line for the first GPU with each kind of co-tenancy evidence (at start, and when
+    a new kind appears: a source that loses its access, say)."""
+    gpu = f"{device_id[0]} gpu {device_id[1]} ({device_id[2] or 'no uuid'}) and GPUs like it"
     if evidence == "complete":
         log.info("co-tenancy evidence of %s: busy clients counted by %s", gpu, source)
     elif evidence == "partial":

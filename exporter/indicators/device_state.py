@@ -35,7 +35,6 @@ class _DeviceState:
     drop_seconds: float = 0.0  # throughput drop held without per-process data
     state: str = "unknown"
     client_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # client -> last busy
-    evidence_said: tuple[str, str, str] | None = None  # the evidence last logged
     flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
     relearned: dict[str, int] = field(default_factory=dict)  # metric -> deviations accepted as normal
 

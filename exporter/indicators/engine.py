@@ -113,6 +113,7 @@ class IndicatorEngine:
         self._info: dict[DeviceId, _DeviceInfo] = {}
         self._index = SeriesIndex()
         self._labels = _LabelSets()
+        self._evidence_said: set[tuple[str, str, str]] = set()  # evidence kinds logged so far
         var = config.variability
         self._window_capacity = capacity_for(var.window_seconds, poll_interval, var.max_samples)
         # the interconnect ring spans two rate spans, so an idle link always has two points
@@ -215,8 +216,9 @@ class IndicatorEngine:
         throttled = throttle_explains(labelled.throttle, labelled.clock_ratio(), cfg.rootcause)
         held = held_clients(st, labelled, now, scfg)
         evidence, ev_source, ev_reason = device_evidence(labelled)
-        if st.evidence_said != (evidence, ev_source, ev_reason):
-            st.evidence_said = (evidence, ev_source, ev_reason)
+        said = (evidence, ev_source, ev_reason)
+        if said not in self._evidence_said:  # once per kind of evidence (a small vocabulary)
+            self._evidence_said.add(said)
             say_evidence(device_id, evidence, ev_source, ev_reason)
         clients = trusted(evidence, held.get("", 0), scfg)
 
