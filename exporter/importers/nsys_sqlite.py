@@ -85,7 +85,7 @@ def _open(db_path: str, cancel: Callable[[], bool] | None) -> sqlite3.Connection
 
         def progress() -> int:
             return int(time.monotonic() > deadline or (cancel is not None and cancel()))
-        db.set_progress_handler(progress, 10_000)
+        db.set_progress_handler(progress, 1000)
         db.set_authorizer(_authorize)
     except BaseException:
         db.close()

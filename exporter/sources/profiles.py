@@ -140,7 +140,6 @@ class ProfilesSource(SourceBase):
 
     def scan_once(self) -> int:
         """Import what is ready in the drop directory; returns the number of imported artifacts."""
-        n = 0
         with self._scan_lock:
             try:
                 outcomes = self.drop.scan()
