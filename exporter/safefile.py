@@ -168,27 +168,20 @@ def read_path(path: str | os.PathLike, limit: int) -> bytearray:
 
 
 def private_dir(path: str | os.PathLike | None, prefix: str) -> Path:
-    """A fresh directory (mode 0700, unpredictable name) inside ``path`` (or the system temp dir).
-
-    ``path`` must be owned by the exporter's user and writable by nobody else, and so must every
-    ancestor (root-owned, or sticky like /tmp): otherwise another user could swap it for a
-    symlink and have files written where they choose.  Raises Refused naming the culprit."""
-    if path is not None:
-        check_private_ancestors(Path(path))
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=path))
-
-
-def check_private_ancestors(path: Path) -> None:
-    euid = os.geteuid()
-    p = Path(os.path.abspath(path))
-    st = os.lstat(p)
+    """A fresh directory (mode 0700, unpredictable name) inside ``path`` (default: the system
+    temp dir).  ``path`` and every ancestor must be owned by root or the exporter's user and be
+    writable by nobody else unless sticky (like /tmp): otherwise another user could swap the
+    fresh directory for a symlink and have files written where they choose.  Raises Refused
+    naming the culprit (nothing is created then)."""
+    base = Path(os.path.abspath(path if path is not None else tempfile.gettempdir()))
+    st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode):
-        raise Refused(errno.ENOTDIR, f"{p} is {_kind(st.st_mode)}, not a directory")
-    if st.st_uid != euid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise Refused(errno.EPERM, f"{p} must be owned by uid {euid} and writable by nobody else "
-                                   f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
-    for anc in p.parents:
-        st = os.lstat(anc)
-        if st.st_uid not in (0, euid) or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-                                          and not st.st_mode & stat.S_ISVTX):
-            raise Refused(errno.EPERM, f"{anc} (above {p}) is writable by another user: it could swap {p}")
+        raise Refused(errno.ENOTDIR, f"{base} is {_kind(st.st_mode)}, not a directory")
+    euid = os.geteuid()
+    for d in (base, *base.parents):
+        st = os.lstat(d)
+        if st.st_uid not in (0, euid) or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
+            raise Refused(errno.EPERM, f"{d} must be owned by uid 0 or {euid} and writable by nobody else "
+                                       f"unless sticky (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): "
+                                       f"another user could swap what is inside")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))

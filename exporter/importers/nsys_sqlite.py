@@ -73,7 +73,7 @@ def _check_schema(db: sqlite3.Connection) -> None:
 
 
 def _open(db_path: str, cancel: Callable[[], bool] | None) -> sqlite3.Connection:
-    db = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+    db = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True)
     try:
         for pragma in (f"hard_heap_limit = {HEAP_LIMIT_BYTES}", f"cache_size = -{CACHE_KIB}", "mmap_size = 0",
                        "temp_store = MEMORY", "trusted_schema = OFF", "query_only = ON"):

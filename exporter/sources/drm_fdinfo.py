@@ -162,9 +162,9 @@ class FdScanner:
     def scan(self, errors: dict) -> Iterator[tuple[str, str, str]]:
         """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
         new_cache: dict[tuple[str, str, str], bool] = {}
-        try:  # str.isdigit() also takes "²" or "٣", which int() refuses
-            pids = sorted((e.name for e in os.scandir(self.procfs) if e.name.isascii() and e.name.isdigit()),
-                          key=int)
+        try:  # str.isdigit() also takes "²" or "٣", which int() refuses; a pid is a directory
+            pids = sorted((e.name for e in os.scandir(self.procfs)
+                           if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)), key=int)
         except OSError:
             pids = []
         for pid in pids:
