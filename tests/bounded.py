@@ -3,7 +3,6 @@ stays bounded (under 1 GB and its timeout) even on code that would not stop it."
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,12 +25,12 @@ def run_bounded(code: str, *args: str, timeout: float = 30.0, mem: int = 1 << 30
                 fsize: int = 256 << 20) -> Bounded:
     """``code`` (with ``sys.argv[1:] == args``) in a fresh interpreter: address space ``mem``,
     files it writes at most ``fsize`` bytes each (a SQLite temp file included), ``timeout`` s."""
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    # the child sets its own limits first (no preexec_fn: the test process may have threads)
+    head = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))\n")
     try:
-        p = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
-                           timeout=timeout, preexec_fn=limits, check=False)
+        p = subprocess.run([sys.executable, "-c", head + code, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return Bounded(None, out)
