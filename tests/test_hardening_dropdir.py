@@ -336,3 +336,20 @@ def test_per_import_caps_reject_the_file(tmp_path, mappings, opts, content, matc
         assert re.search(match, (tmp_path / "drop" / "rejected" / "many.json.reason").read_text())
     finally:
         src.close()
+
+
+def test_new_options_pass_the_strict_config(tmp_path):
+    from exporter.config import load_config
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(textwrap.dedent(f"""\
+        collectors:
+          profiles:
+            enabled: true
+            options:
+              dir: {tmp_path / "drop"}
+              max_devices_per_import: 4
+              max_series_per_import: 1000
+              trigger: {{enabled: true, command: [/bin/true], staging_dir: {tmp_path}}}
+        """))
+    src = ProfilesSource(options=load_config(cfg).collector("profiles").options_dict())
+    assert (src.max_devices, src.max_series, src.trigger.cfg.staging_dir) == (4, 1000, str(tmp_path))
