@@ -188,7 +188,7 @@ def _trigger(tmp_path, mode: str, **kw) -> CaptureTrigger:
     cfg = TriggerConfig.from_options({"enabled": True, "for_seconds": 5, "min_interval": 100, "timeout": 10,
                                       "command": [sys.executable, str(script), "{output}", mode], **kw})
     (tmp_path / "drop").mkdir(exist_ok=True)
-    return CaptureTrigger(cfg, tmp_path / "drop")
+    return CaptureTrigger(cfg)
 
 
 def test_trigger_condition_duration_and_rate_limit(tmp_path):
@@ -207,7 +207,7 @@ def test_trigger_condition_duration_and_rate_limit(tmp_path):
 
 
 def test_disabled_trigger_never_fires():
-    t = CaptureTrigger(TriggerConfig(), "/nonexistent")
+    t = CaptureTrigger(TriggerConfig())
     assert not any(t.observe(float(s), "g", {"gpu_memory_contention": 1}) for s in range(0, 1000, 10))
 
 

@@ -183,15 +183,15 @@ def test_fdinfo_process_exiting_between_listdir_and_read(tmp_path, monkeypatch):
     for pid in (200, 201, 202):
         add_fd(proc, pid, 5, "/dev/dri/renderD128", AMD_FDINFO.format(cid=pid, kib=pid, ns=0), comm=f"p{pid}")
     exiting: set[str] = set()
-    real_open = open
+    real_read_at = drm_fdinfo.safefile.read_at
 
-    def racing_open(path, *args, **kwargs):
-        parts = str(path).split("/")
+    def racing_read_at(dir_fd, name, *args, **kwargs):  # the fdinfo/ folder is held: its pid exits
+        parts = os.readlink(f"/proc/self/fd/{dir_fd}").split("/")
         if "fdinfo" in parts and parts[parts.index("fdinfo") - 1] in exiting:
             shutil.rmtree(proc / parts[parts.index("fdinfo") - 1], ignore_errors=True)
-        return real_open(path, *args, **kwargs)
+        return real_read_at(dir_fd, name, *args, **kwargs)
 
-    monkeypatch.setattr(drm_fdinfo, "open", racing_open, raising=False)
+    monkeypatch.setattr(drm_fdinfo.safefile, "read_at", racing_read_at)
     some_card(sysfs)  # a node with a DRM card (else the source is absent)
     src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"})
     src.open()

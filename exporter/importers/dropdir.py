@@ -8,7 +8,9 @@ Layout under ``root``::
     root/rejected/     bad files, each with ``<name>.reason`` saying why
 
 A file is claimed once it has not changed for ``settle`` seconds.  A sidecar
-``<name>.meta.json`` ({"trace_id": ...}) travels with its file.  Files left in processing/ by a
+``<name>.meta.json`` ({"trace_id": ...}) travels with its file.  Files of a triggered capture
+never pass through the root: ``adopt`` moves (or copies) them from the capture's private
+staging directory straight into processing/ and imports them.  Files left in processing/ by a
 daemon that stopped mid-import are moved to rejected/ at start (not retried: a file that
 crashed or hung the importer must not do it again); drop them again to retry.  An imported file
 that no longer imports at start (``restore``) is moved to rejected/ once, never re-read.
@@ -20,25 +22,35 @@ symlink, so replacing ``processing/`` (or any other folder) with a symlink or an
 after the start changes nothing.  The folders must be owned by the exporter's user and writable
 by nobody else: an attacker who created them first is refused with a message, not trusted.  A
 claimed entry that is not a plain file with one link (a symlink or hard link swapped in between
-the scan and the claim) is deleted unread.  ``.reason`` files are created exclusively
-(``O_CREAT|O_EXCL|O_NOFOLLOW``) under names the exporter chooses.
+the scan and the claim) is deleted unread.  Files and sidecars are read under the
+``exporter.safefile`` rule (through the held fd, ``O_NOFOLLOW|O_NONBLOCK``, regular with one
+link, ``max_bytes`` a hard limit while reading and after decompression): a file under a write
+lease is rejected at once instead of stalling the import thread.  ``.reason`` files are created
+exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``) under names the exporter chooses, readable by
+group/others only where the rejected file itself is (a reason may quote its first line).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
+import shutil
 import stat
+import threading
 import time
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from .. import safefile
 from ..textformat import valid_utf8
-from .detect import MAX_BYTES, import_file
-from .model import CompanionFile, Profile, ProfileRejected
+from .detect import MAX_BYTES, SIDECAR, import_at
+from .model import CompanionFile, Profile, ProfileRejected, clean_profile
 
 log = logging.getLogger("unified_gpu_exporter")
-SIDECAR = ".meta.json"
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".reason", ".crdownload", SIDECAR)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FOLDERS = ("processing", "imported", "rejected")
@@ -55,40 +67,16 @@ class Outcome:
     profile: Profile | None = None
     reason: str = ""
     companion: bool = False
+    accepted: Any = None  # what the accept hook returned for it
 
 
-def clean_profile(prof: Profile) -> Profile:
-    """Make every string of a parsed profile valid UTF-8 (e.g. a JSON ``"\\ud800"`` kernel name),
-    so nothing imported can fail the exposition later."""
-    seen: set[int] = set()
-
-    def fix(obj: object) -> object:
-        if isinstance(obj, str):
-            return valid_utf8(obj)
-        if id(obj) in seen:
-            return obj
-        seen.add(id(obj))
-        if isinstance(obj, list):
-            for i, v in enumerate(obj):
-                obj[i] = fix(v)
-        elif isinstance(obj, dict):
-            for k in list(obj):
-                v = fix(obj.pop(k))
-                obj[fix(k)] = v
-        elif is_dataclass(obj) and not isinstance(obj, type):
-            for f in fields(obj):
-                v = getattr(obj, f.name)
-                nv = fix(v)
-                if nv is not v:
-                    setattr(obj, f.name, nv)
-        return obj
-
-    fix(prof)
-    return prof
+# called with each parsed profile before it is kept; raises ProfileRejected to set it aside
+Accept = Callable[[Profile], Any]
 
 
 class DropDir:
-    def __init__(self, root: str | os.PathLike, settle: float = 1.0, max_bytes: int = MAX_BYTES):
+    def __init__(self, root: str | os.PathLike, settle: float = 1.0, max_bytes: int = MAX_BYTES,
+                 accept: Accept | None = None):
         self.root = Path(root)
         self.processing = self.root / "processing"
         self.imported = self.root / "imported"
@@ -96,7 +84,8 @@ class DropDir:
         self._last_stamp = 0
         self.settle = settle
         self.max_bytes = max_bytes
-        self._complete: set[str] = set()
+        self.accept = accept
+        self.stopping = threading.Event()  # set: a running SQLite import stops at once
         self._fds: dict[str, int] = {}  # "root" and each folder -> held directory fd
 
     # ------------------------------------------------------------------ directory fds
@@ -105,10 +94,6 @@ class DropDir:
         if fd is None:
             raise OSError(f"drop directory {self.root}: not set up")
         return fd
-
-    def _via(self, which: str, name: str) -> str:
-        """A path to ``name`` that resolves through the held fd, whatever the folder's path is now."""
-        return f"/proc/self/fd/{self._fd(which)}/{name}"
 
     def close(self) -> None:
         fds, self._fds = self._fds, {}
@@ -152,10 +137,6 @@ class DropDir:
         return fd
 
     # ------------------------------------------------------------------ API
-    def mark_complete(self, paths) -> None:
-        """Files known to be fully written (a finished capture): no settle wait for them."""
-        self._complete.update(Path(p).name for p in paths)
-
     def setup(self) -> int:
         """Open the root and its folders (creating them); move files left in processing/ aside.
         Returns how many were moved.  Raises OSError (UnsafeDropDir) naming an unsafe folder."""
@@ -198,8 +179,7 @@ class DropDir:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if now - st.st_mtime >= self.settle or e.name in self._complete:
-                self._complete.discard(e.name)
+            if now - st.st_mtime >= self.settle:
                 out.append((st.st_mtime, e.name))
         return [self.root / n for _, n in sorted(out)]
 
@@ -222,6 +202,59 @@ class DropDir:
                 log.warning("profile claim failed", extra={"file": p.name, "reason": str(exc)})
                 continue
             claimed.append(dest)
+        return self._import_claimed(claimed)
+
+    def adopt(self, staging_fd: int, names: list[str], meta: dict[str, str]) -> list[Outcome]:
+        """Import the files of a finished capture from its private staging directory: each is
+        moved (copied across filesystems) into processing/ with a sidecar holding ``meta``
+        (the trace id), never through the drop root, then imported like a dropped file."""
+        if not self._fds:
+            return []
+        claimed = []
+        for name in names:
+            try:
+                claimed.append(self._take(staging_fd, name, meta))
+            except OSError as exc:
+                log.warning("capture file not imported", extra={"file": name, "reason": str(exc)})
+        return self._import_claimed(claimed)
+
+    def _take(self, staging_fd: int, name: str, meta: dict[str, str]) -> str:
+        proc = self._fd("processing")
+        src, st = safefile.open_regular(name, staging_fd, single_link=True)
+        try:
+            if st.st_size > self.max_bytes:
+                raise safefile.TooLarge(errno.EFBIG, f"{st.st_size} bytes, above the import limit of "
+                                                     f"{self.max_bytes}")
+            dest = self._unique("processing", name)
+            self._create(proc, dest + SIDECAR, (json.dumps(meta) + "\n").encode(), 0o644)
+            try:
+                self._move_in(src, st, staging_fd, name, dest)
+            except BaseException:
+                self._discard("processing", dest + SIDECAR)
+                raise
+        finally:
+            os.close(src)
+        return dest
+
+    def _move_in(self, src: int, st: os.stat_result, staging_fd: int, name: str, dest: str) -> None:
+        proc = self._fd("processing")
+        try:
+            os.rename(name, dest, src_dir_fd=staging_fd, dst_dir_fd=proc)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+        # another filesystem: copy through the opened fd
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      stat.S_IMODE(st.st_mode) & 0o644, dir_fd=proc)
+        try:
+            with os.fdopen(out, "wb") as w, os.fdopen(os.dup(src), "rb") as r:
+                shutil.copyfileobj(r, w, safefile.CHUNK)
+        except BaseException:
+            self._discard("processing", dest)
+            raise
+
+    def _import_claimed(self, claimed: list[str]) -> list[Outcome]:
         outcomes = []
         for name in claimed:  # all claimed first: companions of one run sit together in processing/
             # swapped for a symlink, a device or a hard link between the scan and the claim:
@@ -233,7 +266,7 @@ class DropDir:
                                                        "reason": "not a plain file with one link"})
                 continue
             try:
-                prof = clean_profile(import_file(self._via("processing", name), max_bytes=self.max_bytes))
+                prof, accepted = self._read("processing", name)
             except CompanionFile as exc:
                 outcomes.append(Outcome(name, reason=str(exc), companion=True))
                 continue
@@ -241,16 +274,25 @@ class DropDir:
                 outcomes.append(Outcome(name, reason=str(exc)))
                 self._reject(name, str(exc))
                 continue
-            prof.path = str(self.imported / name)
-            outcomes.append(Outcome(name, profile=prof))
+            outcomes.append(Outcome(name, profile=prof, accepted=accepted))
         for o in outcomes:
             if (o.profile is not None or o.companion) and self._plain_file("processing", o.name):
                 self._move("processing", o.name, "imported")
         return outcomes
 
-    def restore(self, limit: int) -> list[Profile]:
-        """Re-read the newest ``limit`` imported files (after a restart), oldest first.  One that no
-        longer imports is moved to rejected/ (once: it is never re-read at the next start)."""
+    def _read(self, folder: str, name: str) -> tuple[Profile, Any]:
+        """Parse one file of a held folder (``ProfileRejected``/``CompanionFile`` when not kept)."""
+        prof = clean_profile(import_at(self._fd(folder), name, max_bytes=self.max_bytes,
+                                       path=str(getattr(self, folder) / name), single_link=True,
+                                       cancel=self.stopping.is_set))
+        prof.path = str(self.imported / name)
+        accepted = self.accept(prof) if self.accept is not None else None
+        return prof, accepted
+
+    def restore(self, limit: int) -> list[Outcome]:
+        """Re-read the newest ``limit`` imported files (after a restart), oldest first (each with
+        what the accept hook returned).  One that no longer imports (or is no longer accepted) is
+        moved to rejected/ (once: it is never re-read at the next start)."""
         if not self._fds or limit <= 0:
             return []
         try:
@@ -268,14 +310,13 @@ class DropDir:
         out = []
         for _, name in files[-limit:]:
             try:
-                out.append(clean_profile(import_file(self._via("imported", name),
-                                                     max_bytes=self.max_bytes)))
+                prof, accepted = self._read("imported", name)
+                out.append(Outcome(name, profile=prof, accepted=accepted))
             except CompanionFile:
                 continue
             except Exception as exc:  # noqa: BLE001 - ProfileRejected or worse: quarantine it
                 self._reject(name, f"no longer imports at start: {exc}", folder="imported")
                 continue
-            out[-1].path = str(self.imported / name)
         return out
 
     # ------------------------------------------------------------------ helpers
@@ -324,17 +365,24 @@ class DropDir:
                 pass
         return dest
 
+    @staticmethod
+    def _create(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        try:
+            os.fchmod(out, mode)  # not the umask's
+            os.write(out, data)
+        finally:
+            os.close(out)
+
     def _write_reason(self, dest: str, reason: str) -> None:
-        fd = self._fd("rejected")
         name = dest + ".reason"
         if self._exists("rejected", name):
             name = f"{dest}.{time.time_ns()}.reason"
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o644, dir_fd=fd)
-        try:
-            os.write(out, (valid_utf8(reason)[:MAX_REASON] + "\n").encode("utf-8", "replace"))
-        finally:
-            os.close(out)
+        st = self._plain_file("rejected", dest)
+        # as readable as the file it explains (it may quote the file's first line)
+        mode = 0o600 | (stat.S_IMODE(st.st_mode) & 0o044 if st is not None else 0)
+        self._create(self._fd("rejected"), name,
+                     (valid_utf8(reason)[:MAX_REASON] + "\n").encode("utf-8", "replace"), mode)
 
     def _reject(self, name: str, reason: str, folder: str = "processing") -> None:
         try:

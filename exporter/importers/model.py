@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+
+from ..textformat import valid_utf8
 
 
 class ProfileRejected(Exception):
@@ -166,3 +168,33 @@ def queue_length_max(events: list[tuple[float, int]]) -> int:
         cur += delta
         best = max(best, cur)
     return best
+
+
+def clean_profile(prof: Profile) -> Profile:
+    """Make every string of a parsed profile valid UTF-8 (e.g. a JSON ``"\\ud800"`` kernel name),
+    so nothing imported can fail the exposition later."""
+    seen: set[int] = set()
+
+    def fix(obj: object) -> object:
+        if isinstance(obj, str):
+            return valid_utf8(obj)
+        if id(obj) in seen:
+            return obj
+        seen.add(id(obj))
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                obj[i] = fix(v)
+        elif isinstance(obj, dict):
+            for k in list(obj):
+                v = fix(obj.pop(k))
+                obj[fix(k)] = v
+        elif is_dataclass(obj) and not isinstance(obj, type):
+            for f in fields(obj):
+                v = getattr(obj, f.name)
+                nv = fix(v)
+                if nv is not v:
+                    setattr(obj, f.name, nv)
+        return obj
+
+    fix(prof)
+    return prof

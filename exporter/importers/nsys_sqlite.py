@@ -5,34 +5,110 @@ Gated on ``META_DATA_EXPORT.EXPORT_SCHEMA_VERSION`` (major 3 supported; tested 3
 delay and per-stream queue length follow Holistic Trace Analysis: the kernel joins its launch
 call on (correlationId, process); delay = kernel.start - (api.start + api.dur) floored at 0;
 queue length = +1 at each launch call, -1 at each kernel start, per stream.
+
+The file is hostile until proven otherwise (a 4 KB export whose tables are views over an
+infinite recursive CTE would grow memory or a temp file without end), so the database is a
+private copy (``detect``) opened read-only and immutable, and:
+
+- schema: a view, a trigger, a virtual table or a generated column is refused before any
+  query (an nsys export has none), and an authorizer allows only reading tables, the
+  ``table_info`` pragma and no function, recursive CTE or attached database;
+- time: a progress handler aborts a query past ``TIME_LIMIT_S`` seconds from the start of the
+  import (or as soon as ``cancel()`` is true: the daemon is stopping);
+- memory: page cache ``CACHE_KIB``, no mmap, temp storage in memory, so sorts count against
+  SQLite's process-wide hard heap limit (``HEAP_LIMIT_BYTES``, lowered once: the exporter uses
+  SQLite for nothing else), and a value, SQL text, column count and expression depth limit.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from .model import KernelRecord, Profile, ProfileRejected, Range, clean_kernel_name, queue_length_max
 
 SUPPORTED_MAJOR = 3
 TESTED_MINOR = 25
+TIME_LIMIT_S = 120.0
+HEAP_LIMIT_BYTES = 1 << 30
+CACHE_KIB = 64 * 1024
+_LIMITS = ((sqlite3.SQLITE_LIMIT_LENGTH, 16 << 20), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 100_000),
+           (sqlite3.SQLITE_LIMIT_COLUMN, 500), (sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 100),
+           (sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 10), (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
+           (sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH, 1), (sqlite3.SQLITE_LIMIT_FUNCTION_ARG, 8))
+_PRAGMAS_ALLOWED = {"table_info", "table_xinfo"}
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, dbname: str | None, _src: str | None) -> int:
+    if action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ):
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _PRAGMAS_ALLOWED:
+        return sqlite3.SQLITE_OK
+    return sqlite3.SQLITE_DENY  # functions, recursive CTEs, writes, ATTACH, other pragmas
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
-    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def _columns(db: sqlite3.Connection, table: str) -> set[str]:
-    return {r[1] for r in db.execute(f'PRAGMA table_info("{table}")')}
+    cols = set()
+    for row in db.execute(f'PRAGMA table_xinfo("{table}")'):
+        if row[6] in (2, 3):  # hidden: 2 = virtual generated, 3 = stored generated
+            raise ProfileRejected(f"nsys sqlite: {table}.{row[1]} is a generated column: not an nsys export")
+        cols.add(row[1])
+    return cols
 
 
-def parse(path: str, db_path: str) -> Profile:
+def _check_schema(db: sqlite3.Connection) -> None:
+    """Refuse whatever would run code on a read: views, triggers, virtual tables."""
+    for kind, name, sql in db.execute("SELECT type, name, sql FROM sqlite_master"):
+        if kind in ("view", "trigger"):
+            raise ProfileRejected(f"nsys sqlite: the file defines a {kind} ({name!r}): not an nsys export; "
+                                  "views and triggers are never run")
+        if kind == "table" and str(sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+            raise ProfileRejected(f"nsys sqlite: {name!r} is a virtual table: not an nsys export")
+
+
+def _open(db_path: str, cancel: Callable[[], bool] | None) -> sqlite3.Connection:
+    db = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True)
     try:
-        db = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True)
+        for pragma in (f"hard_heap_limit = {HEAP_LIMIT_BYTES}", f"cache_size = -{CACHE_KIB}", "mmap_size = 0",
+                       "temp_store = MEMORY", "trusted_schema = OFF", "query_only = ON"):
+            db.execute(f"PRAGMA {pragma}")
+        for limit, value in _LIMITS:
+            db.setlimit(limit, value)
+        _check_schema(db)
+        deadline = time.monotonic() + TIME_LIMIT_S
+
+        def progress() -> int:
+            return int(time.monotonic() > deadline or (cancel is not None and cancel()))
+        db.set_progress_handler(progress, 1000)
+        db.set_authorizer(_authorize)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def parse(path: str, db_path: str, cancel: Callable[[], bool] | None = None) -> Profile:
+    """``db_path``: a private copy of the artifact (never the producer's file)."""
+    try:
+        db = _open(db_path, cancel)
     except sqlite3.Error as exc:
         raise ProfileRejected(f"nsys sqlite: cannot open: {exc}") from None
     try:
         return _parse(path, db)
+    except sqlite3.OperationalError as exc:
+        if "interrupted" in str(exc):
+            raise ProfileRejected(f"nsys sqlite: stopped after the time limit of {TIME_LIMIT_S:g} s "
+                                  "(or at shutdown)") from None
+        if "not authorized" in str(exc):
+            raise ProfileRejected(f"nsys sqlite: refused ({exc}): the schema is not an nsys export") from None
+        raise ProfileRejected(f"nsys sqlite: unreadable database ({type(exc).__name__}: {exc}); "
+                              "truncated or corrupt file?") from None
     except sqlite3.Error as exc:
         raise ProfileRejected(f"nsys sqlite: unreadable database ({type(exc).__name__}: {exc}); "
                               "truncated or corrupt file?") from None

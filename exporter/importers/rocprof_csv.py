@@ -34,6 +34,7 @@ from .model import (
     parse_number,
     queue_length_max,
 )
+from .siblings import Siblings
 
 _IDENTITY = {
     "index", "kernelname", "kernel_name", "gpu-id", "gpu_id", "queue-id", "queue_id", "queue-index", "pid",
@@ -90,18 +91,20 @@ def _agent(value: str) -> str:
     return m.group(1) if m else (value.strip() or "0")
 
 
-def _sibling(path: str, names: tuple[str, ...], replace: str) -> Path | None:
+def _sibling(path: str, siblings: Siblings | None, names: tuple[str, ...], replace: str) -> str | None:
     """The file of the same run: ``<pid>_kernel_trace.csv`` -> ``<pid>_hip_api_trace.csv``."""
-    p = Path(path)
-    if replace in p.name:
+    name = Path(path).name
+    if siblings is not None and replace in name:
         for n in names:
-            cand = p.with_name(p.name.replace(replace, n))
-            if cand.is_file():
+            cand = name.replace(replace, n)
+            if siblings.exists(cand):
                 return cand
     return None
 
 
-def parse(path: str, text: str) -> Profile:
+def parse(path: str, text: str, siblings: Siblings | None = None) -> Profile:
+    """``siblings``: the files beside the artifact (hip_api_trace, Omniperf sysinfo.csv); none
+    are read without it."""
     variant = sniff(text[:8192])
     if variant is None:
         raise ProfileRejected("rocprof csv: header matches no known rocprof variant")
@@ -121,12 +124,12 @@ def parse(path: str, text: str) -> Profile:
     elif variant.startswith("rocprofv3 counter"):
         _v3_counters(prof, rows)
     elif variant.startswith("rocprofv3 kernel"):
-        _v3_trace(prof, rows)
+        _v3_trace(prof, rows, siblings)
     else:
         _v2(prof, rows)
     if not prof.kernels:
         raise ProfileRejected(f"{variant}: no dispatch rows")
-    sysinfo = _sysinfo(path, variant)
+    sysinfo = _sysinfo(path, variant, siblings)
     for k in prof.kernels:
         _derive(k, sysinfo)
     for d in prof.devices.values():
@@ -188,17 +191,17 @@ def _v3_counters(prof: Profile, rows: list[dict[str, str]]) -> None:
             rec.counters[name] = rec.counters.get(name, 0.0) + v  # per-dimension rows are summed
 
 
-def _v3_trace(prof: Profile, rows: list[dict[str, str]]) -> None:
+def _v3_trace(prof: Profile, rows: list[dict[str, str]], siblings: Siblings | None) -> None:
     api: dict[str, tuple[float, float]] = {}
-    side = _sibling(prof.path, ("hip_api_trace", "hip_runtime_trace"), replace="kernel_trace")
-    if side is not None:
+    side = _sibling(prof.path, siblings, ("hip_api_trace", "hip_runtime_trace"), replace="kernel_trace")
+    if side is not None and siblings is not None:
         try:
-            for r in _rows(side.read_text(errors="replace"))[1:]:
+            for r in _rows(siblings.read_text(side) or "")[1:]:
                 s, e = parse_number(r.get("start_timestamp")), parse_number(r.get("end_timestamp"))
                 if s is not None and e is not None and "launch" in (r.get("function") or "").lower():
                     api[(r.get("correlation_id") or "").strip()] = (s, e)
         except OSError as exc:
-            prof.warnings.append(f"{side.name}: {exc}")
+            prof.warnings.append(f"{side}: not read: {exc}")
     queues: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
     for r in rows:
         start, end = parse_number(r.get("start_timestamp")), parse_number(r.get("end_timestamp"))
@@ -214,15 +217,15 @@ def _v3_trace(prof: Profile, rows: list[dict[str, str]]) -> None:
         prof.queue_length_max[dev] = max(prof.queue_length_max.get(dev, 0), queue_length_max(ev))
 
 
-def _sysinfo(path: str, variant: str) -> dict[str, str]:
+def _sysinfo(path: str, variant: str, siblings: Siblings | None) -> dict[str, str]:
     """Omniperf's ``sysinfo.csv`` of the same workload (same directory, same name prefix)."""
-    if not variant.startswith("rocprofv2"):
+    if not variant.startswith("rocprofv2") or siblings is None:
         return {}
-    p = Path(path)
-    for cand in sorted(p.parent.glob("*sysinfo.csv")):
-        if p.name.startswith(cand.name[: -len("sysinfo.csv")]):
+    name = Path(path).name
+    for cand in siblings.names():
+        if cand.endswith("sysinfo.csv") and not cand.startswith(".") and name.startswith(cand[: -len("sysinfo.csv")]):
             try:
-                rows = _rows(cand.read_text(errors="replace"))
+                rows = _rows(siblings.read_text(cand) or "")
             except OSError:
                 return {}
             return rows[1] if len(rows) > 1 else {}

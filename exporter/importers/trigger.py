@@ -3,8 +3,9 @@
 When an indicator of one GPU stays above a threshold for ``for_seconds`` (default: the
 ``gpu_memory_contention`` 0/1 gauge above 0.5 for 30 s), run the configured capture command
 (an nsys / ncu / rocprofv3 invocation or a wrapper script) with a timeout, at most once per
-``min_interval``; the files it writes are moved into the drop directory with a sidecar trace id
-and imported like any dropped file.  Off by default.
+``min_interval``; the files it writes are handed to the drop directory (``DropDir.adopt``: into
+processing/ with a sidecar trace id, never through the drop root that other users can write) and
+imported like any dropped file.  Off by default.
 
 Config (``collectors.profiles.options.trigger``)::
 
@@ -15,9 +16,12 @@ Config (``collectors.profiles.options.trigger``)::
     command: [/usr/local/bin/capture.sh, "{output}", "{device}"]   # argv, no shell
     timeout: 300                      # seconds; the whole process group is killed after it
     min_interval: 900                 # seconds between two captures (any GPU)
+    staging_dir: ""                   # where each capture gets a fresh 0700 folder; default: the
+                                      # system temp dir; must be owned by the exporter's user and
+                                      # writable by nobody else (its ancestors too)
 
-Placeholders in ``command``: ``{output}`` (path without extension inside an empty staging
-folder: write your files there), ``{output_dir}``, ``{device}``, ``{trace_id}``, and from the
+Placeholders in ``command``: ``{output}`` (path without extension inside an empty private
+staging folder: write your files there), ``{output_dir}``, ``{device}``, ``{trace_id}``, and from the
 GPU's canonical labels ``{vendor}``, ``{gpu}``, ``{uuid}``.
 """
 
@@ -26,14 +30,19 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .. import safefile
 
 log = logging.getLogger("unified_gpu_exporter")
 
@@ -47,6 +56,7 @@ class TriggerConfig:
     command: list[str] = field(default_factory=list)
     timeout: float = 300.0
     min_interval: float = 900.0
+    staging_dir: str = ""
 
     @classmethod
     def from_options(cls, opts: dict[str, Any] | None) -> TriggerConfig:
@@ -58,6 +68,7 @@ class TriggerConfig:
         if isinstance(cfg.command, str):
             raise ValueError("profiles.trigger.command must be a list (argv), not a shell string")
         cfg.command = [str(a) for a in cfg.command]
+        cfg.staging_dir = str(cfg.staging_dir or "")
         if cfg.enabled and not cfg.command:
             raise ValueError("profiles.trigger.enabled needs a command")
         for name in ("for_seconds", "timeout", "min_interval"):
@@ -70,15 +81,20 @@ class TriggerConfig:
 class CaptureResult:
     result: str  # ok | failed | timeout | busy
     reason: str = ""
-    files: list[Path] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # names the command wrote
     trace_id: str = ""
     seconds: float = 0.0
+    delivered: Any = None  # what ``deliver`` returned
+
+
+# (staging directory fd, file names, sidecar meta) -> anything: imports the files
+Deliver = Callable[[int, list[str], dict[str, str]], Any]
 
 
 class CaptureTrigger:
-    def __init__(self, cfg: TriggerConfig, drop_dir: str | os.PathLike):
+    def __init__(self, cfg: TriggerConfig, deliver: Deliver | None = None):
         self.cfg = cfg
-        self.drop_dir = Path(drop_dir)
+        self.deliver = deliver
         self.stats: Counter[str] = Counter()  # ok, failed, timeout, rate_limited, busy
         self._since: dict[str, float] = {}
         self._limited: set[str] = set()
@@ -130,8 +146,17 @@ class CaptureTrigger:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 1000000:06d}"
         dev = re.sub(r"[^A-Za-z0-9._-]", "_", device_id)[:40] or "gpu"
         trace_id = f"capture-{stamp}"
-        staging = self.drop_dir / "capturing" / f"{dev}-{stamp}"
-        staging.mkdir(parents=True, exist_ok=True)
+        try:  # a fresh 0700 folder of our own: nobody else can plant a symlink where the tool writes
+            staging = safefile.private_dir(self.cfg.staging_dir or None, prefix=f"ugx-capture-{dev}-")
+        except OSError as exc:
+            return CaptureResult("failed", f"no private staging folder: {exc}", trace_id=trace_id)
+        try:
+            return self._in(staging, stamp, dev, device_id, trace_id, info)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _in(self, staging: Path, stamp: str, dev: str, device_id: str, trace_id: str,
+            info: dict[str, str]) -> CaptureResult:
         subst = {"output": str(staging / f"capture-{dev}-{stamp}"), "output_dir": str(staging),
                  "device": device_id, "trace_id": trace_id, "vendor": info.get("vendor", ""),
                  "gpu": info.get("gpu", ""), "uuid": info.get("uuid", "")}
@@ -153,35 +178,20 @@ class CaptureTrigger:
             except (ProcessLookupError, PermissionError):
                 proc.kill()
             proc.communicate()
-            self._discard(staging)
             return CaptureResult("timeout", f"killed after {self.cfg.timeout:g}s", trace_id=trace_id)
         if proc.returncode != 0:
             tail = (out or b"").decode(errors="replace").strip().splitlines()[-3:]
-            self._discard(staging)
             return CaptureResult("failed", f"exit status {proc.returncode}: {' | '.join(tail)[:300]}",
                                  trace_id=trace_id)
-        files = sorted(p for p in staging.iterdir() if p.is_file())
-        if not files:
-            self._discard(staging)
-            return CaptureResult("failed", "the command wrote no file", trace_id=trace_id)
-        moved = []
-        for p in files:
-            dest = self.drop_dir / p.name
-            if dest.exists():
-                dest = dest.with_name(f"{stamp}-{p.name}")
-            # sidecar first, then the file: the drop directory claims both together
-            dest.with_name(dest.name + ".meta.json").write_text(
-                f'{{"trace_id": "{trace_id}", "device": "{dev}"}}\n')
-            os.replace(p, dest)
-            moved.append(dest)
-        self._discard(staging)
-        return CaptureResult("ok", files=moved, trace_id=trace_id)
-
-    @staticmethod
-    def _discard(staging: Path) -> None:
+        fd = safefile.open_dir(staging)
         try:
-            for p in staging.iterdir():
-                p.unlink()
-            staging.rmdir()
-        except OSError:
-            pass
+            names = sorted(e.name for e in os.scandir(fd)
+                           if stat.S_ISREG(e.stat(follow_symlinks=False).st_mode))
+            if not names:
+                return CaptureResult("failed", "the command wrote no file", trace_id=trace_id)
+            delivered = None
+            if self.deliver is not None:
+                delivered = self.deliver(fd, names, {"trace_id": trace_id, "device": dev})
+            return CaptureResult("ok", files=names, trace_id=trace_id, delivered=delivered)
+        finally:
+            os.close(fd)

@@ -7,7 +7,9 @@ holds, per device and metric, the closed bins of both references and the learned
 the metrics whose deviation was flagged at save time (a restart keeps them flagged, so it
 neither relearns the problem as normal nor resolves and re-raises the flag).
 
-A file that cannot be read or parsed is renamed to ``*.corrupt`` and the baselines start fresh
+The file is read under the ``exporter.safefile`` rule (a symlink, FIFO or device in its place is
+never opened or followed; at most ``MAX_STATE_BYTES``).  A file that cannot be read or parsed
+is renamed to ``*.corrupt`` and the baselines start fresh
 with a warning; a version 1 file (EWMA mean/variance, which cannot seed a median) is renamed to
 ``*.v1`` and the baselines start fresh; a file from a newer format version is left alone until
 the next save.  No timestamps are stored: learning time is counted by learned seconds only.
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .. import safefile
 from .robust import RobustBaseline
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ STATE_FILE = "indicator-baselines.json"
 FORMAT = "unified-gpu-exporter/indicator-baselines"
 VERSION = 2
 MAX_BINS = 10080
+MAX_STATE_BYTES = 64 << 20  # far above any real state file (tens of KB per GPU)
 
 
 def _finite_list(v: list[float]) -> list[float]:
@@ -142,10 +146,15 @@ class BaselineStore:
         if self.path is None:
             return False
         self._remove_stale_tmp()
-        if not self.path.exists():
+        try:  # never a symlink, FIFO or device, never more than MAX_STATE_BYTES (safefile)
+            data = safefile.read_path(self.path, MAX_STATE_BYTES)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            self._set_aside(exc, ".corrupt")
             return False
         try:
-            raw = json.loads(self.path.read_bytes())
+            raw = json.loads(data)
             if not isinstance(raw, dict) or raw.get("format") != FORMAT:
                 raise ValueError(f"not a baseline state file (format {raw.get('format')!r})"
                                  if isinstance(raw, dict) else "not a JSON object")

@@ -23,7 +23,10 @@ the procfs is the host's PID namespace (kthreadd is pid 2) and every process's f
 readable (``pid_namespace_private`` / ``procfs_unreadable`` otherwise: docs/privileges.md).
 
 Cost: one ``readlink`` per fd (no open) decides whether an fd is a DRM device; only DRM fds have
-their fdinfo read.  Targets outside ``/dev/dri`` under ``/dev`` are stat'ed once and the verdict
+their fdinfo read.  procfs is read under the ``exporter.safefile`` rule (the tree may be a host
+``/proc`` mounted into a container, or a fixture): only all-ASCII-digit pid directories, each
+fdinfo file opened through its directory fd without following a symlink or blocking on a FIFO,
+a regular file of at most ``FDINFO_MAX_BYTES`` (a larger one is a ``read_error``, not read on).  Targets outside ``/dev/dri`` under ``/dev`` are stat'ed once and the verdict
 is cached by ``(pid, fd, target)``.
 """
 
@@ -39,14 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from .. import safefile
 from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .evidence import mark, process_mode
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
-from .sysfs_util import read_kv, read_text
+from .sysfs_util import read_kv
 
 log = logging.getLogger(__name__)
 
 DRM_MAJOR = 226
+FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
+COMM_MAX_BYTES = 4096
 # Device.vendor from the DRM driver name (identity, not a metric mapping).
 DRIVER_VENDOR = {"i915": "intel", "xe": "intel", "amdgpu": "amd", "nvidia-drm": "nvidia", "nvidia": "nvidia"}
 _CARD_RE = re.compile(r"^card(\d+)$")
@@ -170,8 +176,9 @@ class FdScanner:
         """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
         new_cache: dict[tuple[str, str, str], bool] = {}
         self.unreadable = 0
-        try:
-            pids = sorted((e.name for e in os.scandir(self.procfs) if e.name.isdigit()), key=int)
+        try:  # str.isdigit() also takes "²" or "٣", which int() refuses; a pid is a directory
+            pids = sorted((e.name for e in os.scandir(self.procfs)
+                           if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)), key=int)
         except OSError:
             pids = []
         for pid in pids:
@@ -183,18 +190,31 @@ class FdScanner:
                     fds = os.listdir(f"{base}/fdinfo")
                 except OSError:
                     continue
-            for fd in fds:
-                try:
-                    with open(f"{base}/fdinfo/{fd}", "rb") as fh:
-                        data = fh.read()
-                except FileNotFoundError:
-                    continue  # fd closed or process exited meanwhile
-                except OSError:
-                    if from_links:
-                        errors["read_error"] = errors.get("read_error", 0) + 1
-                    continue
-                yield pid, fd, data.decode("utf-8", "replace")
+            if not fds:
+                continue
+            try:
+                info_fd = safefile.open_dir(f"{base}/fdinfo")
+            except OSError:
+                continue  # the process exited meanwhile
+            try:
+                yield from self._read_fdinfo(pid, info_fd, fds, from_links, errors)
+            finally:
+                os.close(info_fd)
         self._dev_cache = new_cache
+
+    @staticmethod
+    def _read_fdinfo(pid: str, info_fd: int, fds: list[str], from_links: bool,
+                     errors: dict) -> Iterator[tuple[str, str, str]]:
+        for fd in fds:
+            try:
+                data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
+            except FileNotFoundError:
+                continue  # fd closed or process exited meanwhile
+            except OSError:  # also safefile.Refused: a FIFO, a symlink, above the limit
+                if from_links:
+                    errors["read_error"] = errors.get("read_error", 0) + 1
+                continue
+            yield pid, fd, data.decode("utf-8", "replace")
 
 
 def card_drivers(sysfs: Path) -> dict[str, str]:
@@ -212,7 +232,10 @@ def card_drivers(sysfs: Path) -> dict[str, str]:
 def host_pid_namespace(procfs: Path) -> bool:
     """Whether ``procfs`` shows the host's processes: kthreadd is pid 2 only in the initial PID
     namespace (a container without hostPID sees its own processes only)."""
-    return read_text(Path(procfs) / "2" / "comm") == "kthreadd"
+    try:
+        return safefile.read_path(Path(procfs) / "2" / "comm", COMM_MAX_BYTES).strip() == b"kthreadd"
+    except OSError:
+        return False
 
 
 def card_indices(sysfs: Path) -> dict[str, str]:
@@ -378,4 +401,8 @@ class DrmFdinfoSource(SourceBase):
                            (("pid", pid), ("process", comm), ("region", region)))
 
     def _comm(self, pid: str) -> str:
-        return read_text(self.procfs / pid / "comm") or "unknown"
+        try:
+            text = safefile.read_path(self.procfs / pid / "comm", COMM_MAX_BYTES).decode("utf-8", "strict").strip()
+        except (OSError, UnicodeDecodeError):
+            return "unknown"
+        return text or "unknown"

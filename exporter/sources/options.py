@@ -116,6 +116,8 @@ class TriggerOptions(Options):
     command: list[str] = []
     timeout: Duration = 300.0
     min_interval: DurationOrZero = 900.0
+    # each capture runs in a fresh 0700 folder here (default: the system temp dir)
+    staging_dir: Path | None = None
 
     @field_validator("command", mode="before")
     @classmethod
@@ -139,7 +141,9 @@ class ProfilesOptions(Options):
     # imported values stop feeding series and alerts this long after their import (0: never)
     ttl: DurationOrZero = 600.0
     scan_interval: Duration = 2.0
-    max_file_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    max_file_bytes: int = Field(512 * 1024 * 1024, ge=1)  # also after decompression
+    max_devices_per_import: int = Field(16, ge=1)
+    max_series_per_import: int = Field(20000, ge=1)
     restore: bool = True
     trigger: TriggerOptions | None = None
 

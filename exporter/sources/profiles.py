@@ -11,13 +11,17 @@ Options (``collectors.profiles.options``)::
     restore: true          # re-read imported/ at start so series survive a restart
     ttl: 600               # seconds an import stays exported (0: until replaced); restored
                            # imports count from the restart
+    max_devices_per_import: 16     # an artifact naming more GPUs is rejected
+    max_series_per_import: 20000   # an artifact giving more series is rejected
     trigger: {...}         # triggered deep capture, see exporter/importers/trigger.py
 
 Imports run in a background thread, never in ``poll``: a huge or hostile file cannot stall the
 daemon, and a parser failure only moves the file to ``rejected/``.  ``poll`` returns the series
 of the imported artifacts, which stay exported until a newer import of the same tool, GPUs and
 trace id replaces them or until they are ``ttl`` seconds old: they are profiler results, not
-live hardware readings, and a stale one must not keep driving live indicators and alerts.
+live hardware readings, and a stale one must not keep driving live indicators and alerts.  A
+GPU is exported (as a device and in ``gpu_profile_imports_total``) only while a kept import
+names it: expired and evicted imports take their GPUs with them.
 
 ``provides_identity = False``: an artifact GPU whose UUID a native source knows (nsys exports
 carry it) takes that GPU's vendor/gpu/uuid labels; others keep the tool's device id as ``gpu``.
@@ -35,7 +39,7 @@ from typing import Any, ClassVar
 from ..importers.convert import add_profile, allowed_fields
 from ..importers.detect import MAX_BYTES
 from ..importers.dropdir import DropDir
-from ..importers.model import Profile
+from ..importers.model import Profile, ProfileRejected
 from ..importers.trigger import CaptureTrigger, TriggerConfig
 from ..model import IDENTITY_WIDTH, Labels
 from .base import Abilities, Device, PollResult, Reading, SourceBase, SourceUnavailable
@@ -58,10 +62,14 @@ class ProfilesSource(SourceBase):
         self.ttl = float(opts.get("ttl", 600.0))
         if not self.ttl >= 0:  # also rejects NaN
             raise ValueError(f"profiles ttl must be >= 0 seconds, got {opts.get('ttl')!r}")
+        self.max_devices = int(opts.get("max_devices_per_import", 16))
+        self.max_series = int(opts.get("max_series_per_import", 20000))
+        if self.max_devices < 1 or self.max_series < 1:
+            raise ValueError("profiles max_devices_per_import and max_series_per_import must be >= 1")
         self.clock = time.monotonic
         self.drop = DropDir(self.dir or ".", settle=float(opts.get("settle", 1.0)),
-                            max_bytes=int(opts.get("max_file_bytes", MAX_BYTES)))
-        self.trigger = CaptureTrigger(TriggerConfig.from_options(opts.get("trigger")), self.drop.root)
+                            max_bytes=int(opts.get("max_file_bytes", MAX_BYTES)), accept=self._convert)
+        self.trigger = CaptureTrigger(TriggerConfig.from_options(opts.get("trigger")), self._deliver)
         self._allowed = allowed_fields(mappings) if mappings is not None else None
         self._lock = threading.Lock()
         # (tool, trace_id, device keys) -> (devices, readings, import time); newest last
@@ -85,6 +93,7 @@ class ProfilesSource(SourceBase):
             with self._lock:
                 self._errors["profile_rejected"] += moved
         self._stop.clear()
+        self.drop.stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="profiles-import", daemon=True)
         self._thread.start()
 
@@ -93,9 +102,12 @@ class ProfilesSource(SourceBase):
         with self._lock:
             if self.ttl > 0:
                 cutoff = self.clock() - self.ttl
-                for key in [k for k, (_, _, at) in self._results.items() if at < cutoff]:
+                expired = [k for k, (_, _, at) in self._results.items() if at < cutoff]
+                for key in expired:
                     del self._results[key]
                     self._errors["profile_expired"] += 1
+                if expired:
+                    self._forget_devices()
             for _devices, readings, _at in reversed(self._results.values()):  # newest first wins
                 sample.readings.extend(readings)
             for key, n in self._imports.items():
@@ -106,6 +118,7 @@ class ProfilesSource(SourceBase):
 
     def close(self) -> None:
         self._stop.set()
+        self.drop.stopping.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2.0)
@@ -117,8 +130,8 @@ class ProfilesSource(SourceBase):
     def _loop(self) -> None:
         if self.restore_on_open:
             try:
-                for prof in self.drop.restore(self.max_profiles):
-                    self.add(prof, count=False)
+                for o in self.drop.restore(self.max_profiles):
+                    self.add(o.profile, count=False, converted=o.accepted)
             except Exception:  # noqa: BLE001 - never let the import thread die
                 log.exception("restoring imported profiles failed")
         # the first scan after one interval: files found at start still get their settle time
@@ -127,7 +140,6 @@ class ProfilesSource(SourceBase):
 
     def scan_once(self) -> int:
         """Import what is ready in the drop directory; returns the number of imported artifacts."""
-        n = 0
         with self._scan_lock:
             try:
                 outcomes = self.drop.scan()
@@ -137,33 +149,60 @@ class ProfilesSource(SourceBase):
                     self._errors["exception"] += 1
                 log.debug("scan error", extra={"reason": str(exc)})
                 return 0
-            for o in outcomes:
-                if o.profile is not None:
-                    self.add(o.profile)
-                    n += 1
-                    log.info("profile imported", extra={"file": o.name, "tool": o.profile.tool,
-                                                        "variant": o.profile.variant,
-                                                        "trace_id": o.profile.trace_id})
-                elif not o.companion:
-                    with self._lock:
-                        self._errors["profile_rejected"] += 1
+            return self._keep(outcomes)
+
+    def _keep(self, outcomes) -> int:
+        n = 0
+        for o in outcomes:
+            if o.profile is not None:
+                self.add(o.profile, converted=o.accepted)
+                n += 1
+                log.info("profile imported", extra={"file": o.name, "tool": o.profile.tool,
+                                                    "variant": o.profile.variant,
+                                                    "trace_id": o.profile.trace_id})
+            elif not o.companion:
+                with self._lock:
+                    self._errors["profile_rejected"] += 1
         return n
 
-    def add(self, prof: Profile, count: bool = True) -> None:
-        """Convert one profile and keep its readings (replacing an older one of the same key)."""
+    def _convert(self, prof: Profile) -> tuple[list[Device], PollResult]:
+        """The drop directory's accept hook: the profile's devices and readings, or
+        ProfileRejected (the file goes to rejected/) above the per-import caps."""
         sample = PollResult()
         devices = add_profile(sample, prof, self.top_kernels, self._allowed)
+        if len(devices) > self.max_devices:
+            raise ProfileRejected(f"has kernels on {len(devices)} GPUs, above max_devices_per_import "
+                                  f"({self.max_devices})")
+        if len(sample.readings) > self.max_series:
+            raise ProfileRejected(f"gives {len(sample.readings)} series, above max_series_per_import "
+                                  f"({self.max_series})")
+        return devices, sample
+
+    def add(self, prof: Profile, count: bool = True,
+            converted: tuple[list[Device], PollResult] | None = None) -> None:
+        """Keep one profile's readings (replacing an older one of the same key)."""
+        devices, sample = converted if converted is not None else self._convert(prof)
         key = (prof.tool, prof.trace_id, tuple(sorted(d.key for d in devices)))
         with self._lock:
             self._results.pop(key, None)
             self._results[key] = (devices, sample.readings, self.clock())
+            evicted = len(self._results) > max(self.max_profiles, 1)
             while len(self._results) > max(self.max_profiles, 1):
                 self._results.popitem(last=False)
             for d in devices:
                 self._devices[d.key] = d
                 if count:
                     self._imports[d.key] += 1
+            if evicted:
+                self._forget_devices()
             self._errors.update(sample.errors)
+
+    def _forget_devices(self) -> None:
+        """Drop the devices (and their import counts) that no kept import names (under _lock)."""
+        live = {d.key for devices, _, _ in self._results.values() for d in devices}
+        for key in [k for k in self._devices if k not in live]:
+            del self._devices[key]
+            self._imports.pop(key, None)
 
     # ------------------------------------------------------------------ triggered capture
     def observe_indicators(self, now: float, device_id: str, series: dict[str, float],
@@ -196,7 +235,9 @@ class ProfilesSource(SourceBase):
         if res.result in ("failed", "timeout"):
             with self._lock:
                 self._errors[f"capture_{res.result}"] += 1
-        elif res.result == "ok":
-            # the command has exited: its files are complete, import them now
-            self.drop.mark_complete(res.files)
-            self.scan_once()
+
+    def _deliver(self, staging_fd: int, names: list[str], meta: dict[str, str]) -> int:
+        """The trigger's files, complete (the command has exited): imported now, from its
+        private staging folder straight into processing/."""
+        with self._scan_lock:
+            return self._keep(self.drop.adopt(staging_fd, names, meta))

@@ -1,0 +1,187 @@
+"""Reading a file that another user can write (drop directory, sidecars, state directory, procfs).
+
+One rule, written once:
+
+- the file is opened relative to a directory fd the caller holds (``open_regular``), with
+  ``O_NOFOLLOW`` (a symlink is refused, never followed), ``O_NONBLOCK`` (a FIFO or a file under
+  a write lease answers at once instead of hanging the reader) and ``O_NOCTTY``;
+- the opened fd is checked with ``fstat`` to be a regular file (optionally with one link: a hard
+  link to a file the attacker cannot read is refused);
+- it is read through that fd only, never by path again, with a hard byte limit that holds
+  while the file grows under the reader and after gzip decompression (``chunks``/``read_fd``).
+
+Every refusal is a ``Refused`` (an ``OSError``) whose message says why; ``TooLarge`` is the one
+for a limit.  ``private_dir`` checks (or creates) a directory only the exporter's user can
+write, with no ancestor another user could swap.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class Refused(OSError):
+    """A file that is not read: a symlink, not a regular file, leased, too large, ..."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class TooLarge(Refused):
+    """More bytes than the limit (before or after decompression)."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_dir(path: str | os.PathLike) -> int:
+    """A directory fd (the caller's own configured path; raises OSError)."""
+    return os.open(path, _DIR_FLAGS)
+
+
+def open_regular(name: str, dir_fd: int, *, single_link: bool = False) -> tuple[int, os.stat_result]:
+    """Open ``name`` in ``dir_fd`` for reading under the rule above; returns (fd, fstat)."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(errno.ELOOP, "a symbolic link (never followed)") from None
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            raise Refused(exc.errno, "another process holds a lease on it (still being written?)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file")
+        if single_link and st.st_nlink != 1:
+            raise Refused(errno.EMLINK, f"a regular file with {st.st_nlink} links (a hard link is refused)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+class _BoundedRaw(io.RawIOBase):
+    """Reads an fd from offset 0 through ``pread``, refusing to deliver more than ``limit`` bytes."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self._fd, self._limit, self._pos = fd, limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # noqa: ANN001 - a writable buffer
+        want = len(b)
+        if self._pos + want > self._limit + 1:
+            want = self._limit + 1 - self._pos
+        if want <= 0:
+            raise TooLarge(errno.EFBIG, f"compressed content above the limit of {self._limit} bytes")
+        data = os.pread(self._fd, want, self._pos)
+        if self._pos + len(data) > self._limit:
+            raise TooLarge(errno.EFBIG, f"compressed content above the limit of {self._limit} bytes")
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def is_gzip(fd: int) -> bool:
+    return os.pread(fd, 2, 0) == GZIP_MAGIC
+
+
+def chunks(fd: int, limit: int, *, gunzip: bool = False) -> Iterator[bytes]:
+    """The content of ``fd`` from offset 0 in chunks of at most 1 MiB; ``gunzip``: decompressed
+    (every gzip member).  Raises TooLarge as soon as more than ``limit`` bytes (compressed or
+    decompressed) would be delivered, whatever the file's size was when it was opened."""
+    total = 0
+    if not gunzip:
+        while True:
+            data = os.read(fd, min(CHUNK, limit + 1 - total))
+            if not data:
+                return
+            total += len(data)
+            if total > limit:
+                raise TooLarge(errno.EFBIG, f"above the limit of {limit} bytes")
+            yield data
+    raw, pending, dec = _BoundedRaw(fd, limit), b"", None
+    while True:
+        data, pending = pending or raw.read(CHUNK), b""
+        if not data:
+            if dec is not None and not dec.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker")
+            return
+        while data:
+            if dec is None or dec.eof:  # the next member; zero padding between members is allowed
+                data = data.lstrip(b"\x00")
+                if not data:
+                    break
+                dec = zlib.decompressobj(31)
+            out = dec.decompress(data, CHUNK)
+            total += len(out)
+            if total > limit:
+                raise TooLarge(errno.EFBIG, f"decompressed content above the limit of {limit} bytes")
+            if out:
+                yield out
+            data = dec.unused_data if dec.eof else dec.unconsumed_tail
+
+
+def read_fd(fd: int, limit: int, *, gunzip: bool = False) -> bytearray:
+    buf = bytearray()
+    for c in chunks(fd, limit, gunzip=gunzip):
+        buf += c
+    return buf
+
+
+def read_at(dir_fd: int, name: str, limit: int, *, single_link: bool = False) -> bytearray:
+    """The content of ``name`` in ``dir_fd`` (at most ``limit`` bytes, else TooLarge)."""
+    fd, _ = open_regular(name, dir_fd, single_link=single_link)
+    try:
+        return read_fd(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def read_path(path: str | os.PathLike, limit: int) -> bytearray:
+    """``read_at`` of a path's last component in its directory (the directory path is trusted)."""
+    p = Path(path)
+    dir_fd = open_dir(p.parent)
+    try:
+        return read_at(dir_fd, p.name, limit)
+    finally:
+        os.close(dir_fd)
+
+
+def private_dir(path: str | os.PathLike | None, prefix: str) -> Path:
+    """A fresh directory (mode 0700, unpredictable name) inside ``path`` (default: the system
+    temp dir).  ``path`` and every ancestor must be owned by root or the exporter's user and be
+    writable by nobody else unless sticky (like /tmp): otherwise another user could swap the
+    fresh directory for a symlink and have files written where they choose.  Raises Refused
+    naming the culprit (nothing is created then)."""
+    base = Path(os.path.abspath(path if path is not None else tempfile.gettempdir()))
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(errno.ENOTDIR, f"{base} is {_kind(st.st_mode)}, not a directory")
+    euid = os.geteuid()
+    for d in (base, *base.parents):
+        st = os.lstat(d)
+        if st.st_uid not in (0, euid) or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
+            raise Refused(errno.EPERM, f"{d} must be owned by uid 0 or {euid} and writable by nobody else "
+                                       f"unless sticky (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): "
+                                       f"another user could swap what is inside")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))

@@ -1,0 +1,134 @@
+"""Issue 26, finding 17 and the smaller procfs findings: a hostile file where the exporter
+expects its own state file or a procfs entry is refused at once, never followed, never read
+past a limit.  Bombs run in a bounded child (``tests/bounded.py``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import textwrap
+import threading
+from pathlib import Path
+
+from exporter.indicators.baseline import STATE_FILE, BaselineStore
+from exporter.sources.drm_fdinfo import DrmFdinfoSource
+
+from .bounded import run_bounded
+from .fdinfo_trees import add_card, add_fd
+
+PCI = "0000:03:00.0"
+FDINFO = f"drm-driver:\tamdgpu\ndrm-pdev:\t{PCI}\ndrm-client-id:\t7\ndrm-engine-gfx:\t1000 ns\ndrm-memory-vram:\t4 KiB\n"
+
+
+def _in_thread(fn, timeout: float = 20.0):
+    """fn() in a thread: (finished, result)."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return (not t.is_alive()), (out[0] if out else None)
+
+
+def _unblock(fifo: Path) -> None:
+    """Let a reader stuck in open() of a FIFO go (old code): open the write end, close it."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------------ 17: the state file
+def test_fifo_state_file_does_not_hang_the_start(tmp_path, caplog):
+    fifo = tmp_path / STATE_FILE
+    os.mkfifo(fifo)
+    store = BaselineStore(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING):
+            done, loaded = _in_thread(store.load)
+        assert done, "load() hangs on a FIFO"
+        assert loaded is False
+        assert "FIFO" in caplog.text and "fresh baselines" in caplog.text
+        assert (tmp_path / (STATE_FILE + ".corrupt")).is_fifo()  # set aside, not read
+    finally:
+        _unblock(fifo)
+
+
+def test_dev_zero_symlink_state_file_is_not_read(tmp_path):
+    os.symlink("/dev/zero", tmp_path / STATE_FILE)
+    res = run_bounded(textwrap.dedent("""\
+        import logging, sys
+        from pathlib import Path
+        from exporter.indicators.baseline import BaselineStore
+        logging.basicConfig(level=logging.WARNING)
+        print("LOADED", BaselineStore(Path(sys.argv[1])).load())
+        """), str(tmp_path), timeout=30)
+    assert res.ok and "LOADED False" in res.out and "symbolic link" in res.out, res
+    assert os.readlink(tmp_path / (STATE_FILE + ".corrupt")) == "/dev/zero"
+
+
+def test_oversized_state_file_is_not_read(tmp_path, caplog):
+    with open(tmp_path / STATE_FILE, "wb") as f:
+        f.truncate(65 << 20)  # sparse: no disk used
+    with caplog.at_level(logging.WARNING):
+        assert BaselineStore(tmp_path).load() is False
+    assert "above the limit" in caplog.text
+
+
+# ------------------------------------------------------------------ smaller: fdinfo trusts procfs
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    add_card(sysfs, 0, PCI)
+    add_fd(proc, 100, 5, "/dev/dri/renderD128", FDINFO, comm="good")
+    return proc, sysfs
+
+
+def _poll(proc: Path, sysfs: Path):
+    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"})
+    src.open()
+    return src.poll()
+
+
+def _pids(sample) -> set[str]:
+    return {dict(r.labels)["pid"] for r in sample.readings if r.field == "process.memory"}
+
+
+def test_pid_dir_named_superscript_two_is_ignored(tmp_path):
+    proc, sysfs = _tree(tmp_path)
+    add_fd(proc, 200, 5, "/dev/dri/renderD128", FDINFO.replace("\t7\n", "\t8\n"))
+    os.rename(proc / "200", proc / "\u00b2")  # "²".isdigit() is True, int("²") raises
+    assert _pids(_poll(proc, sysfs)) == {"100"}
+
+
+def test_fifo_as_fdinfo_does_not_hang_the_poll(tmp_path):
+    proc, sysfs = _tree(tmp_path)
+    add_fd(proc, 300, 6, "/dev/dri/renderD128")
+    fifo = proc / "300" / "fdinfo" / "6"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    try:
+        done, sample = _in_thread(lambda: _poll(proc, sysfs))
+        assert done, "poll hangs on a FIFO fdinfo"
+        assert _pids(sample) == {"100"} and sample.errors["read_error"] == 1
+    finally:
+        _unblock(fifo)
+
+
+def test_huge_fdinfo_is_not_read_past_the_limit(tmp_path):
+    proc, sysfs = _tree(tmp_path)
+    add_fd(proc, 400, 7, "/dev/dri/renderD128", FDINFO.replace("\t7\n", "\t9\n") + "x" * (1 << 20))
+    sample = _poll(proc, sysfs)
+    assert _pids(sample) == {"100"} and sample.errors["read_error"] == 1
+
+
+def test_symlinked_fdinfo_and_comm_are_not_followed(tmp_path):
+    proc, sysfs = _tree(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_text(FDINFO.replace("\t7\n", "\t10\n"))
+    add_fd(proc, 500, 8, "/dev/dri/renderD128")
+    (proc / "500" / "fdinfo" / "8").unlink()
+    os.symlink(secret, proc / "500" / "fdinfo" / "8")
+    (proc / "100" / "comm").unlink()
+    os.symlink(secret, proc / "100" / "comm")
+    sample = _poll(proc, sysfs)
+    assert _pids(sample) == {"100"} and sample.errors["read_error"] == 1
+    assert {dict(r.labels)["process"] for r in sample.readings} == {"unknown"}
