@@ -173,3 +173,29 @@ def test_every_row_of_the_table_is_a_reason_decide_returns():
             assert r in reasons, (number, r, "not produced by any case")
         named = [w for w in re.findall(r"[a-z_]+", state) if w in STATES]
         assert named and set(named) <= states, (number, state)
+
+
+def test_vendor_table_names_only_reasons_the_code_gives_and_sources_that_count():
+    """docs/detection.md's per-vendor table: every reason it names is a row of the decision table,
+    and every evidence source it names maps a client count (the internal gpu_client_* families)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from exporter.indicators.state import ROWS as TABLE
+
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "detection.md").read_text()
+    start = doc.index("| hardware / setup |")
+    table = doc[start:doc.index("\n\n", start)]
+    reasons = {r for *_, reason in TABLE for r in re.findall(r"`([a-z_]+)`", reason)}
+    named = set(re.findall(r"`([a-z_]+)`", table)) - {"processes", "unknown", "gpu_contention_evidence_info"}
+    assert named and named <= reasons, named - reasons
+    sources = {"NVML": "nvml", "DRM fdinfo": "drm_fdinfo", "amdsmi": "amdsmi"}
+    for text, mapping in sources.items():
+        assert text in table, text
+        fields = yaml.safe_load((root / "mappings" / f"{mapping}.yaml").read_text())["fields"]
+        assert any(f["metric"] == "gpu_client_evidence" for f in fields), mapping
+        assert any(f["metric"] in ("gpu_client_utilization_percent", "gpu_client_contexts") for f in fields), mapping
+    assert "MIG" in table
