@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from .config import Config, load_config
+from .enrich.cloud import LABELS as CLOUD_LABELS
 from .enrich.cloud import CloudEnricher
 from .exposition import SELF_METRICS
 from .mapping import MappingSet
@@ -87,6 +88,10 @@ def _check_static_labels(config: Config, schema: Schema, k8s: PodResourcesEnrich
     for m in schema.metrics.values():
         taken |= m.allowed_labels
     taken -= _ATTRIBUTION_LABELS  # on gpu_pod_info, which exists only with pod attribution
+    # the cloud enricher's labels (region, zone, ...) go on every series the same way: where a
+    # series has one of its own (a process's memory region) the series' value wins, as it does
+    # for the enricher's (series_lines.extend_labels)
+    taken -= set(CLOUD_LABELS)
     attribution = k8s is not None and k8s.enabled
     errors = []
     for name in config.labels:
