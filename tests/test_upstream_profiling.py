@@ -17,7 +17,7 @@ from exporter.sources.dcgm import DcgmSource
 from exporter.testing import load_mappings
 from tests.fakes import pynvml_fake as pf
 from tests.reliability_util import ExporterProcess
-from tests.test_dcgm_source import A100_UUID, fake_bindings
+from tests.test_dcgm_source import fake_bindings
 from tests.test_nvml_source import make as make_nvml
 from tests.test_nvml_source import poll as poll_nvml
 from tests.test_upstream_http import ExporterServer, Route
@@ -123,7 +123,6 @@ def test_dcgm_source_busy_gpu_with_zero_dcp_fields(mappings) -> None:
     values[0][1003] = 0.25
     got, _ = map_polls(DcgmSource(module=fake_bindings(values)[0]), mappings)
     assert got[m("gpu_compute_occupancy_percent")] == 25 and got[m("gpu_profiling_available")] == 1
-    assert values[0] and A100_UUID
 
 
 def test_gpm_busy_gpu_with_zero_metrics(mappings) -> None:
@@ -184,7 +183,6 @@ def test_daemon_reads_unknown_not_healthy(tmp_path, server) -> None:
     exp = _daemon(tmp_path, server)
     try:
         text = _wait_for(exp, r'^gpu_memory_state_info\{', timeout=20.0)
-        time.sleep(0)  # the state is decided at the first indicator update after the poll
         text = _wait_for(exp, r'^gpu_memory_state_info\{.*reason="profiling_unavailable".*state="unknown".*\} 1',
                          timeout=10.0)
     finally:

@@ -214,3 +214,17 @@ def test_without_a_mapping_set_no_schema_is_claimed(server) -> None:
     server.routes["/bare"] = Route(body=(DATA / "dcgm-exporter-4.9.prom").read_text().encode())
     src = UpstreamSource(options={"targets": [{"name": "t", "url": server.url("/bare"), "exporter": "dcgm-exporter"}]})
     assert self_samples(src) == {}
+
+
+def test_amd_dme_current_names_give_the_series_of_v1_0(server, mappings, shared_fixtures: Path) -> None:
+    """The v1.0 sample (gpu_usage, gpu_total_memory, upper-case GPU_UUID/SERIAL_NUMBER) and the same
+    GPU in today's names and labels (gpu_gfx_activity, gpu_total_vram, gpu_id/gpu_uuid/serial_number)."""
+    old = (shared_fixtures / "amd/amd-device-metrics-exporter-v1.0-mini.prom").read_text()
+    new = (old.replace("gpu_usage", "gpu_gfx_activity").replace("gpu_total_memory", "gpu_total_vram")
+           .replace('GPU_UUID="', 'gpu_id="0",gpu_uuid="').replace("SERIAL_NUMBER", "serial_number"))
+    v10 = mapped(server, mappings, "/dme10", old, exporter="amd-device-metrics-exporter")
+    now = mapped(server, mappings, "/dme15", new, exporter="amd-device-metrics-exporter")
+    assert v10 == now == {m("gpu_power_watts"): 41, m("gpu_compute_utilization_percent"): 0,
+                          m("gpu_memory_total_bytes"): 68702 * MiB}
+    assert self_samples(source(server, "/dme10", old, exporter="amd-device-metrics-exporter"))[
+        "upstream_schema_info"]["schema"] == "dme-1.0"
