@@ -56,13 +56,32 @@ def _promtool(*args, cwd=FLEET):
     return subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_agent_config_is_valid_in_agent_mode():
+def test_edge_configs_are_valid_and_set_the_tenant_labels():
+    vmagent = require_binary("vmagent", "victoria-metrics")
+    result = subprocess.run([vmagent, "-promscrape.config=vmagent-edge.yml", "-promscrape.config.dryRun",
+                             "-promscrape.config.strictParse"], cwd=FLEET, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = yaml.safe_load((FLEET / "vmagent-edge.yml").read_text())
+    assert {j["job_name"] for j in doc["scrape_configs"]} == {"unified-gpu-exporter", "fleet-agent"}
+    assert "external_labels" not in doc["global"]  # the tenant labels come from the relabel file, over any value
+    relabel = yaml.safe_load((FLEET / "vmagent-edge-relabel.yml").read_text())
+    assert [r["target_label"] for r in relabel] == ["cluster", "cloud", "region", "replica"]
+    assert all(set(r) == {"target_label", "replacement"} for r in relabel)  # unconditional replace
+    # the comparison edge: a Prometheus agent pair with the same tenant labels
     result = _promtool("check", "config", "--agent", "prometheus-agent.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     doc = yaml.safe_load((FLEET / "prometheus-agent.yml").read_text())
-    assert set(doc["global"]["external_labels"]) == {"cluster", "cloud", "region"}
-    assert doc["remote_write"][0]["url"].endswith("/api/v1/write")
+    assert set(doc["global"]["external_labels"]) == {"replica"}
+    rw = doc["remote_write"][0]
+    assert rw["url"].startswith("https://") and "credentials_file" in rw["authorization"]
+    assert {r.get("target_label") for r in rw["write_relabel_configs"]} >= {"cluster", "cloud", "region"}
     assert "rule_files" not in doc and "alerting" not in doc  # rules run centrally
+
+
+def test_central_store_drops_replica_except_on_the_agents_own_series():
+    rules = yaml.safe_load((FLEET / "victoria-metrics-relabel.yml").read_text())
+    assert rules[0]["source_labels"] == ["job"] and rules[0]["regex"] == "fleet-agent"
+    assert rules[1]["target_label"] == "replica" and rules[1]["replacement"] == ""
 
 
 def test_fleet_rules_pass_promtool_lint_and_unit_tests():
@@ -143,12 +162,25 @@ def test_prepared_rules_cap_for_and_drop_group_intervals(tmp_path):
     fleet = load_fleet_module()
     paths = fleet.prepare_rules(tmp_path, "30s")
     assert {p.name for p in paths} == {p.name for p in PROM_RULES + RULES}
-    for rule in _rules(paths):
-        if "for" in rule:
-            assert fleet._duration_seconds(rule["for"]) <= 30
+    capped = {r["alert"]: fleet._duration_seconds(r["for"]) for r in _rules(paths) if "for" in r}
+    assert capped["GPUExporterDown"] == 30 and capped["GPUCrossCloudPerformanceVariance"] == 30
+    # a failure-counter alert keeps twice its window: one failed request must not page
+    assert capped["GPUFleetAgentRemoteWriteFailing"] == 240 and capped["GPUFleetComponentDown"] == 120
+    assert all(s <= 30 for name, s in capped.items() if not name.startswith(("GPUFleet", "GPUContentionCost")))
     assert all("interval" not in g for p in paths for g in yaml.safe_load(p.read_text())["groups"])
     unchanged = fleet.prepare_rules(tmp_path / "real", None)
     assert any(r.get("for") == "15m" for r in _rules(unchanged))
+
+
+@pytest.mark.parametrize("expr,own,cap,expected", [
+    ("up == 0", "3m", "30s", "30s"),
+    ("increase(e[2m]) > 0", "10m", "30s", "240s"),
+    ("increase(e[2m]) > 0", "3m", "30s", "3m"),          # never above the rule's own
+    ("absent_over_time(up{job=\"x\"}[1m])", "5m", "0s", "120s"),
+    ("max_over_time(x[1h]) > 2", "15m", "30s", "30s"),   # other windows do not hold the cap
+])
+def test_capped_for_keeps_twice_a_failure_window(expr, own, cap, expected):
+    assert load_fleet_module().capped_for({"expr": expr, "for": own}, cap) == expected
 
 
 @pytest.mark.parametrize("text,seconds", [("30s", 30), ("15m", 900), ("1h30m", 5400), ("0s", 0)])
