@@ -29,6 +29,9 @@ from tests.e2e_util import wait_until
 from tests.reliability_util import SOAK
 from tests.test_fleet import load_fleet_module
 
+load_fleet_module()
+from fleet_faults import notified_firing, samples_lost, spurious_pages  # noqa: E402  (deploy/fleet, on sys.path now)
+
 SCRAPE = 2.0
 OUTAGE = 20.0
 BINARIES = [("victoria-metrics", "victoria-metrics"), ("vmagent", "victoria-metrics"), ("vmalert", "victoria-metrics"),
@@ -38,51 +41,6 @@ BINARIES = [("victoria-metrics", "victoria-metrics"), ("vmagent", "victoria-metr
 
 def _clusters(mod):
     return [mod.Cluster("c1", "aws", "us-east-1", 2, "fleet"), mod.Cluster("c2", "azure", "eastus", 1, "fleet-degraded")]
-
-
-def samples_lost(fleet, match: str, start: float, end: float, interval: float = SCRAPE) -> tuple[int, int, int]:
-    """(lost, delivered, series): scrape intervals without a sample, per series continuous over
-    [start, end] (a series that starts or ends inside the window is left out)."""
-    lost = delivered = series = 0
-    for row in fleet.export(match, start - 3 * interval, end + 3 * interval):
-        ts = sorted(t / 1000 for t in row["timestamps"])
-        if not ts or ts[0] > start or ts[-1] < end:
-            continue
-        inside = [t for t in ts if start - interval <= t <= end + interval]
-        series += 1
-        delivered += len(inside)
-        lost += sum(max(0, round((b - a) / interval) - 1) for a, b in zip(inside, inside[1:]) if b - a > 1.5 * interval)
-    return lost, delivered, series
-
-
-def _key(labels: dict) -> tuple:
-    return tuple(sorted((k, v) for k, v in labels.items()))
-
-
-def spurious_pages(fleet, since: float, before: dict[tuple, str], allowed: set[str] = frozenset()) -> list[str]:
-    """Notifications since ``since`` that a restart should never cause: a resolve of an alert that
-    was firing before (and still fires), a second firing notification of an alert already notified
-    (no resolve in between), or any new page not in ``allowed`` (alertnames)."""
-    out = []
-    for e in fleet.sink.events(since):
-        if e["receiver"] == "deadmans-switch":
-            continue
-        key, name = _key(e["labels"]), e["labels"].get("alertname")
-        if e["status"] == "resolved" and key in before:
-            out.append(f"resolved {name} {e['labels']}")
-        elif e["status"] == "firing" and key in before:
-            out.append(f"re-notified {name} {e['labels']}")
-        elif e["status"] == "firing" and name not in allowed:
-            out.append(f"new page {name} {e['labels']}")
-    return out
-
-
-def notified_firing(fleet) -> dict[tuple, str]:
-    """Alerts whose last notification so far says firing."""
-    state: dict[tuple, str] = {}
-    for e in fleet.sink.events():
-        state[_key(e["labels"])] = e["status"]
-    return {k: v for k, v in state.items() if v == "firing"}
 
 
 def _report(name: str, **values) -> None:
@@ -147,7 +105,7 @@ def test_faults_lose_no_sample_and_page_once(fleet):
     fleet.restart("agent-c1-0")
     t1 = time.time()
     _wait_delivered(fleet, t1 + 5 + 2 * SCRAPE)
-    lost, delivered, series = samples_lost(fleet, c1_all, t0 - 5, t1 + 5)
+    lost, delivered, series = samples_lost(fleet, c1_all, t0 - 5, t1 + 5, SCRAPE)
     _report("agent_killed", seconds=round(t1 - t0), lost=lost, delivered=delivered, series=series)
     assert series > 100 and lost == 0, (lost, delivered, series)
 
@@ -160,7 +118,7 @@ def test_faults_lose_no_sample_and_page_once(fleet):
     fleet.restart("vm-raw")
     t1 = time.time()
     _wait_delivered(fleet, t1 + 5 + 2 * SCRAPE)
-    lost, delivered, series = samples_lost(fleet, c1_all, t0 - 5, t1 + 5)
+    lost, delivered, series = samples_lost(fleet, c1_all, t0 - 5, t1 + 5, SCRAPE)
     time.sleep(15)  # evaluations after the outage: a resolve or re-fire would show now
     store_spurious = spurious_pages(fleet, t0, before)
     # vmalert cannot evaluate while the store is away, and does not evaluate the past later

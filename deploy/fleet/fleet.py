@@ -63,6 +63,7 @@ class Cluster:
     nodes: int
     scenario: str
     workload: str = "llm-train"
+    profile: str = "default"             # the exporters' exposition profile (README "Series budget")
 
 
 def load_topology(path: Path) -> list[Cluster]:
@@ -282,6 +283,8 @@ class Fleet:
                 conf = dict(template)
                 conf["labels"] = {"cluster": cluster.name, "cloud": cluster.cloud, "region": cluster.region,
                                   "workload": cluster.workload}
+                if cluster.profile != "default":
+                    conf["exposition"] = {"profile": cluster.profile}
                 path = self.workdir / "nodes" / f"{node}.yml"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(yaml.safe_dump(conf, sort_keys=False))
