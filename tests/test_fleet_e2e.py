@@ -149,3 +149,20 @@ def test_every_dashboard_query_returns_data_on_the_simulated_fleet(fleet):
         time.sleep(3)
         missing = empty()
     assert missing == []
+
+
+def test_chained_rollups_lag_one_evaluation_per_level(fleet):
+    """vmalert writes recorded series through remote write, so a rule reading another rule of the
+    same group sees the previous evaluation's value: docs/fleet.md documents one evaluation of lag
+    per level.  Measured here as the first sample of each level."""
+    levels = ["fleet_gpu:gpu_info:max", "cluster_cloud_region_model:gpu_info:count", "cloud_model:gpu_info:count"]
+    wait_until(lambda: all(fleet.query(f"count({name})") for name in levels), timeout=120, interval=2,
+               what="every rollup level")
+    first = {}
+    for name in levels:
+        rows = fleet.export(name, time.time() - 3600, time.time())
+        first[name] = min(min(r["timestamps"]) for r in rows) / 1000
+    step = 2.0  # the fixture's evaluation interval
+    lags = [round((first[b] - first[a]) / step) for a, b in zip(levels, levels[1:])]
+    print("evaluations of lag per level:", lags)
+    assert all(1 <= lag <= 2 for lag in lags), (lags, first)

@@ -138,6 +138,9 @@ def sizing(fleet, minutes: float = 5.0) -> dict:
         "store_rss_bytes": one(f'process_resident_memory_bytes{{instance="{fleet.urls["vm-raw"][7:]}"}}'),
         "edge_rss_bytes": one('avg(process_resident_memory_bytes{job="fleet-agent"})'),
         "edge_bytes_sent_per_s": one(f'sum(rate(vmagent_remotewrite_bytes_sent_total{{job="fleet-agent"}}[{window}]))'),
+        "edge_rows_per_s": one(f'sum(rate(vmagent_remotewrite_rows_pushed_after_relabel_total{{job="fleet-agent"}}[{window}]))'),
+        "scraped_series": one('count({job="unified-gpu-exporter", __name__!~".*:.*"})'),
+        "recorded_series": one('count({__name__=~".+:.+"})'),
         "edge_conn_bytes_per_s": one(f'sum(rate(vmagent_remotewrite_conn_bytes_written_total{{job="fleet-agent"}}[{window}]))'),
     }
 
