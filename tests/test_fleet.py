@@ -186,3 +186,48 @@ def test_capped_for_keeps_twice_a_failure_window(expr, own, cap, expected):
 @pytest.mark.parametrize("text,seconds", [("30s", 30), ("15m", 900), ("1h30m", 5400), ("0s", 0)])
 def test_duration_parsing(text, seconds):
     assert load_fleet_module()._duration_seconds(text) == seconds
+
+
+def test_supervisor_keeps_running_reports_deaths_and_carries_out_kill_requests(tmp_path):
+    """fleet.py --kill: a request file in the fleet's workdir; a process that dies on its own is
+    reported (failed), one killed on request is not, and --down restarts it later."""
+    import os
+    import signal as sig
+    import time
+
+    load_fleet_module()
+    from fleet_procs import Supervisor
+
+    sup = Supervisor(tmp_path)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    try:
+        sup.spawn("a", sleeper, None)
+        sup.spawn("b", sleeper, None)
+        os.kill(sup.procs["b"].popen.pid, sig.SIGKILL)
+        sup.procs["b"].popen.wait(timeout=10)
+        assert sup.failed() == ["b"] and sup.running("a")
+        sup.request("kill", "a", down_for=0.5)
+        sup.request("kill", "nope")
+        done = sup.handle_requests()
+        assert done[0] == "killed a for 0.5s" and "refused" in done[1] and "nope" in done[1]
+        assert not sup.running("a") and sup.failed() == ["b"]  # killed on purpose: not a failure
+        time.sleep(0.6)
+        assert sup.handle_requests() == ["restarted a"] and sup.running("a")
+        state = yaml.safe_load((tmp_path / "fleet-state.json").read_text())
+        assert state["a"]["running"] is True and state["a"]["pid"] == sup.procs["a"].popen.pid
+        with pytest.raises(ValueError):
+            sup.request("explode", "a")
+    finally:
+        sup.stop_all()
+
+
+def test_kill_command_needs_a_running_fleet_and_a_known_name(tmp_path, capsys):
+    fleet = load_fleet_module()
+    with pytest.raises(SystemExit):
+        fleet.main(["--workdir", str(tmp_path), "--kill", "vm-raw"])
+    (tmp_path / "fleet-state.json").write_text('{"vm-raw": {"pid": 1, "cmd": [], "running": true}}')
+    with pytest.raises(SystemExit):
+        fleet.main(["--workdir", str(tmp_path), "--kill", "vm-nope"])
+    assert fleet.main(["--workdir", str(tmp_path), "--kill", "vm-raw", "--down", "30"]) == 0
+    (request,) = (tmp_path / "control").glob("*.json")
+    assert yaml.safe_load(request.read_text()) == {"action": "kill", "name": "vm-raw", "down_for": 30.0}

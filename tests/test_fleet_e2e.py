@@ -163,6 +163,6 @@ def test_chained_rollups_lag_one_evaluation_per_level(fleet):
         rows = fleet.export(name, time.time() - 3600, time.time())
         first[name] = min(min(r["timestamps"]) for r in rows) / 1000
     step = 2.0  # the fixture's evaluation interval
-    lags = [round((first[b] - first[a]) / step) for a, b in zip(levels, levels[1:])]
+    lags = [round((first[b] - first[a]) / step) for a, b in zip(levels, levels[1:], strict=False)]
     print("evaluations of lag per level:", lags)
     assert all(1 <= lag <= 2 for lag in lags), (lags, first)

@@ -32,7 +32,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,29 +40,23 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fleet_edge import BINARIES, REPLICAS, Cluster, EdgeMixin, find_binary  # noqa: E402,F401  (Cluster: part of this module's API)
 from fleet_procs import Supervisor  # noqa: E402
 from fleet_util import (  # noqa: E402,F401  (re-exported for tests and callers)
-    HERE, REPO, WebhookSink, capped_for, duration_seconds, free_port, http_get, prepare_rules, self_signed_tls, write_secret,
+    HERE,
+    REPO,
+    WebhookSink,
+    capped_for,
+    duration_seconds,
+    free_port,
+    http_get,
+    prepare_rules,
+    self_signed_tls,
+    write_secret,
 )
 
 _duration_seconds = duration_seconds  # the name older callers use
-BINARIES = {
-    "prometheus": "prometheus", "victoria-metrics": "victoria-metrics", "vmagent": "vmagent",
-    "vmalert": "vmalert", "vmauth": "vmauth", "alertmanager": "prometheus-alertmanager", "openssl": "openssl",
-}
 RECEIVER_PREFIX = "http://alert-receiver.example:9095/"
-REPLICAS = ("0", "1")
-
-
-@dataclass
-class Cluster:
-    name: str
-    cloud: str
-    region: str
-    nodes: int
-    scenario: str
-    workload: str = "llm-train"
-    profile: str = "default"             # the exporters' exposition profile (README "Series budget")
 
 
 def load_topology(path: Path) -> list[Cluster]:
@@ -75,12 +68,8 @@ def load_topology(path: Path) -> list[Cluster]:
     return clusters
 
 
-def find_binary(name: str) -> str | None:
-    return shutil.which(BINARIES.get(name, name))
-
-
 @dataclass
-class Fleet:
+class Fleet(EdgeMixin):
     workdir: Path
     clusters: list[Cluster]
     scrape_interval: str = "5s"
@@ -272,87 +261,6 @@ class Fleet:
             f"-evaluationInterval={self.eval_interval}", f"-rule.resendDelay={self.resend_delay}",
             f"-external.url={self.urls[name]}", "-loggerLevel=WARN"],
             f"{self.urls[name]}/health")
-
-    def _start_nodes(self) -> None:
-        template = yaml.safe_load((HERE / "exporter-node.yml").read_text())
-        for cluster in self.clusters:
-            scenario = REPO / "mappings" / "scenarios" / f"{cluster.scenario}.yaml"
-            for i in range(cluster.nodes):
-                node = f"{cluster.name}-node-{i + 1}"
-                port = free_port()
-                conf = dict(template)
-                conf["labels"] = {"cluster": cluster.name, "cloud": cluster.cloud, "region": cluster.region,
-                                  "workload": cluster.workload}
-                if cluster.profile != "default":
-                    conf["exposition"] = {"profile": cluster.profile}
-                path = self.workdir / "nodes" / f"{node}.yml"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(yaml.safe_dump(conf, sort_keys=False))
-                url = f"http://127.0.0.1:{port}"
-                self.nodes.append({"cluster": cluster.name, "node": node, "url": url, "port": port})
-                self.urls[node] = url
-                self._spawn(node, [
-                    self.python, "-m", "exporter", "--simulate", str(scenario), f"--config.file={path}",
-                    f"--web.listen-address=127.0.0.1:{port}", f"--state.dir={self.workdir / 'nodes' / node}",
-                    "--log.level=warn"], f"{url}/metrics", cwd=REPO)
-
-    def _start_agents(self) -> None:
-        for cluster in self.clusters:
-            cdir = self.workdir / "agents" / cluster.name
-            (cdir / "targets").mkdir(parents=True, exist_ok=True)
-            targets = [{"targets": [n["url"].removeprefix("http://")], "labels": {"node": n["node"]}}
-                       for n in self.nodes if n["cluster"] == cluster.name]
-            (cdir / "targets" / "nodes.json").write_text(json.dumps(targets))
-            peers = [self.urls[f"agent-{cluster.name}-{r}"].removeprefix("http://") for r in REPLICAS]
-            for r in REPLICAS:
-                name = f"agent-{cluster.name}-{r}"
-                tenant = {"cluster": cluster.name, "cloud": cluster.cloud, "region": cluster.region, "replica": r}
-                if self.edge == "prometheus":
-                    self._start_prometheus_agent(name, cluster, cdir, peers, tenant)
-                else:
-                    self._start_vmagent_edge(name, cluster, cdir, peers, tenant)
-
-    def _edge_scrape_config(self, template: str, peers: list[str]) -> dict:
-        conf = yaml.safe_load((HERE / template).read_text())
-        conf["global"]["scrape_interval"] = self.scrape_interval
-        conf["global"]["scrape_timeout"] = self.scrape_interval
-        for job in conf["scrape_configs"]:
-            if job["job_name"] == "fleet-agent":
-                job["static_configs"] = [{"targets": peers}]
-        return conf
-
-    def _start_vmagent_edge(self, name: str, cluster: Cluster, cdir: Path, peers: list[str],
-                            tenant: dict[str, str]) -> None:
-        conf = self._edge_scrape_config("vmagent-edge.yml", peers)
-        (cdir / f"{name}.yml").write_text(yaml.safe_dump(conf, sort_keys=False))
-        relabel = [{"target_label": k, "replacement": v} for k, v in tenant.items()]
-        (cdir / f"{name}-relabel.yml").write_text(yaml.safe_dump(relabel, sort_keys=False))
-        self._spawn(name, [
-            find_binary("vmagent"), f"-httpListenAddr=127.0.0.1:{self.ports[name]}",
-            f"-promscrape.config={cdir / (name + '.yml')}", f"-remoteWrite.tmpDataPath={cdir / (name + '-queue')}",
-            f"-remoteWrite.url={self.urls['ingest']}/api/v1/write",
-            f"-remoteWrite.bearerTokenFile={self.workdir / 'secrets' / (cluster.name + '.token')}",
-            f"-remoteWrite.tlsCAFile={self.ingest_ca}",
-            f"-remoteWrite.relabelConfig={cdir / (name + '-relabel.yml')}",
-            "-remoteWrite.maxDiskUsagePerURL=1GB", "-remoteWrite.flushInterval=1s", "-loggerLevel=WARN"],
-            f"{self.urls[name]}/health", cwd=cdir)
-
-    def _start_prometheus_agent(self, name: str, cluster: Cluster, cdir: Path, peers: list[str],
-                                tenant: dict[str, str]) -> None:
-        conf = self._edge_scrape_config("prometheus-agent.yml", peers)
-        conf["global"]["external_labels"] = {"replica": tenant["replica"]}
-        rw = conf["remote_write"][0]
-        rw["url"] = f"{self.urls['ingest']}/api/v1/write"
-        rw["authorization"] = {"credentials_file": str(self.workdir / "secrets" / f"{cluster.name}.token")}
-        rw["tls_config"] = {"ca_file": str(self.ingest_ca)}
-        rw["write_relabel_configs"] = [r for r in rw["write_relabel_configs"] if r.get("action") == "keep"] + \
-            [{"target_label": k, "replacement": v} for k, v in tenant.items() if k != "replica"]
-        rw["queue_config"]["batch_send_deadline"] = "1s"
-        (cdir / f"{name}.yml").write_text(yaml.safe_dump(conf, sort_keys=False))
-        self._spawn(name, [
-            find_binary("prometheus"), "--enable-feature=agent", f"--config.file={cdir / (name + '.yml')}",
-            f"--storage.agent.path={cdir / (name + '-data')}", f"--web.listen-address=127.0.0.1:{self.ports[name]}",
-            "--log.level=warn"], f"{self.urls[name]}/-/ready", cwd=cdir)
 
     # ------------------------------------------------------------------ what to print
     def summary(self) -> str:

@@ -36,7 +36,7 @@ def samples_lost(fleet, match: str, start: float, end: float, interval: float) -
         inside = [t for t in ts if start - interval <= t <= end + interval]
         series += 1
         delivered += len(inside)
-        lost += sum(max(0, round((b - a) / interval) - 1) for a, b in zip(inside, inside[1:]) if b - a > 1.5 * interval)
+        lost += sum(max(0, round((b - a) / interval) - 1) for a, b in zip(inside, inside[1:], strict=False) if b - a > 1.5 * interval)
     return lost, delivered, series
 
 
