@@ -86,7 +86,19 @@ class Fleet(EdgeMixin):
     sink: WebhookSink | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> Fleet:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> Fleet:
+        """Start everything; a free port taken by someone else before our process bound it
+        (another fleet starting at the same moment) is a retry with new ports, not a failure."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                self.urls, self.nodes = {}, []
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> Fleet:
         needed = [b for b in BINARIES if b != "prometheus" or self.edge == "prometheus"]
         missing = [b for b in needed if find_binary(b) is None]
         if missing:

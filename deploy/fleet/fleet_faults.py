@@ -81,12 +81,20 @@ def wait_delivered(fleet, cluster: str, until: float, timeout: float = 120) -> N
     raise AssertionError(f"{cluster}'s samples up to {until:.0f} did not arrive within {timeout:.0f}s")
 
 
-def settle(fleet, quiet: float = 20, timeout: float = 240) -> dict[tuple, str]:
-    """Wait until the degraded cluster's alerts are notified and no page arrives for ``quiet`` s."""
+# what the demo's degraded cluster pages for once its baselines have filled
+EXPECTED_PAGES = ("GPUPcieLinkDegraded", "GPUCrossCloudPerformanceVariance")
+
+
+def settle(fleet, expected=EXPECTED_PAGES, quiet: float = 20, timeout: float = 300) -> dict[tuple, str]:
+    """Wait until the ``expected`` alerts are notified and no page arrives for ``quiet`` s; the
+    alerts notified firing then."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not any(
-            e["labels"].get("alertname") == "GPUPcieLinkDegraded" for e in fleet.sink.events()):
+    while time.monotonic() < deadline and not set(expected) <= {
+            e["labels"].get("alertname") for e in fleet.sink.events() if e["status"] == "firing"}:
         time.sleep(2)
+    missing = set(expected) - {e["labels"].get("alertname") for e in fleet.sink.events()}
+    if missing:
+        raise AssertionError(f"not paged within {timeout:.0f}s: {sorted(missing)}")
     quiet_since = time.time()
     while time.monotonic() < deadline and time.time() - quiet_since < quiet:
         time.sleep(2)
@@ -95,16 +103,17 @@ def settle(fleet, quiet: float = 20, timeout: float = 240) -> dict[tuple, str]:
     return notified_firing(fleet)
 
 
-def store_outage(fleet, cluster: str, outage: float, interval: float, restart_agent: bool) -> dict:
-    """The raw store stops (SIGTERM) for ``outage`` s; with ``restart_agent`` agent 0 of the cluster
-    restarts (SIGTERM, then start) in the middle.  Samples lost and pages caused."""
+def store_outage(fleet, cluster: str, outage: float, interval: float, restart: tuple[str, ...] = ("0",)) -> dict:
+    """The raw store stops (SIGTERM) for ``outage`` s; meanwhile the cluster's agents named in
+    ``restart`` restart one after the other (a rollout: SIGTERM, then start).  Samples lost and
+    pages caused."""
     before = notified_firing(fleet)
     t0 = time.time()
     fleet.kill("vm-raw", signal.SIGTERM)
-    time.sleep(outage / 2)
-    if restart_agent:
-        fleet.restart(f"agent-{cluster}-0")
-    time.sleep(outage / 2)
+    for replica in restart:
+        time.sleep(outage / (len(restart) + 1))
+        fleet.restart(f"agent-{cluster}-{replica}")
+    time.sleep(max(0.0, t0 + outage - time.time()))
     fleet.restart("vm-raw")
     t1 = time.time()
     wait_delivered(fleet, cluster, t1 + 2 * interval)
@@ -163,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         fleet.edge = args.edge
         with fleet:
             settle(fleet)
-            out["store_down_agent_restarted"] = store_outage(fleet, "c1", args.outage, interval, restart_agent=True)
+            out["store_down_agent_restarted"] = store_outage(fleet, "c1", args.outage, interval)
+            out["store_down_both_agents_restarted"] = store_outage(fleet, "c1", args.outage, interval,
+                                                                   restart=("0", "1"))
             if args.edge == "vmagent":
                 t0 = time.time()
                 fleet.kill("agent-c1-1")
