@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Generate the prometheus-operator PrometheusRule and the Grafana dashboard ConfigMaps under
-deploy/kubernetes/components/ from deploy/prometheus/rules/*.yml and deploy/grafana/*.json.
+deploy/kubernetes/components/ from deploy/prometheus/rules/*.yml and deploy/grafana/*.json, and the
+fleet's central ConfigMaps (every rule file for vmalert, alertmanager.yml, the stores' relabel
+files) in deploy/fleet/kubernetes/central/generated-config.yaml.
 
     scripts/gen-kubernetes-monitoring.py          # rewrite the generated files (make kubernetes)
     scripts/gen-kubernetes-monitoring.py --check  # exit 1 naming each file that is out of date
@@ -24,6 +26,8 @@ DASHBOARDS_DIR = REPO / "deploy" / "grafana"
 KDIR = REPO / "deploy" / "kubernetes" / "components"
 RULE_OUT = KDIR / "prometheusrule" / "prometheusrule.yaml"
 DASHBOARD_OUT = KDIR / "grafana-dashboards" / "dashboards.yaml"
+FLEET = REPO / "deploy" / "fleet"
+FLEET_OUT = FLEET / "kubernetes" / "central" / "generated-config.yaml"
 NAMESPACE = "gpu-monitoring"
 NAME = "unified-gpu-exporter"
 CONFIGMAP_MAX = 1024 * 1024 - 64 * 1024  # ConfigMaps hold at most 1 MiB; keep headroom
@@ -106,8 +110,32 @@ def render_dashboards(dashboards_dir: Path = DASHBOARDS_DIR) -> str:
     return HEADER.format(src="deploy/grafana/*.json") + body
 
 
+def _configmap(name: str, files: list[Path]) -> dict:
+    data = {}
+    for path in files:
+        if path.name in data:
+            raise SystemExit(f"{path}: a second file named {path.name} for ConfigMap {name}")
+        data[path.name] = path.read_text()
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-fleet"}}, "data": data}
+
+
+def render_fleet_config() -> str:
+    """The central vmalert's rule files (both directories), Alertmanager's config and the central
+    stores' relabel files, as ConfigMaps: kustomize cannot read files above its directory."""
+    rules = sorted([*RULES_DIR.glob("*.yml"), *(FLEET / "rules").glob("*.yml")])
+    docs = [
+        _configmap("gpu-fleet-rules", rules),
+        _configmap("gpu-fleet-alertmanager", [REPO / "deploy" / "alertmanager" / "alertmanager.yml"]),
+        _configmap("gpu-fleet-central-config", [FLEET / "victoria-metrics-relabel.yml",
+                                                FLEET / "vmagent-longterm-relabel.yml"]),
+    ]
+    src = "deploy/prometheus/rules, deploy/fleet/rules, deploy/alertmanager/alertmanager.yml, deploy/fleet/*-relabel.yml"
+    return HEADER.format(src=src) + "---\n".join(_dump(d) for d in docs)
+
+
 def outputs() -> dict[Path, str]:
-    return {RULE_OUT: render_prometheusrule(), DASHBOARD_OUT: render_dashboards()}
+    return {RULE_OUT: render_prometheusrule(), DASHBOARD_OUT: render_dashboards(), FLEET_OUT: render_fleet_config()}
 
 
 def main(argv: list[str]) -> int:

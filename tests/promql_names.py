@@ -113,6 +113,11 @@ CORRELATION_METRICS = frozenset({
     "kube_pod_info",
 })
 
+# Series the scraper writes itself or other exporters on the node write (node liveness): the
+# absence alerts (deploy/prometheus/rules/unified-gpu-exporter.absence.yml) read these, never a
+# value of the exporter they watch.
+TARGET_HEALTH_METRICS = frozenset({"up", "kube_node_info"})
+
 # Indicator metrics referenced before they were added to mappings/canonical.yaml.  Empty: all of
 # them (gpu_memory_contention ... gpu_contention_cost_dollars_total) are in canonical.yaml now.
 # The lead removes this list after integration; a test fails if a listed name is already there.

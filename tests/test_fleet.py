@@ -13,12 +13,28 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, require_binary
-from tests.promql_names import SELF_METRICS, TARGET_LABELS, load_canonical, metric_names, selectors
+from tests.promql_names import (
+    SELF_METRICS,
+    TARGET_HEALTH_METRICS,
+    TARGET_LABELS,
+    load_canonical,
+    metric_names,
+    selectors,
+)
 
 FLEET = REPO / "deploy" / "fleet"
 RULES = sorted((FLEET / "rules").glob("*.yml"))
 CANONICAL = load_canonical(REPO / "mappings" / "canonical.yaml")
 PROM_RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
+UNIT_TESTS = sorted((FLEET / "tests").glob("*.test.yml"))
+# the collection path's own metrics (rules/unified-gpu-exporter.fleet-pipeline.yml): vmagent,
+# vmalert, Alertmanager
+PIPELINE_METRICS = frozenset({
+    "vmagent_remotewrite_errors_total", "vmagent_remotewrite_pending_data_bytes",
+    "vmagent_remotewrite_packets_dropped_total", "vm_persistentqueue_bytes_dropped_total",
+    "vmalert_alerting_rules_error", "vmalert_recording_rules_error", "vmalert_alerts_send_errors_total",
+    "alertmanager_notifications_failed_total",
+})
 
 
 def load_fleet_module():
@@ -40,25 +56,47 @@ def _promtool(*args, cwd=FLEET):
     return subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_agent_config_is_valid_in_agent_mode():
+def test_edge_configs_are_valid_and_set_the_tenant_labels():
+    vmagent = require_binary("vmagent", "victoria-metrics")
+    result = subprocess.run([vmagent, "-promscrape.config=vmagent-edge.yml", "-promscrape.config.dryRun",
+                             "-promscrape.config.strictParse"], cwd=FLEET, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = yaml.safe_load((FLEET / "vmagent-edge.yml").read_text())
+    assert {j["job_name"] for j in doc["scrape_configs"]} == {"unified-gpu-exporter", "fleet-agent"}
+    assert "external_labels" not in doc["global"]  # the tenant labels come from the relabel file, over any value
+    relabel = yaml.safe_load((FLEET / "vmagent-edge-relabel.yml").read_text())
+    assert [r["target_label"] for r in relabel] == ["cluster", "cloud", "region", "replica"]
+    assert all(set(r) == {"target_label", "replacement"} for r in relabel)  # unconditional replace
+    # the comparison edge: a Prometheus agent pair with the same tenant labels
     result = _promtool("check", "config", "--agent", "prometheus-agent.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     doc = yaml.safe_load((FLEET / "prometheus-agent.yml").read_text())
-    assert set(doc["global"]["external_labels"]) == {"cluster", "cloud", "region"}
-    assert doc["remote_write"][0]["url"].endswith("/api/v1/write")
+    assert set(doc["global"]["external_labels"]) == {"replica"}
+    rw = doc["remote_write"][0]
+    assert rw["url"].startswith("https://") and "credentials_file" in rw["authorization"]
+    assert {r.get("target_label") for r in rw["write_relabel_configs"]} >= {"cluster", "cloud", "region"}
     assert "rule_files" not in doc and "alerting" not in doc  # rules run centrally
+
+
+def test_central_store_drops_replica_except_on_the_agents_own_series():
+    rules = yaml.safe_load((FLEET / "victoria-metrics-relabel.yml").read_text())
+    assert rules[0]["source_labels"] == ["job"] and rules[0]["regex"] == "fleet-agent"
+    assert rules[1]["target_label"] == "replica" and rules[1]["replacement"] == ""
 
 
 def test_fleet_rules_pass_promtool_lint_and_unit_tests():
     result = _promtool("check", "rules", "--lint=all", "--lint-fatal", *map(str, RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    result = _promtool("test", "rules", "tests/fleet.test.yml")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(UNIT_TESTS) >= 2
+    for path in UNIT_TESTS:
+        result = _promtool("test", "rules", str(path.relative_to(FLEET)))
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_fleet_rule_is_unit_tested_and_named_level_metric_operation():
     tested, fired, silent = set(), set(), set()
-    for group in yaml.safe_load((FLEET / "tests" / "fleet.test.yml").read_text())["tests"]:
+    groups = [g for path in UNIT_TESTS for g in yaml.safe_load(path.read_text())["tests"]]
+    for group in groups:
         for case in group.get("promql_expr_test", []):
             tested |= metric_names(case["expr"])
         for case in group.get("alert_rule_test", []):
@@ -66,7 +104,8 @@ def test_every_fleet_rule_is_unit_tested_and_named_level_metric_operation():
     records = {r["record"] for r in _rules(RULES) if "record" in r}
     alerts = {r["alert"] for r in _rules(RULES) if "alert" in r}
     assert records - tested == set()
-    assert alerts == fired == silent
+    # Watchdog fires always: it has no case where it is silent
+    assert alerts == fired == silent | {"Watchdog"}
     for name in records:
         level, metric, ops = name.split(":")
         assert re.fullmatch(r"[a-z]+(_[a-z]+)*", level) and metric.startswith("gpu_") and ops, name
@@ -78,7 +117,7 @@ def test_fleet_rules_use_known_names_and_labels():
     recorded = {r["record"] for r in _rules(RULES + PROM_RULES) if "record" in r}
     for rule in _rules(RULES):
         names = metric_names(rule["expr"])
-        assert names <= set(CANONICAL) | SELF_METRICS | recorded, names
+        assert names <= set(CANONICAL) | SELF_METRICS | TARGET_HEALTH_METRICS | PIPELINE_METRICS | recorded, names
         for name, labels in selectors(rule["expr"]):
             if name in CANONICAL:
                 assert labels <= CANONICAL[name] | TARGET_LABELS, (name, labels)
@@ -123,14 +162,72 @@ def test_prepared_rules_cap_for_and_drop_group_intervals(tmp_path):
     fleet = load_fleet_module()
     paths = fleet.prepare_rules(tmp_path, "30s")
     assert {p.name for p in paths} == {p.name for p in PROM_RULES + RULES}
-    for rule in _rules(paths):
-        if "for" in rule:
-            assert fleet._duration_seconds(rule["for"]) <= 30
+    capped = {r["alert"]: fleet._duration_seconds(r["for"]) for r in _rules(paths) if "for" in r}
+    assert capped["GPUExporterDown"] == 30 and capped["GPUCrossCloudPerformanceVariance"] == 30
+    # a failure-counter alert keeps twice its window: one failed request must not page
+    assert capped["GPUFleetAgentRemoteWriteFailing"] == 240 and capped["GPUFleetComponentDown"] == 120
+    assert all(s <= 30 for name, s in capped.items() if not name.startswith(("GPUFleet", "GPUContentionCost")))
     assert all("interval" not in g for p in paths for g in yaml.safe_load(p.read_text())["groups"])
     unchanged = fleet.prepare_rules(tmp_path / "real", None)
     assert any(r.get("for") == "15m" for r in _rules(unchanged))
 
 
+@pytest.mark.parametrize("expr,own,cap,expected", [
+    ("up == 0", "3m", "30s", "30s"),
+    ("increase(e[2m]) > 0", "10m", "30s", "240s"),
+    ("increase(e[2m]) > 0", "3m", "30s", "3m"),          # never above the rule's own
+    ("absent_over_time(up{job=\"x\"}[1m])", "5m", "0s", "120s"),
+    ("max_over_time(x[1h]) > 2", "15m", "30s", "30s"),   # other windows do not hold the cap
+])
+def test_capped_for_keeps_twice_a_failure_window(expr, own, cap, expected):
+    assert load_fleet_module().capped_for({"expr": expr, "for": own}, cap) == expected
+
+
 @pytest.mark.parametrize("text,seconds", [("30s", 30), ("15m", 900), ("1h30m", 5400), ("0s", 0)])
 def test_duration_parsing(text, seconds):
     assert load_fleet_module()._duration_seconds(text) == seconds
+
+
+def test_supervisor_keeps_running_reports_deaths_and_carries_out_kill_requests(tmp_path):
+    """fleet.py --kill: a request file in the fleet's workdir; a process that dies on its own is
+    reported (failed), one killed on request is not, and --down restarts it later."""
+    import os
+    import signal as sig
+    import time
+
+    load_fleet_module()
+    from fleet_procs import Supervisor
+
+    sup = Supervisor(tmp_path)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    try:
+        sup.spawn("a", sleeper, None)
+        sup.spawn("b", sleeper, None)
+        os.kill(sup.procs["b"].popen.pid, sig.SIGKILL)
+        sup.procs["b"].popen.wait(timeout=10)
+        assert sup.failed() == ["b"] and sup.running("a")
+        sup.request("kill", "a", down_for=0.5)
+        sup.request("kill", "nope")
+        done = sup.handle_requests()
+        assert done[0] == "killed a for 0.5s" and "refused" in done[1] and "nope" in done[1]
+        assert not sup.running("a") and sup.failed() == ["b"]  # killed on purpose: not a failure
+        time.sleep(0.6)
+        assert sup.handle_requests() == ["restarted a"] and sup.running("a")
+        state = yaml.safe_load((tmp_path / "fleet-state.json").read_text())
+        assert state["a"]["running"] is True and state["a"]["pid"] == sup.procs["a"].popen.pid
+        with pytest.raises(ValueError):
+            sup.request("explode", "a")
+    finally:
+        sup.stop_all()
+
+
+def test_kill_command_needs_a_running_fleet_and_a_known_name(tmp_path, capsys):
+    fleet = load_fleet_module()
+    with pytest.raises(SystemExit):
+        fleet.main(["--workdir", str(tmp_path), "--kill", "vm-raw"])
+    (tmp_path / "fleet-state.json").write_text('{"vm-raw": {"pid": 1, "cmd": [], "running": true}}')
+    with pytest.raises(SystemExit):
+        fleet.main(["--workdir", str(tmp_path), "--kill", "vm-nope"])
+    assert fleet.main(["--workdir", str(tmp_path), "--kill", "vm-raw", "--down", "30"]) == 0
+    (request,) = (tmp_path / "control").glob("*.json")
+    assert yaml.safe_load(request.read_text()) == {"action": "kill", "name": "vm-raw", "down_for": 30.0}

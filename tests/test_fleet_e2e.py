@@ -152,3 +152,52 @@ def test_every_dashboard_query_returns_data_on_the_simulated_fleet(fleet):
         time.sleep(3)
         missing = empty()
     assert missing == []
+
+
+def test_chained_rollups_lag_one_evaluation_per_level(fleet):
+    """vmalert writes recorded series through remote write, so a rule reading another rule of the
+    same group sees the previous evaluation's value: docs/fleet.md documents one evaluation of lag
+    per level.  Measured here as the first sample of each level."""
+    levels = ["fleet_gpu:gpu_info:max", "cluster_cloud_region_model:gpu_info:count", "cloud_model:gpu_info:count"]
+    wait_until(lambda: all(fleet.query(f"count({name})") for name in levels), timeout=120, interval=2,
+               what="every rollup level")
+    first = {}
+    for name in levels:
+        rows = fleet.export(name, time.time() - 3600, time.time())
+        first[name] = min(min(r["timestamps"]) for r in rows) / 1000
+    step = 2.0  # the fixture's evaluation interval
+    lags = [round((first[b] - first[a]) / step) for a, b in zip(levels, levels[1:], strict=False)]
+    print("evaluations of lag per level:", lags)
+    assert all(1 <= lag <= 2 for lag in lags), (lags, first)
+
+
+def test_write_path_needs_tls_and_a_token_and_each_token_writes_its_own_cluster(fleet):
+    """The central ingest (vmauth) with the real binaries: plain HTTP and a wrong token are refused,
+    and a series claiming another cluster lands in the token's own cluster."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    url = fleet.urls["ingest"] + "/api/v1/import/prometheus"
+    body = b'ugpu_write_path_probe{cluster="azure-eus"} 1\n'
+    context = ssl.create_default_context(cafile=str(fleet.ingest_ca))
+
+    def post(target, token, ctx=context):
+        req = urllib.request.Request(target, data=body, method="POST", headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert post(url, "not-a-token") >= 400
+    with pytest.raises(urllib.error.URLError):  # the listener speaks TLS only
+        post(url.replace("https://", "http://"), fleet.tokens["aws-use1"], ctx=None)
+    with pytest.raises(urllib.error.URLError):  # and its certificate is checked
+        post(url, fleet.tokens["aws-use1"], ctx=ssl.create_default_context())
+    assert post(url, fleet.tokens["aws-use1"]) == 204
+    rows = wait_until(lambda: fleet.query("ugpu_write_path_probe"), timeout=30, interval=1, what="the probe")
+    assert [r["metric"]["cluster"] for r in rows] == ["aws-use1"]
+    # the agents' own token files are readable by their owner only
+    for name in fleet.tokens:
+        assert (fleet.workdir / "secrets" / f"{name}.token").stat().st_mode & 0o077 == 0
