@@ -195,7 +195,10 @@ class UpstreamOptions(Options):
 
 class SimulatorOptions(Options):
     scenario: str = "demo"
-    phase: str | None = None
+    phase: str | None = None  # held until the process stops
+    # seeds the simulated GPUs' UUIDs and serials (default: the host name), so that two
+    # simulated nodes never report the same GPU
+    host: str | None = Field(None, min_length=1, max_length=253)
     devices_per_vendor_scale: int = Field(1, ge=1, le=64)
 
 
