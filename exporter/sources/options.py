@@ -199,6 +199,8 @@ class SimulatorOptions(Options):
     # seeds the simulated GPUs' UUIDs and serials (default: the host name), so that two
     # simulated nodes never report the same GPU
     host: str | None = Field(None, min_length=1, max_length=253)
+    # the phases run this many times faster than their durations say (a time-compressed demo)
+    speed: float = Field(1.0, gt=0, le=1000)
     devices_per_vendor_scale: int = Field(1, ge=1, le=64)
 
 
