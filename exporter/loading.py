@@ -21,8 +21,8 @@ from .yamlfile import ConfigError
 
 if TYPE_CHECKING:
     from .daemon import Settings
-    from .simulate import Scenario
     from .enrich.kubernetes import PodResourcesEnricher
+    from .simulate import Scenario
 
 # the kubelet's pod-resources socket (exporter.enrich.pod_index.DEFAULT_SOCKET, repeated here so a
 # node without Kubernetes and without an enrich.kubernetes section never loads the enricher)
