@@ -24,12 +24,18 @@ import time
 import urllib.parse
 from pathlib import Path
 
-import pytest
 import yaml
 
 from exporter.simulate import load_scenario
 from tests.conftest import REPO, require_binary
-from tests.e2e_util import ProcessSet, http_get, prom_query, start_exporter, start_node_exporter, start_prometheus
+from tests.e2e_util import (
+    ProcessSet,
+    http_get,
+    prom_query,
+    start_exporter,
+    start_node_exporter,
+    start_prometheus,
+)
 from tests.promql_names import grafana_expr_to_promql
 from tests.test_e2e_alerting import _dashboard_queries
 from tests.test_soak import soak_only
