@@ -4,7 +4,10 @@
 #   docker build --build-arg VERSION=$(python3 -c 'import exporter; print(exporter.__version__)') \
 #     -t unified-gpu-exporter .
 #   docker run -d --read-only --gpus all -p 9632:9632 \
-#     -v /sys:/host/sys:ro -v ugx-state:/var/lib/unified-gpu-exporter unified-gpu-exporter
+#     -v ugx-state:/var/lib/unified-gpu-exporter unified-gpu-exporter
+# The container's /sys is the host's (read-only): no mount is needed.  Where the host's sysfs is
+# mounted elsewhere, name it: -v /sys:/host/sys:ro ... unified-gpu-exporter --path.sysfs=/host/sys
+# (arguments replace CMD: repeat --web.listen-address and --state.dir if you change them).
 # Runs as an unprivileged user with a read-only root file system; the only writable path is the
 # state directory (a volume: learned baselines persist across restarts and upgrades).
 #
@@ -16,7 +19,7 @@
 #     EXTRAS=nvidia,kubernetes,amd.
 #   Intel: i915/xe sysfs works in every variant (--device /dev/dri).  Level Zero Sysman needs the
 #     Level Zero loader (libze_loader.so.1, Debian package libze1) and EXTRAS=...,intel (pyzes).
-#     See README "Container image".
+#     See README "Container".
 
 # A pinned base (tag and, for reproducible builds, its digest: PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:...)
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm

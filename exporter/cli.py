@@ -56,8 +56,25 @@ def default_state_dir() -> Path | None:
     return Path(first) if first else None
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flag errors in one line plus a hint (the closest flag, or --help), not the whole usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        import difflib
+
+        hint = f"see {self.prog} --help"
+        if message.startswith("unrecognized arguments: "):
+            flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            for arg in message.split(": ", 1)[1].split():
+                close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1)
+                if close:
+                    hint = f"did you mean {close[0]}? ({hint})"
+                    break
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: {hint}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="unified-gpu-exporter",
         description="Prometheus exporter for NVIDIA, AMD and Intel GPUs with one canonical schema.",
         epilog="subcommand:\n  unified-gpu-exporter import FILE... [--format text|json]\n"
@@ -67,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--web.listen-address", dest="listen", action="append", type=parse_listen_address,
                    help=f"address to listen on, repeatable (default :{DEFAULT_PORT})")
-    p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
+                   help="path under which the metrics are served (default /metrics)")
     p.add_argument("--web.config.file", dest="web_config", type=Path,
                    help="exporter-toolkit web configuration (TLS, basic auth)")
     p.add_argument("--web.systemd-socket", dest="systemd_socket", action="store_true",
@@ -76,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="open connections at most; a new one evicts the oldest idle or slow one, "
                         "so scrapes always get through (default 512)")
     p.add_argument("--config.file", dest="config", type=Path, help="YAML configuration file")
-    p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"))
-    p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"))
+    p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"),
+                   help="sysfs mount point: the host's /sys mounted elsewhere in a container "
+                        "(default /sys)")
+    p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"),
+                   help="procfs mount point (default /proc)")
     p.add_argument("--path.mappings", dest="mappings", type=Path,
                    help="directory with canonical.yaml and the vendor mappings (default: shipped)")
     p.add_argument("--poll.interval", dest="poll_interval", type=_duration,
@@ -90,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "$STATE_DIRECTORY (set by systemd's StateDirectory= and by the image), "
                         "else none (baselines are learned again after a restart)")
     p.add_argument("--log.level", dest="log_level", default="info",
-                   choices=["debug", "info", "warn", "error"])
-    p.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"])
+                   choices=["debug", "info", "warn", "error"],
+                   help="lowest level logged: debug, info, warn or error (default info)")
+    p.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"],
+                   help="log line format: logfmt or json (default logfmt)")
     p.add_argument("--version", action="version", version=f"unified-gpu-exporter {__version__}")
     p.add_argument("--check-config", action="store_true",
                    help="validate the configuration and mappings, then exit 0 (valid) or 1")
@@ -103,15 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate", nargs="?", const="demo", metavar="SCENARIO",
                    help="serve the built-in simulated node (scenario name or YAML file; default demo)")
     p.add_argument("--simulate.phase", dest="simulate_phase", metavar="PHASE",
-                   help="start the simulated scenario at this phase")
+                   help="hold the simulated scenario in this phase until stopped (default: walk "
+                        "through the phases in turn)")
+    p.add_argument("--simulate.host", dest="simulate_host", metavar="NAME",
+                   help="name the simulated GPUs' UUIDs derive from (default: the host name), so "
+                        "two simulated nodes never report the same GPU")
     for name, col in COLLECTORS.items():
         if name == "simulator":
             continue
         state = "on" if col.default else "off"
-        p.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
-                       default=None, help=f"enable {col.description} (default {state})")
-        p.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
-                       default=None, help=argparse.SUPPRESS)
+        # --collector.NAME enables, --no-collector.NAME disables (both listed in --help)
+        p.add_argument(f"--collector.{name}", dest=f"collector_{name}",
+                       action=argparse.BooleanOptionalAction, default=None,
+                       help=f"{col.description} (default {state})")
     return p
 
 
@@ -122,6 +149,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     poll_interval=args.poll_interval, fast_interval=args.fast_interval,
                     collectors=collectors,
                     simulate=args.simulate, simulate_phase=args.simulate_phase,
+                    simulate_host=args.simulate_host,
                     state_dir=args.state_dir, mappings_dir=args.mappings)
 
 

@@ -58,6 +58,8 @@ def collector_options(col: Collector, settings: Settings, config: Config) -> dic
         options.setdefault("scenario", settings.simulate or "demo")
         if settings.simulate_phase:
             options["phase"] = settings.simulate_phase
+        if settings.simulate_host:
+            options["host"] = settings.simulate_host
         options.update({k: v for k, v in config.simulate.options_dict().items() if k not in options})
     return options
 

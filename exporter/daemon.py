@@ -61,7 +61,8 @@ class Settings:
     fast_interval: float | None = None
     collectors: dict[str, bool] = field(default_factory=dict)  # --[no-]collector.<name>
     simulate: str | None = None               # scenario name or file
-    simulate_phase: str | None = None
+    simulate_phase: str | None = None         # held until stopped
+    simulate_host: str | None = None          # seeds the simulated UUIDs (default: host name)
     state_dir: Path | None = None
     mappings_dir: Path | None = None
 

@@ -23,6 +23,7 @@ from .yamlfile import ConfigError
 if TYPE_CHECKING:
     from .daemon import Settings
     from .enrich.kubernetes import PodResourcesEnricher
+    from .simulate import Scenario
 
 # the kubelet's pod-resources socket (exporter.enrich.pod_index.DEFAULT_SOCKET, repeated here so a
 # node without Kubernetes and without an enrich.kubernetes section never loads the enricher)
@@ -70,7 +71,7 @@ def prepare(settings: Settings) -> Loaded:
         raise ConfigError("\n".join(problems))
     assert cloud is not None
     if settings.simulate is not None:
-        _check_scenario(settings, mappings)
+        config = _with_scenario_prices(config, _check_scenario(settings, mappings))
     _check_upstream(settings, config)
     return Loaded(config, schema, mappings, cloud, k8s, series_filter)
 
@@ -135,18 +136,29 @@ def _series_filter(settings: Settings, config: Config, schema: Schema) -> Series
     return filt if filt.active else None
 
 
-def _check_scenario(settings: Settings, mappings: MappingSet) -> None:
+def _check_scenario(settings: Settings, mappings: MappingSet) -> Scenario:
     """A bad scenario is a configuration error at start, not a source that stays down."""
     from .simulate import load_scenario
 
     scenario = load_scenario(settings.simulate or "demo")
     if settings.simulate_phase:
-        scenario.phase_start(settings.simulate_phase)
+        scenario.phase(settings.simulate_phase)
     missing = sorted({m for d in scenario.devices for m in [d.mapping, *d.extra_mappings]
                       if mappings.get(m) is None})
     if missing:
         raise ConfigError(f"scenario {scenario.name}: devices use unknown mappings {missing} "
                           f"(known: {', '.join(sorted(mappings.mappings))})")
+    return scenario
+
+
+def _with_scenario_prices(config: Config, scenario: Scenario) -> Config:
+    """The scenario's list prices stand in for a price table the configuration does not give."""
+    cost = config.indicators.cost
+    if cost.prices or not scenario.prices:
+        return config
+    indicators = config.indicators.model_copy(
+        update={"cost": cost.model_copy(update={"prices": tuple(scenario.prices)})})
+    return config.model_copy(update={"indicators": indicators})
 
 
 def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher | None]:

@@ -34,8 +34,10 @@ DEVICE_LABELS = frozenset({"vendor", "gpu", "uuid"})
 # labels that name unbounded entities: subject to the allow-list even where a metric requires them
 UNBOUNDED_LABELS = frozenset({"pid", "process", "kernel", "trace_id"})
 
-# The minimal profile: identity, utilization, memory, the contention verdict, power/thermal and
-# the hardware-health signals the alerts in deploy/prometheus/rules/*.health.yml read.
+# The minimal profile: identity, utilization, memory, the contention verdict and contended
+# seconds (the critical GPUMemoryContentionFraction alert), power/thermal and the hardware-health
+# signals the alerts in deploy/prometheus/rules/*.health.yml read.  The alerts whose inputs it
+# drops are listed in the README's alert table (scripts/gen-alert-docs.py computes them).
 MINIMAL = (
     "gpu_info",
     "gpu_compute_utilization_percent",
@@ -43,6 +45,7 @@ MINIMAL = (
     "gpu_memory_total_bytes",
     "gpu_memory_bandwidth_utilization_percent",
     "gpu_memory_contention",
+    "gpu_memory_contention_seconds_total",
     "gpu_temperature_celsius",
     "gpu_power_watts",
     "gpu_energy_joules_total",
@@ -51,6 +54,8 @@ MINIMAL = (
     "gpu_xid_errors_total",
     "gpu_pcie_link_width",
     "gpu_pcie_link_max_width",
+    "gpu_pcie_link_speed_gts",
+    "gpu_pcie_link_max_speed_gts",
 )
 PROFILES: dict[str, tuple[str, ...] | None] = {"default": None, "minimal": MINIMAL}
 

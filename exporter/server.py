@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web, web_response
 
-from . import __version__
 from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from .listeners import (  # noqa: F401 - the listeners' names stay importable from here
     HEADER_TIMEOUT,
@@ -89,28 +88,10 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 
 async def landing(request: web.Request) -> web.Response:
-    import html  # with its entity tables, only when someone opens the landing page
+    from .landing import render_landing  # with html's entity tables, only when someone opens it
 
     daemon: Daemon = request.app[DAEMON]  # type: ignore[assignment]
-    path = html.escape(request.app[TELEMETRY_PATH])
-    rows = []
-    for source, dev in daemon.store.info_devices():
-        rows.append(
-            "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
-                dev.vendor, dev.index, dev.model, dev.uuid, dev.pci_bus_id, source,
-                "simulated" if dev.simulated else "")) + "</tr>")
-    srcs = "".join(
-        f"<tr><td>{html.escape(st.name)}</td><td>{html.escape(st.state)}</td>"
-        f"<td>{html.escape(st.reason)}</td></tr>" for st in daemon.store.sources.values())
-    body = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>unified-gpu-exporter</title></head>
-<body><h1>unified-gpu-exporter {html.escape(__version__)}</h1>
-<p><a href="{path}">Metrics</a> · <a href="/healthz">healthz</a> · <a href="/readyz">readyz</a></p>
-<h2>Devices</h2><table border="1"><tr><th>vendor</th><th>gpu</th><th>model</th><th>uuid</th>
-<th>pci_bus_id</th><th>source</th><th></th></tr>{''.join(rows)}</table>
-<h2>Sources</h2><table border="1"><tr><th>source</th><th>state</th><th>reason</th></tr>{srcs}</table>
-</body></html>"""
-    return web.Response(text=body, content_type="text/html")
+    return web.Response(text=render_landing(daemon, request.app[TELEMETRY_PATH]), content_type="text/html")
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -65,6 +65,33 @@ def test_help_lists_every_collector_and_the_main_flags():
         assert flag in result.stdout, flag
 
 
+
+def test_help_lists_the_no_collector_form_and_every_flag_has_help():
+    from exporter.cli import build_parser
+    from exporter.sources.registry import COLLECTORS
+
+    result = run_cli("--help")
+    for name in COLLECTORS:
+        if name != "simulator":
+            assert f"--no-collector.{name}" in result.stdout, name
+    undocumented = [a.option_strings for a in build_parser()._actions
+                    if a.option_strings and not a.help]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize(("args", "hint"), [
+    (["--colector.nvml"], "did you mean --collector.nvml?"),
+    (["--poll.interval", "soon"], "see unified-gpu-exporter --help"),
+    (["--log.level", "loud"], "see unified-gpu-exporter --help"),
+])
+def test_a_flag_error_is_one_line_and_a_hint_not_the_usage(args, hint):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("unified-gpu-exporter: error: ") and hint in lines[1]
+    assert "usage:" not in result.stderr
+
 # -------------------------------------------------------------------------- --check-config
 
 def test_check_config_accepts_a_valid_config(tmp_path):

@@ -139,3 +139,22 @@ def test_dockerignore_keeps_context_small():
     assert {".git", ".venv", "tests"} <= ignored
     copied = {shlex.split(a)[0] for i, a in INSTRS if i == "COPY" and not a.startswith("--")}
     assert not copied & ignored, copied & ignored  # nothing COPY needs is ignored
+
+
+def _header() -> str:
+    return "\n".join(ln[1:].strip() for ln in DOCKERFILE.read_text().splitlines()
+                     if ln.startswith("#") and not ln.startswith("# syntax"))
+
+
+def test_header_mounts_and_flags_agree_and_name_existing_readme_sections():
+    header = _header()
+    # a host tree mounted over /sys elsewhere is only read when --path.sysfs names it
+    for target in re.findall(r"-v /sys:(\S+?)(?::ro)?\s", header):
+        assert f"--path.sysfs={target}" in header, target
+    readme = (REPO / "README.md").read_text()
+    sections = {m.strip() for m in re.findall(r"^#+ (.+)$", readme, re.M)}
+    for name in re.findall(r'README "([^"]+)"', header):
+        assert name in sections, f"Dockerfile names README section {name!r}, which does not exist"
+    # the run command of the header is the README's
+    run = re.search(r"docker run (.*?)unified-gpu-exporter\n", header, re.S).group(1)
+    assert " ".join(run.replace("\\", " ").split()) in " ".join(readme.replace("\\", " ").split())

@@ -59,3 +59,28 @@ def test_rejected_file_sets_exit_status(tmp_path, shared_fixtures, capsys):
 def test_usage_errors(capsys):
     assert main([]) == 2
     assert main(["x", "--trace-id", "bad id!"]) == 2
+
+
+def test_text_output_carries_only_imported_series(tmp_path, shared_fixtures, capsys):
+    """No process_* metrics of the command itself (node_exporter's textfile collector would see
+    them twice); nothing at all when every input is rejected."""
+    rc = main(_fx(shared_fixtures, "rocprofv3-kernel_trace-sdk-2024-10.csv"))
+    out = capsys.readouterr().out
+    assert rc == 0
+    names = {f.name for f in text_string_to_metric_families(out)}
+    assert names and all(n.startswith("gpu_") for n in names), names
+    bad = tmp_path / "bad.csv"
+    bad.write_text("not,a,profile\n1,2,3\n")
+    assert main([str(bad)]) == 1
+    assert capsys.readouterr().out == ""
+
+
+def test_stderr_says_what_each_file_gave_and_warns_on_identity_only(shared_fixtures, capsys):
+    rc = main(_fx(shared_fixtures, "rocprofv3-kernel_trace-sdk-2024-10.csv",
+                  "rocprofv3-counter_collection-sdk-2024-10.csv"))
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 0
+    (good,) = [ln for ln in err if "kernel_trace-sdk-2024-10.csv" in ln]
+    assert good.startswith("imported: ") and "gpu_kernel_execution_time_milliseconds" in good
+    (identity_only,) = [ln for ln in err if "counter_collection-sdk-2024-10.csv" in ln]
+    assert identity_only.startswith("warning: ") and "only the GPU's identity" in identity_only

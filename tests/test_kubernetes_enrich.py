@@ -650,8 +650,12 @@ async def test_daemon_serves_pod_labels_from_the_kubelet(sock_dir, tmp_path):
     from exporter.daemon import Daemon, Settings
     from exporter.server import make_app
 
-    h100_0 = "GPU-e83a26b1-dd84-2087-3e89-7d02f2fba7c1"  # the demo scenario's NVIDIA GPUs
-    h100_1 = "GPU-474dcc28-3f72-57ea-fc0e-d51d7ee377ac"
+    from exporter.simulate import SimulatorSource
+    from exporter.testing import load_mappings
+
+    # the demo scenario's NVIDIA GPUs on this host (simulated UUIDs derive from the host name)
+    h100_0, h100_1 = [s.dev.uuid for s in SimulatorSource({"scenario": "demo"}, load_mappings())._states
+                      if s.dev.vendor == "nvidia"]
     path = str(sock_dir / "kubelet.sock")
     kubelet = FakeKubelet(path)
     r = pb.ListPodResourcesResponse()

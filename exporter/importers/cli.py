@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
+from .. import process_metrics
 from ..exposition import SELF, Renderer
 from ..mapping import Mapper, MappingSet
 from ..schema import default_mappings_dir, load_schema
@@ -41,6 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+# family names of this command's own process_* metrics (a counter's family drops _total)
+_PROCESS_FAMILIES = {n.removesuffix("_total") for n in process_metrics.HELP} | set(process_metrics.HELP)
+_HISTOGRAM_PART = re.compile(r"_(bucket|count|sum)$")
+
+
+def _map(profiles: list, top_kernels: int, allowed, mappings: MappingSet) -> tuple[dict, object]:
+    """(devices by key, mapping result) of these profiles."""
+    sample = to_sample(profiles, top_kernels, allowed)
+    sample.monotonic = 1.0
+    devices = {d.key: d for d in sample.devices}
+    return devices, Mapper(mappings).map(sample, devices)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -64,12 +79,21 @@ def main(argv: list[str] | None = None) -> int:
             companions.append({"path": f, "note": str(exc)})
         except ProfileRejected as exc:
             rejected.append({"path": f, "reason": str(exc)})
-    sample = to_sample(profiles, args.top_kernels, allowed_fields(mappings))
-    sample.monotonic = 1.0
-    devices = {d.key: d for d in sample.devices}
-    result = Mapper(mappings).map(sample, devices)
+    allowed = allowed_fields(mappings)
+    devices, result = _map(profiles, args.top_kernels, allowed, mappings)
     for r in rejected:
         print(f"rejected: {r['path']}: {r['reason']}", file=sys.stderr)
+    for c in companions:
+        print(f"companion: {c['path']}: {c['note']}", file=sys.stderr)
+    for p in profiles:  # what each file gave; a file that gives nothing but identity is suspect
+        names = sorted({_HISTOGRAM_PART.sub("", name)
+                        for name, _ in _map([p], args.top_kernels, allowed, mappings)[1].series})
+        if names:
+            print(f"imported: {p.path} ({p.tool}): {len(names)} metrics: {', '.join(names)}", file=sys.stderr)
+        else:
+            print(f"warning: {p.path} ({p.tool}): only the GPU's identity (gpu_info), no series the "
+                  f"canonical schema maps (counters the mappings do not know, or an empty capture)",
+                  file=sys.stderr)
     if args.format == "json":
         traces: dict[str, list[dict]] = {}
         for p in profiles:
@@ -90,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         st = SourceState("profiles", up=True, state="up")
         st.devices, st.series = devices, result.series
         store.add(st)
-        families = [f for f in Renderer(schema).build(store) if not f.name.startswith(SELF)]
-        sys.stdout.buffer.write(write_exposition(families, PrefixCache(), openmetrics=False))
+        # the imported series only: not the exporter's self-metrics nor this command's own
+        # process_* metrics (they collide with the textfile collector's in node_exporter)
+        families = [f for f in Renderer(schema).build(store)
+                    if not f.name.startswith(SELF) and f.name not in _PROCESS_FAMILIES]
+        if families:
+            sys.stdout.buffer.write(write_exposition(families, PrefixCache(), openmetrics=False))
     sys.stdout.flush()
     return 1 if rejected else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..durations import Duration
+from ..indicators.config import PriceEntry
 from ..model import FAST_METRICS, Device, PollResult
 from ..schema import default_mappings_dir, parse_operand
 from ..sources.base import Abilities, SourceBase, SourceUnavailable
@@ -106,6 +108,9 @@ class Scenario(BaseModel):
     phases: list[Phase] = Field(min_length=1)
     # per device ("vendor:index"): expected indicator behaviour (tests/test_detection_scenarios.py)
     expect: dict[str, Expect] = {}
+    # list prices of the simulated GPUs: the price table used when the configuration has none
+    # (indicators.cost.prices), so the cost series of a plain `--simulate` show real numbers
+    prices: list[PriceEntry] = Field(default=[], max_length=256)
 
     @field_validator("devices", "phases")
     @classmethod
@@ -114,6 +119,13 @@ class Scenario(BaseModel):
             for key in getattr(item, "values", {}):
                 parse_operand(key)
         return v
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise ConfigError(f"scenario {self.name}: no phase {name!r} "
+                          f"(phases: {', '.join(p.name for p in self.phases)})")
 
     def phase_at(self, t: float) -> tuple[Phase, float]:
         total = sum(p.duration for p in self.phases)
@@ -124,15 +136,6 @@ class Scenario(BaseModel):
                 return p, t
             t -= p.duration
         return self.phases[-1], self.phases[-1].duration
-
-    def phase_start(self, name: str) -> float:
-        t = 0.0
-        for p in self.phases:
-            if p.name == name:
-                return t
-            t += p.duration
-        raise ConfigError(f"scenario {self.name}: no phase {name!r} "
-                          f"(phases: {', '.join(p.name for p in self.phases)})")
 
 
 def scenarios_dir() -> Path:
@@ -173,7 +176,16 @@ class _SimState:
     outputs: list[tuple[Device, str]] = field(default_factory=list)
 
 
+def host_name() -> str:
+    """This machine's name: simulated GPU identities derive from it, so two demo nodes differ."""
+    return socket.gethostname()
+
+
 class SimulatorSource(SourceBase):
+    """Options: ``scenario``; ``phase`` holds that phase until the process stops (none: the
+    phases run in turn); ``host`` (default: the host name) seeds the simulated UUIDs and serials;
+    ``speed`` runs the phases that many times faster (a time-compressed demo)."""
+
     name: ClassVar[str] = "simulator"
     abilities = Abilities(fast_poll=True)
 
@@ -181,7 +193,9 @@ class SimulatorSource(SourceBase):
         options = options or {}
         self.scenario = load_scenario(str(options.get("scenario", "demo")))
         self.mappings = mappings
-        self.offset = self.scenario.phase_start(options["phase"]) if options.get("phase") else 0.0
+        self.held: Phase | None = self.scenario.phase(options["phase"]) if options.get("phase") else None
+        self.host = str(options.get("host") or host_name())
+        self.speed = float(options.get("speed", 1.0))
         # as the real sources (sources/evidence.py): count (clients counted, per-process series
         # not exported), series (exported too), off (no evidence)
         self.processes = process_mode(options)
@@ -203,7 +217,7 @@ class SimulatorSource(SourceBase):
 
     def _make_device(self, spec: SimDevice) -> Device:
         n = sum(1 for s in self._states if s.dev.vendor == spec.vendor)
-        digest = hashlib.sha256(f"{self.scenario.name}/{spec.vendor}/{n}".encode()).hexdigest()
+        digest = hashlib.sha256(f"{self.host}/{self.scenario.name}/{spec.vendor}/{n}".encode()).hexdigest()
         uuid = {"nvidia": f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}",
                 "amd": f"0x{digest[:16]}", "intel": f"{digest[:32]}"}[spec.vendor]
         bus = {"nvidia": 0x18, "amd": 0x8a, "intel": 0xc3}[spec.vendor] + n
@@ -242,7 +256,7 @@ class SimulatorSource(SourceBase):
             dt = 0.0 if self._last is None else max(0.0, now - self._last)
             self._last = now
             self._polls += 1
-        phase, _ = self.scenario.phase_at(now - self._start + self.offset)
+        phase = self._phase(now)
         sample = PollResult(monotonic=now)
         for st in self._states:
             targets = self._targets(st, phase)
@@ -267,8 +281,12 @@ class SimulatorSource(SourceBase):
         return sample
 
     def current_phase(self) -> str:
-        now = self.clock()
-        return self.scenario.phase_at(now - (self._start or now) + self.offset)[0].name
+        return self._phase(self.clock()).name
+
+    def _phase(self, now: float) -> Phase:
+        if self.held is not None:
+            return self.held
+        return self.scenario.phase_at((now - (self._start or now)) * self.speed)[0]
 
     # ------------------------------------------------------------------ internals
     def _raw(self, st: _SimState, emit: _Emit, rkey: tuple, value: float, dt: float) -> float | None:

@@ -212,8 +212,13 @@ class UpstreamOptions(Options):
 
 class SimulatorOptions(Options):
     scenario: str = "demo"
-    phase: str | None = None
-    processes: ProcessMode = "count"
+    phase: str | None = None  # held until the process stops
+    # seeds the simulated GPUs' UUIDs and serials (default: the host name), so that two
+    # simulated nodes never report the same GPU
+    host: str | None = Field(None, min_length=1, max_length=253)
+    # the phases run this many times faster than their durations say (a time-compressed demo)
+    speed: float = Field(1.0, gt=0, le=1000)
+    processes: ProcessMode = "count"  # co-tenancy evidence as the real sources give it
     devices_per_vendor_scale: int = Field(1, ge=1, le=64)
 
 
