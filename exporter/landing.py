@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # state -> (background, text) colour; a state this table does not know gets the neutral one
 STATE_COLOURS = {
     "contended": ("#c62828", "#fff"),
+    "shared": ("#ad1457", "#fff"),
     "throttled": ("#ef6c00", "#fff"),
     "unknown": ("#f9a825", "#000"),
     "memory_bound": ("#1565c0", "#fff"),
@@ -83,7 +84,15 @@ def _inputs(daemon: Daemon) -> dict[DeviceId, dict[str, float]]:
 
 def _evidence(ind: dict[str, list[tuple[dict[str, str], float]]], inputs: dict[str, float]) -> str:
     parts = [f"{label} {_num(inputs[name], '%')}" for name, label in EVIDENCE_INPUTS if name in inputs]
-    one = {name: rows[0] for name, rows in ind.items() if rows}
+    # the GPU's own rows (a MIG GPU's instances carry gpu_instance)
+    one = {name: own[0] for name, rows in ind.items() if (own := [r for r in rows if "gpu_instance" not in r[0]])}
+    if "gpu_contention_evidence_info" in one:
+        lab = one["gpu_contention_evidence_info"][0]
+        if lab.get("evidence") == "clients":
+            parts.append(f"co-tenancy evidence: clients counted by {lab.get('source', '')}"
+                         + (f" (partial: {lab['reason']})" if lab.get("reason") else ""))
+        else:
+            parts.append(f"co-tenancy evidence: none ({lab.get('reason', '')})")
     if "gpu_active_clients" in one:
         parts.append(f"active clients {one['gpu_active_clients'][1]:.0f}")
     if "gpu_top_process_info" in one:
@@ -108,7 +117,7 @@ def _gpu_rows(daemon: Daemon) -> list[str]:
     rows = []
     for source, dev in daemon.store.info_devices()[:MAX_ROWS]:
         ind = indicators.get(dev.id, {})
-        info = ind.get("gpu_memory_state_info", [])
+        info = [r for r in ind.get("gpu_memory_state_info", []) if "gpu_instance" not in r[0]]
         state, reason = (info[0][0].get("state", ""), info[0][0].get("reason", "")) if info else ("", "")
         cells = [_e(dev.vendor), _e(dev.index), _e(dev.model), _e(dev.uuid),
                  _e(source) + (" <small>(simulated)</small>" if dev.simulated else ""),
