@@ -156,6 +156,7 @@ def test_landing_page_shows_each_gpus_state_reason_and_evidence_in_chromium(tmp_
         seen[uuid] = (badge_text, texts[6])
         evidence = texts[7]
         assert "bandwidth" in evidence and "active clients 2" in evidence, evidence
+        assert "co-tenancy evidence: clients counted by simulator" in evidence, evidence
     assert seen == expected
     (src_name, _), (src_state, badges), *_ = tables.tables["sources"][1]
     assert (src_name, src_state, badges[0][0]) == ("simulator", "up", "up")
