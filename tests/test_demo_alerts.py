@@ -41,7 +41,7 @@ from tests.test_e2e_alerting import _dashboard_queries
 from tests.test_soak import soak_only
 
 PROM_DIR = REPO / "deploy" / "prometheus"
-SPEED = float(os.environ.get("DEMO_SPEED", "15"))
+SPEED = float(os.environ.get("DEMO_SPEED", "20"))
 
 # alert -> the demo phase it fires in (mappings/scenarios/demo.yaml)
 DEMO_ALERTS = {

@@ -649,7 +649,6 @@ async def test_daemon_serves_pod_labels_from_the_kubelet(sock_dir, tmp_path):
 
     from exporter.daemon import Daemon, Settings
     from exporter.server import make_app
-
     from exporter.simulate import SimulatorSource
     from exporter.testing import load_mappings
 
