@@ -68,6 +68,9 @@ NOT_IN_THE_DEMO = {
     "GPUContentionNotEvaluable": "every demo GPU has a compute or per-process signal (30-minute window)",
     "GPUContentionCostOverBudget": "needs a workload label (Kubernetes enrichment) and $100 a day lost",
     "GPUDeviceLost": "no simulated GPU disappears; tests/test_reliability_faults.py and health.test.yml",
+    "GPUExporterDown": "the demo's exporter answers its scrapes; deploy/prometheus/tests/absence.test.yml and "
+                       "tests/test_fleet_faults.py kill one",
+    "GPUExporterAbsent": "needs a node whose exporter target vanished (a node inventory); absence.test.yml",
 }
 # panels (by a metric their query reads) that find no data in the demo, and why
 PANELS_WITHOUT_DATA = {
@@ -75,6 +78,9 @@ PANELS_WITHOUT_DATA = {
     "gpu_memory_latency_nanoseconds": "no live source or importer reports memory latency",
     "cloud_model_workload:gpu_memory_bandwidth_gbps:avg": "needs a workload label (Kubernetes enrichment)",
     "gpu_process_memory_bytes": "the demo simulates per-process utilization, not per-process memory",
+    "gpu_process_utilization_percent": "per-process series are opt-in (`processes: series`); the demo, like a "
+                                       "default install, counts busy clients without exporting them "
+                                       "(`simulate: {processes: series}` shows them)",
 }
 # panels that may or may not find data in one loop
 PANELS_MAYBE_WITHOUT_DATA = {
