@@ -165,6 +165,7 @@ def test_faults_lose_no_sample_and_page_once(fleet):
 
 
 @pytest.mark.soak
+@pytest.mark.optional_in_ci
 @pytest.mark.skipif(not SOAK, reason="soak test: run with `make soak` (SOAK=1 pytest -m soak)")
 def test_fleet_faults_soak(tmp_path):
     """Real timing (the rules' own `for:` and 1 m group intervals, 15 s scrapes): a dead exporter
