@@ -103,17 +103,33 @@ def settle(fleet, expected=EXPECTED_PAGES, quiet: float = 20, timeout: float = 3
     return notified_firing(fleet)
 
 
+def active_alerts(fleet) -> int:
+    """Alerts Alertmanager holds active (either peer that answers; Watchdog left out)."""
+    counts = [len([a for a in fleet.alertmanager_alerts(peer) if a["labels"].get("alertname") != "Watchdog"])
+              for peer in ("alertmanager-0", "alertmanager-1") if fleet.sup.running(peer)]
+    return max(counts, default=0)
+
+
+def sleep_watching(fleet, seconds: float, seen: list[int]) -> None:
+    """Sleep, recording the number of active alerts in Alertmanager every second."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        seen.append(active_alerts(fleet))
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+
+
 def store_outage(fleet, cluster: str, outage: float, interval: float, restart: tuple[str, ...] = ("0",)) -> dict:
     """The raw store stops (SIGTERM) for ``outage`` s; meanwhile the cluster's agents named in
     ``restart`` restart one after the other (a rollout: SIGTERM, then start).  Samples lost and
     pages caused."""
     before = notified_firing(fleet)
+    active_before, seen = active_alerts(fleet), []
     t0 = time.time()
     fleet.kill("vm-raw", signal.SIGTERM)
     for replica in restart:
-        time.sleep(outage / (len(restart) + 1))
+        sleep_watching(fleet, outage / (len(restart) + 1), seen)
         fleet.restart(f"agent-{cluster}-{replica}")
-    time.sleep(max(0.0, t0 + outage - time.time()))
+    sleep_watching(fleet, max(0.0, t0 + outage - time.time()), seen)
     fleet.restart("vm-raw")
     t1 = time.time()
     wait_delivered(fleet, cluster, t1 + 2 * interval)
@@ -122,7 +138,8 @@ def store_outage(fleet, cluster: str, outage: float, interval: float, restart: t
     rec = samples_lost(fleet, RECORDED.format(cluster=cluster), t0 - 5, t1 + 5,
                        fleetmod.duration_seconds(fleet.eval_interval))
     return {"seconds": round(t1 - t0), "lost": lost, "delivered": delivered, "series": series,
-            "recorded_lost": rec[0], "recorded_series": rec[2], "spurious_pages": spurious_pages(fleet, t0, before)}
+            "recorded_lost": rec[0], "recorded_series": rec[2], "spurious_pages": spurious_pages(fleet, t0, before),
+            "active_alerts_before": active_before, "active_alerts_min_during": min(seen, default=active_before)}
 
 
 def sizing(fleet, minutes: float = 5.0) -> dict:
