@@ -20,6 +20,7 @@ need=(
   "vmagent:victoria-metrics"
   "vmalert:victoria-metrics"
   "kubectl:kubectl"
+  "chromium:chromium"
 )
 missing=()
 for entry in "${need[@]}"; do
