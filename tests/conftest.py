@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# module-scoped fixtures of the upstream tests (a local exporter server, the shipped mappings)
+pytest_plugins = ["tests.upstream_fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 # Real captured data lives beside the checkout (../shared/fixtures); it is never copied in.
 SHARED_FIXTURES = (REPO.parent / "shared" / "fixtures").resolve()

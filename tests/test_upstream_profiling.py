@@ -14,7 +14,6 @@ import pytest
 from exporter.mapping import Mapper
 from exporter.model import PollResult
 from exporter.sources.dcgm import DcgmSource
-from exporter.testing import load_mappings
 from tests.fakes import pynvml_fake as pf
 from tests.reliability_util import ExporterProcess
 from tests.test_dcgm_source import fake_bindings
@@ -27,18 +26,6 @@ from tests.test_upstream_versions import source as upstream_source
 
 PROF = ("gpu_compute_occupancy_percent", "gpu_sm_active_percent", "gpu_tensor_utilization_percent")
 FP64_BLANK = "140737488355328"
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ExporterServer()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def mappings():
-    return load_mappings()
 
 
 def map_polls(src, mappings, polls: int = 1) -> tuple[dict, PollResult]:

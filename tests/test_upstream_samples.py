@@ -8,26 +8,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from exporter.sources.base import Device
 from exporter.sources.upstream import UpstreamSource
-from exporter.testing import Series, load_mappings, map_source_once
+from exporter.testing import Series, map_source_once
 from tests.test_upstream_http import ExporterServer, Route
 
 MiB = 1048576
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ExporterServer()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def mappings():
-    return load_mappings()
 
 
 def serve(server: ExporterServer, path: str, body: str) -> str:

@@ -61,18 +61,6 @@ GENERATIONS = [  # file, schema recognised, series beyond the oldest format's
 ]
 
 
-@pytest.fixture(scope="module")
-def server():
-    srv = ExporterServer()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def mappings():
-    return load_mappings()
-
-
 def source(server: ExporterServer, path: str, body: str, exporter: str = "dcgm-exporter", **extra) -> UpstreamSource:
     """An upstream source with the shipped mapping set, as the daemon builds it (``mappings=``:
     the schemas and the known names come from it)."""

@@ -174,6 +174,7 @@ class _SimState:
     counters: dict[tuple, float] = field(default_factory=dict)
     # (device, mapping) pairs in order of preference: the live one, then extra_mappings
     outputs: list[tuple[Device, str]] = field(default_factory=list)
+    evidence: bool = False  # a source counts this GPU's clients (decided once, from the scenario)
 
 
 def host_name() -> str:
@@ -213,6 +214,7 @@ class SimulatorSource(SourceBase):
                 st = _SimState(dev, spec)
                 st.outputs = [(dev, spec.mapping)] + [
                     (replace(dev, key=f"{dev.key}#{m}", mapping=m), m) for m in spec.extra_mappings]
+                st.evidence = self._has_evidence(st)
                 self._states.append(st)
 
     def _make_device(self, spec: SimDevice) -> Device:
@@ -332,7 +334,7 @@ class SimulatorSource(SourceBase):
                     {"client": labels.get("pid", ""), **{k: labels[k] for k in ("engine", "gpu_instance")
                                                           if k in labels}}.items()))
             out[(name, matchers)] = v
-        if mode != "off" and self._has_evidence(st):
+        if mode != "off" and st.evidence:
             out[_EVIDENCE_KEY] = 1.0
         return out
 

@@ -285,6 +285,7 @@ class DrmFdinfoSource(SourceBase):
         self._devices: dict[str, Device] = {}
         self._cards: dict[str, str] = {}
         self._counted: dict[str, str] = {}  # pdev -> driver of the cards whose clients are counted
+        self._host_pids = False  # procfs shows the host's PID namespace (decided at open)
 
     def open(self) -> None:
         if self.mode == "off":
@@ -295,6 +296,7 @@ class DrmFdinfoSource(SourceBase):
         if not self._cards:  # on by default: a node without DRM cards does not have this source
             raise SourceUnavailable(f"no DRM card under {self.sysfs}/class/drm")
         self._counted = {a: d for a, d in card_drivers(self.sysfs).items() if d in EVIDENCE_DRIVERS}
+        self._host_pids = host_pid_namespace(self.procfs)  # a process keeps its PID namespace
 
     def close(self) -> None:
         self._clients.clear()
@@ -361,7 +363,7 @@ class DrmFdinfoSource(SourceBase):
         """``client.evidence`` for every card whose driver reports engine usage."""
         if not self._counted:
             return
-        if not host_pid_namespace(self.procfs):
+        if not self._host_pids:
             complete, reason = False, "pid_namespace_private"
         elif self._scanner.unreadable:
             complete, reason = False, "procfs_unreadable"
