@@ -67,7 +67,9 @@ def fleet(tmp_path_factory):
         require_binary(name, package)
     mod = load_fleet_module()
     f = mod.Fleet(tmp_path_factory.mktemp("fleet-faults"), _clusters(mod), scrape_interval=f"{SCRAPE:.0f}s",
-                  eval_interval="2s", max_for="30s", latency_offset="1s", resend_delay="10s")
+                  # for: capped at 40 s: the production ratio of a 2 m for: to a 60 s outage (30 s left
+                  # a busy box 10 s of margin, and an agent restart took longer once)
+                  eval_interval="2s", max_for="40s", latency_offset="1s", resend_delay="10s")
     f.start(timeout=120)
     try:
         yield f
