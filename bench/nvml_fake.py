@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from exporter.mapping import Mapper  # noqa: E402
+from exporter.mapper import Mapper  # noqa: E402
 from exporter.pipeline import poll_and_map  # noqa: E402
 from exporter.sources.nvml import NvmlSource  # noqa: E402
 from exporter.store import SourceState, Store  # noqa: E402

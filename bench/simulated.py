@@ -131,7 +131,7 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
     import gzip
 
     from exporter.exposition import Renderer
-    from exporter.mapping import Mapper
+    from exporter.mapper import Mapper
     from exporter.pipeline import poll_and_map
     from exporter.schema import default_mappings_dir, load_schema
     from exporter.simulate import SimulatorSource

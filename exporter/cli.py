@@ -11,8 +11,9 @@ from pathlib import Path
 
 from . import __version__, gctune
 from .config import parse_duration
-from .daemon import Daemon, Settings
+from .daemon import Daemon
 from .logs import setup_logging
+from .settings import Settings
 from .sources.registry import COLLECTORS
 from .yamlfile import ConfigError
 

@@ -17,7 +17,7 @@ from .sources.registry import COLLECTORS, Collector
 
 if TYPE_CHECKING:
     from .config import CollectorConfig, Config
-    from .daemon import Settings
+    from .settings import Settings
 
 TIMEOUT_FLOOR = 2.0  # seconds: the default poll timeout is max(interval, this)
 

@@ -15,8 +15,6 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import cpustats, gctune
@@ -26,13 +24,15 @@ from .enrich.cloud import CloudEnricher
 from .exposition import Rendered, Renderer
 from .indicator_feed import IndicatorFeed
 from .loading import Loaded, prepare
-from .mapping import Mapper, MappingSet
+from .mapper import Mapper
+from .mapping import MappingSet
 from .model import Labels
 from .periodic import Ticker
 from .reload_carry import carry_indicator_state, carry_mapper_state
 from .render_cycle import pod_labels, present_only, snapshot
 from .runner import FAST_METRICS, REOPEN_INTERVAL, SourceRunner
 from .schema import Schema
+from .settings import Settings
 from .sources.base import SourceUnavailable, abilities_of
 from .sources.registry import Collector, create_source, source_kwargs
 from .store import SourceState, Store
@@ -49,24 +49,6 @@ log = logging.getLogger("unified_gpu_exporter")
 STARTUP_WAIT = 2.0  # seconds start() waits for the first poll of every source
 STATE_SAVE_INTERVAL = 60.0  # seconds between saves of the indicators' learned state
 WARM_RENDERS = 3  # renders (every source polled twice or more) before the warm-up GC freeze
-
-@dataclass
-class Settings:
-    """Everything the daemon needs, resolved from flags and the config file."""
-
-    config_path: Path | None = None
-    sysfs: Path = Path("/sys")
-    procfs: Path = Path("/proc")
-    poll_interval: float | None = None        # flag wins over config
-    fast_interval: float | None = None
-    collectors: dict[str, bool] = field(default_factory=dict)  # --[no-]collector.<name>
-    simulate: str | None = None               # scenario name or file
-    simulate_phase: str | None = None         # held until stopped
-    simulate_host: str | None = None          # seeds the simulated UUIDs (default: host name)
-    state_dir: Path | None = None
-    mappings_dir: Path | None = None
-
-
 
 class Daemon:
     def __init__(self, settings: Settings):

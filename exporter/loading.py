@@ -21,8 +21,8 @@ from .seriesfilter import SeriesFilter
 from .yamlfile import ConfigError
 
 if TYPE_CHECKING:
-    from .daemon import Settings
     from .enrich.kubernetes import PodResourcesEnricher
+    from .settings import Settings
     from .simulate import Scenario
 
 # the kubelet's pod-resources socket (exporter.enrich.pod_index.DEFAULT_SOCKET, repeated here so a

@@ -1,8 +1,9 @@
 """Vendor mapping files: validated against the canonical schema, compiled into lookup tables.
 
-Mapping a reading is one dict lookup on the raw field name followed by arithmetic; the YAML is
-walked only at load time.  State that outlives one poll (counter offsets across resets, the
-previous value for rates) lives in ``Mapper``, one per source.
+This module only loads: a file becomes a ``CompiledMapping`` (raw field name -> compiled
+``Rule`` entries) and a directory a ``MappingSet``; the YAML is walked only at load time.
+Applying the rules to readings, and the state that outlives one poll (counter offsets across
+resets, the previous value for rates), is ``exporter.mapper.Mapper``, one per source.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .model import Labels, SeriesKey
+from .model import Labels
 from .schema import LABEL_RE, MetricDef, Schema
 from .yamlfile import ConfigError, load_yaml, validation_message
 
@@ -237,8 +238,4 @@ class MappingSet:
         return self.mappings.get(name)
 
 
-# applying the files lives in mapper.py; these names stay importable from here
-from .mapper import MAX_STATE, STATE_TTL_POLLS, Mapper, MapResult, device_labels  # noqa: E402
-
-__all__ = ["MAX_STATE", "STATE_TTL_POLLS", "CompiledMapping", "Labels", "MapResult", "Mapper", "MappingSet",
-           "SeriesKey", "device_labels", "load_mapping"]
+__all__ = ["CompiledMapping", "MappingSet", "Rule", "load_mapping"]

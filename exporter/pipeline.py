@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .mapping import Mapper, MapResult
+from .mapper import Mapper, MapResult
 from .model import Device, PollResult, Reading
 from .store import SourceState, Store
 

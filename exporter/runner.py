@@ -18,7 +18,8 @@ from typing import Any
 
 from . import cpustats
 from .collector_policy import missing_backend_state
-from .mapping import Mapper, MappingSet
+from .mapper import Mapper
+from .mapping import MappingSet
 from .model import FAST_METRICS
 from .periodic import Ticker
 from .pipeline import Cycle, poll_and_map

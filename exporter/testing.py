@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .mapping import Mapper, MappingSet
+from .mapper import Mapper
+from .mapping import MappingSet
 from .pipeline import poll_and_map
 from .schema import default_mappings_dir, load_schema
 from .sources.base import Source, abilities_of

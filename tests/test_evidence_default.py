@@ -173,7 +173,7 @@ def _engine_inputs(series):
 
 def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     from exporter.indicators import IndicatorConfig, IndicatorEngine
-    from exporter.mapping import Mapper
+    from exporter.mapper import Mapper
     from exporter.pipeline import poll_and_map
     from exporter.sources.drm_fdinfo import DrmFdinfoSource
     from exporter.store import SourceState, Store

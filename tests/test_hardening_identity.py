@@ -9,7 +9,8 @@ import tracemalloc
 from exporter.exposition import Renderer
 from exporter.indicator_feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
 from exporter.indicators import IndicatorConfig
-from exporter.mapping import STATE_TTL_POLLS, Mapper, MappingSet
+from exporter.mapper import STATE_TTL_POLLS, Mapper
+from exporter.mapping import MappingSet
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import Device, PollResult
 from exporter.store import SourceState, Store

@@ -11,7 +11,8 @@ import pytest
 
 from exporter.exposition import Renderer
 from exporter.importers.dropdir import DropDir, UnsafeDropDir
-from exporter.mapping import Mapper, MappingSet
+from exporter.mapper import Mapper
+from exporter.mapping import MappingSet
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.profiles import ProfilesSource
 from exporter.store import SourceState, Store

@@ -9,7 +9,8 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from exporter.daemon import Daemon, Settings
-from exporter.mapping import Mapper, MappingSet, load_mapping
+from exporter.mapper import Mapper
+from exporter.mapping import MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.server import _wants_openmetrics
 from exporter.sources.base import Device, PollResult

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.indicators import IndicatorConfig, IndicatorEngine
-from exporter.mapping import Mapper
+from exporter.mapper import Mapper
 from exporter.pipeline import poll_and_map
 from exporter.simulate import SimulatorSource
 from exporter.store import SourceState, Store

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.mapping import Mapper, MappingSet, load_mapping
+from exporter.mapper import Mapper
+from exporter.mapping import MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import Device, PollResult
 from exporter.yamlfile import ConfigError

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from exporter.importers.trigger import CaptureTrigger, TriggerConfig
-from exporter.mapping import Mapper, MappingSet
+from exporter.mapper import Mapper
+from exporter.mapping import MappingSet
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.profiles import ProfilesSource

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.config import load_config
-from exporter.mapping import Mapper, load_mapping
+from exporter.mapper import Mapper
+from exporter.mapping import load_mapping
 from exporter.pipeline import poll_and_map
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.simulate import load_scenario

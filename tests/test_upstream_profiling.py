@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.mapping import Mapper
+from exporter.mapper import Mapper
 from exporter.model import PollResult
 from exporter.sources.dcgm import DcgmSource
 from tests.fakes import pynvml_fake as pf

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .. import process_metrics
 from ..exposition import SELF, Renderer
-from ..mapping import Mapper, MappingSet
+from ..mapper import Mapper
+from ..mapping import MappingSet
 from ..schema import default_mappings_dir, load_schema
 from ..store import SourceState, Store
 from ..textformat import PrefixCache

@@ -47,7 +47,8 @@ Python's ``ssl`` cannot express every Go TLS option:
 
 from . import auth, tls
 from .auth import auth_middleware
-from .model import WebConfig, WebConfigError
+from .config import WebConfig
+from .model import WebConfigError
 from .watch import WebConfigWatcher
 
 __all__ = [

@@ -17,7 +17,8 @@ from typing import Any
 import bcrypt
 from aiohttp import web
 
-from .model import _TLS_VERSIONS, BCRYPT_MAX_PASSWORD, WebConfig
+from .config import WebConfig
+from .model import _TLS_VERSIONS, BCRYPT_MAX_PASSWORD
 
 log = logging.getLogger("exporter.webconfig")
 

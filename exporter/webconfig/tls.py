@@ -7,14 +7,34 @@ import os
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from .model import _GO_CIPHER_SUITES, _TLS_VERSIONS, WebConfig, WebConfigError
+from .model import _GO_CIPHER_SUITES, _TLS_VERSIONS, TLSServerConfig, WebConfigError
 
 log = logging.getLogger("exporter.webconfig")
 
 
-def build_ssl_context(cfg: WebConfig) -> ssl.SSLContext:
+class TLSConfig(Protocol):
+    """What a context is built from: a loaded web config (``config.WebConfig``) satisfies it."""
+
+    path: Path | None
+    tls: TLSServerConfig
+    broken: str
+
+    @property
+    def tls_enabled(self) -> bool: ...
+
+    def resolve(self, name: str) -> Path: ...
+
+    def tls_files(self) -> tuple[Path, ...]: ...
+
+    def tls_file_state(self) -> tuple[Any, ...]: ...
+
+    def tls_shape(self) -> tuple[Any, ...]: ...
+
+
+def build_ssl_context(cfg: TLSConfig) -> ssl.SSLContext:
     """A fresh server context from the current files (no reloading)."""
     t = cfg.tls
     where = f"web config {cfg.path}" if cfg.path else "web config"
@@ -83,12 +103,12 @@ def _load_inline_cert_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
 class ReloadingTLS:
     """One listening SSLContext whose sni_callback swaps in rebuilt contexts after rotation."""
 
-    def __init__(self, cfg: WebConfig, provider: Callable[[], WebConfig] | None) -> None:
+    def __init__(self, cfg: TLSConfig, provider: Callable[[], TLSConfig] | None) -> None:
         self._cfg = cfg
         self._provider = provider
         self._lock = threading.Lock()
-        self._shape = cfg._shape()
-        self.context = cfg.build_ssl_context()
+        self._shape = cfg.tls_shape()
+        self.context = build_ssl_context(cfg)
         self._current = self.context
         self._state = cfg.tls_file_state()
         self.context.sni_callback = self._on_handshake
@@ -126,12 +146,12 @@ class ReloadingTLS:
                 return self._current
             self._state = state
             try:
-                new = cfg.build_ssl_context()
+                new = build_ssl_context(cfg)
             except WebConfigError as e:
                 log.error("%s; keeping the previous certificate", e)
                 return self._current
-            if cfg._shape() != self._shape:
-                self._shape = cfg._shape()
+            if cfg.tls_shape() != self._shape:
+                self._shape = cfg.tls_shape()
                 log.info("web config: client_auth_type, TLS versions and cipher suites changed: "
                          "they apply to new connections; connections made under a weaker "
                          "client-certificate policy are closed at their next request")

@@ -9,7 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from .model import _TLS_VERSIONS, WebConfig, WebConfigError
+from .config import WebConfig
+from .model import _TLS_VERSIONS, WebConfigError
 from .tls import ReloadingTLS
 
 log = logging.getLogger("exporter.webconfig")
