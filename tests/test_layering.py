@@ -1,5 +1,11 @@
 """The import graph keeps its direction: the vocabulary at the bottom, sources upstream of
-everything that consumes their readings, no consumer reaching back into ``exporter.sources``."""
+everything that consumes their readings, no consumer reaching back into ``exporter.sources``,
+and no circle anywhere.
+
+Every import counts: module level, inside functions (loaded later, still a dependency) and under
+``if TYPE_CHECKING:`` (a circle for the reader and the type checker).  ``import_graph()`` is the
+graph the rules below read; a new rule (folders, module counts) reads it too.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +43,83 @@ def _imports(path: Path, root: Path = PKG.parent) -> set[str]:
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in node.names)
     return {m for m in out if m.startswith("exporter")}
+
+
+def module_name(path: Path, root: Path = PKG.parent) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    """Module -> the exporter modules it imports (``from .x import name`` is an edge to ``x``, or
+    to ``x.name`` where that is a module; a package's ``__init__`` is the package's node)."""
+    root = pkg.parent
+    paths = {module_name(p, root): p for p in sorted(pkg.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        edges = set()
+        for target in _imports(path, root):
+            while target and target not in paths:  # exporter.x.Name -> exporter.x
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 50  # the walk found the package
+    circles = {" <-> ".join(c): {m: sorted(graph[m] & set(c)) for m in c} for c in cycles(graph)}
+    assert circles == {}
+
+
+def test_the_cycle_check_sees_a_circle(tmp_path):
+    """Through a TYPE_CHECKING import and a relative import from a package's __init__."""
+    pkg = tmp_path / "exporter"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+                              encoding="utf-8")
+    (pkg / "b.py").write_text("from .sub import helper\n", encoding="utf-8")
+    (pkg / "sub" / "__init__.py").write_text("from ..a import A\n", encoding="utf-8")
+    (pkg / "c.py").write_text("from . import a\n", encoding="utf-8")  # on the circle's edge only
+    assert cycles(import_graph(pkg)) == [["exporter.a", "exporter.b", "exporter.sub"]]
 
 
 def test_model_is_at_the_bottom():
