@@ -17,12 +17,14 @@ from exporter.indicators.config import (
     IndicatorConfig,
     PriceEntry,
     RootCauseConfig,
+    StateConfig,
     VariabilityConfig,
 )
-from exporter.indicators.contention import bandwidth_drop_under_load, compute_signal, memory_contended
-from exporter.indicators.cost import contention_cost, match_price
+from exporter.indicators.contention import bandwidth_drop_under_load, compute_signal
+from exporter.indicators.cost import match_price
 from exporter.indicators.rootcause import RootCauseInputs, classify, dominant_cause
 from exporter.indicators.series import SeriesIndex, parse_key
+from exporter.indicators.state import decide
 from exporter.indicators.variability import bimodality_coefficient, tail_to_body, window_stats
 from exporter.indicators.window import RingWindow, capacity_for, coefficient_of_variation, quantile_sorted
 
@@ -151,15 +153,20 @@ def test_compute_signal_prefers_occupancy(series, expected):
     assert compute_signal(series, CCFG.basis_order) == expected
 
 
-@pytest.mark.parametrize(("bw", "compute", "expected"), [
-    (90, 30, True),   # the seed's GPUMemoryContention
-    (85, 30, False),  # > 85, not >=
-    (86, 49.9, True),
-    (90, 50, False),  # < 50, not <=
-    (60, 10, False),
+@pytest.mark.parametrize(("bw", "compute", "basis", "expected"), [
+    (90, 30, "occupancy", True),   # the seed's GPUMemoryContention
+    (85, 30, "occupancy", False),  # > 85, not >=
+    (86, 49.9, "occupancy", True),
+    (90, 50, "occupancy", False),  # < 50, not <=
+    (60, 10, "occupancy", False),
+    # utilization is no starvation signal: bandwidth alone is the signature (evidence decides)
+    (91, 80, "utilization", True),
 ])
-def test_memory_contention_thresholds(bw, compute, expected):
-    assert memory_contended(bw, compute, CCFG) is expected
+def test_memory_contention_thresholds(bw, compute, basis, expected):
+    """The signature as the engine decides it (``state.decide``, the seed's thresholds)."""
+    verdict = decide(bw, 99.0, basis, compute, False, None, False, False, False, StateConfig(),
+                     CCFG.bandwidth_utilization_percent, CCFG.compute_percent)
+    assert verdict.signature is expected
 
 
 @pytest.mark.parametrize(("bw", "baseline", "util", "expected"), [
@@ -267,11 +274,6 @@ def test_price_table_most_specific_match(vendor, model, cloud, expected):
 
 def test_no_price_without_a_matching_entry():
     assert match_price(PRICES[1:], "intel", "Data Center GPU Max 1550", "") is None
-
-
-def test_contention_cost_is_price_times_hours():
-    # seed chargeback rate: H100 at $2.00/hour; 3 contended seconds
-    assert contention_cost(2.00, 3.0) == pytest.approx(2.00 * 3 / 3600)
 
 
 def test_defaults_are_the_seeds_numbers():

@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from exporter.indicators.config import StateConfig
-from exporter.indicators.state import StateInputs, busy, classify_state
+from exporter.indicators.state import StateVerdict, decide
 
 CFG = StateConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class StateInputs:
+    """What the engine hands ``decide`` for one GPU, by name (this file's rows read better so)."""
+
+    bandwidth_util: float | None = None
+    utilization: float | None = None
+    basis: str | None = None  # occupancy | sm_active | utilization
+    compute: float | None = None  # value of the compute signal named by basis
+    throttled: bool = False
+    clients: int | None = None
+    reference_warm: bool = False
+    throughput_drop: bool = False
+    drop_unconfirmed: bool = False
+    profiling_unavailable: bool = False
+
+
+def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float = 85.0,
+                   compute_percent: float = 50.0) -> StateVerdict:
+    """``decide``, called as the engine calls it."""
+    return decide(inp.bandwidth_util, inp.utilization, inp.basis, inp.compute, inp.throttled, inp.clients,
+                  inp.reference_warm, inp.throughput_drop, inp.drop_unconfirmed, cfg, bandwidth_percent,
+                  compute_percent, inp.profiling_unavailable)
+
+
+def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
+    """Whether ``decide`` found a load signal above its idle bar; None when there is none."""
+    reason = classify_state(inp, cfg).reason
+    return None if reason == "no_load_signal" else reason != "below_idle_bars"
 
 
 def occ(bw, compute, **kw) -> StateInputs:

@@ -1,16 +1,16 @@
-"""Memory contention (seed's GPUMemoryContention) and bandwidth drop under load: pure predicates.
+"""The compute signal the memory state is decided on, and bandwidth drop under load: pure.
 
-Memory contention: memory bandwidth utilization > 85 % while compute occupancy < 50 %.  Where the
-device reports no occupancy, the best available compute signal is used instead (SM active, then
-compute utilization) and named in the ``basis`` label, so a rule can tell a precise verdict from
-an approximate one.
+``compute_signal`` picks the best compute signal a device reports: occupancy, else SM active,
+else compute utilization, named in the ``basis`` label so a rule can tell a precise verdict from
+an approximate one.  The memory-bound signature (bandwidth utilization > 85 % while a starvation
+signal, occupancy or SM active, is < 50 %) and the contention verdict are ``state.decide``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .config import BandwidthDropConfig, ContentionConfig
+from .config import BandwidthDropConfig
 
 BANDWIDTH_UTIL = "gpu_memory_bandwidth_utilization_percent"
 BASIS_SERIES = {
@@ -27,11 +27,6 @@ def compute_signal(series: Mapping[str, float], order: tuple[str, ...]) -> tuple
         if value is not None:
             return basis, value
     return None
-
-
-def memory_contended(bandwidth_util: float, compute_percent: float, cfg: ContentionConfig) -> bool:
-    """Bandwidth utilization above the threshold while the compute signal is below its threshold."""
-    return bandwidth_util > cfg.bandwidth_utilization_percent and compute_percent < cfg.compute_percent
 
 
 def bandwidth_drop_under_load(bandwidth: float, baseline_mean: float, utilization: float,

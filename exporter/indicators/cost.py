@@ -1,4 +1,4 @@
-"""Price table lookup and the cost of contended time.
+"""Price table lookup and the cost of contended time (``slowdown_cost``).
 
 An entry matches a GPU when each of its non-empty fields matches: ``vendor`` and ``cloud``
 case-insensitively, ``model`` as a case-insensitive glob (``*H100*``).  The most specific match
@@ -32,11 +32,6 @@ def match_price(prices: Iterable[PriceEntry], vendor: str, model: str, cloud: st
         if rank > best_rank:
             best, best_rank = entry, rank
     return best.dollars_per_hour if best is not None else None
-
-
-def contention_cost(dollars_per_hour: float, contended_seconds: float) -> float:
-    """Dollars spent during ``contended_seconds`` of contended time (the whole price)."""
-    return dollars_per_hour * contended_seconds / 3600.0
 
 
 def slowdown_cost(dollars_per_hour: float, slowdown: float, seconds: float,

@@ -35,29 +35,10 @@ STARVATION_BASES = ("occupancy", "sm_active")
 
 
 @dataclass(frozen=True, slots=True)
-class StateInputs:
-    bandwidth_util: float | None = None
-    utilization: float | None = None
-    basis: str | None = None  # occupancy | sm_active | utilization
-    compute: float | None = None  # value of the compute signal named by basis
-    throttled: bool = False  # a thermal/power throttle reason is active
-    clients: int | None = None  # active clients (None: no per-process utilization data)
-    reference_warm: bool = False  # the memory-bound reference has learned enough
-    throughput_drop: bool = False  # compute signal persistently below that reference
-    drop_unconfirmed: bool = False  # that drop has lasted too long without per-process data
-    profiling_unavailable: bool = False  # profiling counters zero / blank on a busy GPU
-
-
-@dataclass(frozen=True, slots=True)
 class StateVerdict:
     state: str
     reason: str  # why: the evidence (contended), what is missing (unknown), ...
     signature: bool  # the memory-bound signature holds
-
-
-def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
-    """Whether any load signal is above its idle bar; None when the GPU reports none."""
-    return _busy(inp.utilization, inp.bandwidth_util, inp.basis, inp.compute, cfg)
 
 
 def _busy(utilization: float | None, bandwidth_util: float | None, basis: str | None,
@@ -74,11 +55,6 @@ def _busy(utilization: float | None, bandwidth_util: float | None, basis: str | 
     return False if seen else None
 
 
-def signature(inp: StateInputs, bandwidth_percent: float, compute_percent: float) -> bool:
-    """Bandwidth above the bar and, where a starvation signal exists, compute below its bar."""
-    return _signature(inp.bandwidth_util, inp.basis, inp.compute, bandwidth_percent, compute_percent)
-
-
 def _signature(bandwidth_util: float | None, basis: str | None, compute: float | None,
                bandwidth_percent: float, compute_percent: float) -> bool:
     if bandwidth_util is None or bandwidth_util <= bandwidth_percent:
@@ -88,20 +64,18 @@ def _signature(bandwidth_util: float | None, basis: str | None, compute: float |
     return True
 
 
-def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float = 85.0,
-                   compute_percent: float = 50.0) -> StateVerdict:
-    return decide(inp.bandwidth_util, inp.utilization, inp.basis, inp.compute, inp.throttled, inp.clients,
-                  inp.reference_warm, inp.throughput_drop, inp.drop_unconfirmed, cfg, bandwidth_percent,
-                  compute_percent, inp.profiling_unavailable)
-
-
 def decide(bandwidth_util: float | None, utilization: float | None, basis: str | None,
            compute: float | None, throttled: bool, clients: int | None, reference_warm: bool,
            throughput_drop: bool, drop_unconfirmed: bool, cfg: StateConfig,
            bandwidth_percent: float = 85.0, compute_percent: float = 50.0,
            profiling_unavailable: bool = False) -> StateVerdict:
-    """``classify_state`` of the fields of a ``StateInputs``, without building one (the engine
+    """The memory state of one GPU from what it reports this poll (positional: the engine
     decides every device at every fast poll).  The rows are ``ROWS``, in order.
+
+    ``basis``/``compute``: the compute signal (``contention.compute_signal``); ``reference_warm``:
+    the memory-bound reference has learned enough; ``throughput_drop``: the compute signal
+    persistently below that reference; ``drop_unconfirmed``: that drop has lasted too long
+    without per-process data.
 
     ``profiling_unavailable``: the profiling counters read zero or blank while the GPU is busy
     (gpu_profiling_available 0: another profiler holds them); no verdict rests on them.

@@ -64,9 +64,6 @@ class CallGuard:
     def is_skipped(self, key: str, field: str) -> bool:
         return (key, field) in self.skipped
 
-    def forget_device(self, key: str) -> None:
-        self.skipped = {s for s in self.skipped if s[0] != key}
-
     def handle_code(self, errors: Counter[str], key: str, field: str, code: int) -> None:
         """Account for one failed NVML return code; raises DeviceLost for lost-GPU codes."""
         if code in LOST_CODES:
