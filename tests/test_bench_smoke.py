@@ -1,7 +1,9 @@
 """`make bench` must keep running: bench/run.py --quick produces the table and a complete JSON.
 
-Not a timing test: numbers from a 1 s window on a shared CI machine mean nothing; only that every
-benchmark ran, and that the JSON has the keys the closing notes and the budgets read.
+Not a timing test: numbers from a 1 s window on a shared CI machine mean nothing, so a budget may
+FAIL here; what is checked is that every benchmark ran (it measured something, not zero), that
+the JSON has the keys the closing notes and the budgets read, and that each budget's verdict is
+what its value and target say.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     (sim,) = r["simulated"]["sizes"]
     assert sim["devices"] == 8 and sim["series"] > 100
     assert sim["exposition_bytes"] > sim["exposition_gzip_bytes"] > 0
-    assert sim["cpu_s_per_cycle"] >= 0 and sim["rss_bytes"] > 0
+    assert sim["cpu_s_per_cycle"] > 0 and sim["rss_bytes"] > 0
     for key in ("c1", "c1_gzip", "c5", "c5_gzip"):
         load = sim["load"][key]
         assert load["requests"] > 0 and load["errors"] == 0, (key, load)
@@ -49,11 +51,27 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
 
     nv = r["nvml"]
     assert nv["gpus"] == 8 and nv["series_per_poll"] > 0 and nv["nvml_calls_per_gpu_poll"] > 0
-    assert r["fdinfo"]["median_ms"] >= 0 and r["fdinfo"]["fds"] > 0
-    assert r["indicators"]["cpu_percent"] >= 0
+    assert r["fdinfo"]["median_ms"] > 0 and r["fdinfo"]["fds"] > 0
+    assert r["indicators"]["cpu_percent"] > 0
 
     budgets = r["budgets"]
     assert set(budgets) >= {"issue2_scrape64_p99_ms", "issue6_fast_indicators_percent",
                             "issue10_p99_vs_node", "issue10_cpu_vs_node", "issue10_rss_mb",
                             "issue10_cycle_vs_floor"}
-    assert all(b["status"] in ("PASS", "FAIL", "n/a") for b in budgets.values())
+    verdicts = {key: _verdict(b["value"], b["target"]) for key, b in budgets.items()}
+    assert {key: b["status"] for key, b in budgets.items()
+            if verdicts[key] is not None and b["status"] != verdicts[key]} == {}
+    # measured in every run, --quick included (no peer binary needed)
+    assert budgets["issue6_fast_indicators_percent"]["status"] != "n/a"
+    assert budgets["issue6_engine_percent"]["status"] != "n/a"
+
+
+def _verdict(value, target) -> str | None:
+    """PASS when every measured value is within the target, n/a when nothing was measured; a
+    value equal to the target (after the table's rounding) may read either way."""
+    if value is None or value == {}:
+        return "n/a"
+    values = list(value.values()) if isinstance(value, dict) else [value]
+    if any(v == target for v in values) and all(v <= target for v in values):
+        return None
+    return "PASS" if all(v < target for v in values) else "FAIL"

@@ -155,7 +155,11 @@ async def test_one_server_for_all_providers_picks_the_right_one():
         ident = await detect(endpoints={"aws": base, "azure": base, "gcp": base})
     finally:
         await srv.close()
-    assert ident is not None and ident.cloud == "gcp"
+    assert ident == CloudIdentity("gcp", "europe-west4", "europe-west4-a", "a2-highgpu-1g", "4520031799277581759")
+    # the AWS and Azure probes found no route of theirs (404/405); only GCP's reached a handler
+    assert sorted(hits) == [("GET", "/computeMetadata/v1/instance/id"),
+                            ("GET", "/computeMetadata/v1/instance/machine-type"),
+                            ("GET", "/computeMetadata/v1/instance/zone")]
 
 
 @pytest.mark.asyncio
@@ -219,6 +223,7 @@ async def test_enricher_label_selection_and_keeps_labels_on_failure():
         await e.refresh_once()
     finally:
         await aws.close()
+    assert hits == [("PUT", "/latest/api/token"), ("GET", "/latest/dynamic/instance-identity/document")]
     assert e.labels() == {"cloud": "aws", "region": "us-east-1", "instance_type": "p4d.24xlarge"}
     await e.refresh_once()  # server gone: transient failure keeps the labels
     assert e.labels() == {"cloud": "aws", "region": "us-east-1", "instance_type": "p4d.24xlarge"}
