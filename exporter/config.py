@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from .durations import Duration, parse_duration
+from .enrich.options import EnrichConfig
 from .indicators.config import IndicatorConfig
 from .seriesfilter import ExpositionConfig
 from .sources.options import OPTIONS, NoOptions, Options, SimulatorOptions
@@ -76,7 +77,7 @@ class Config(BaseModel):
     simulate: SimulatorOptions = SimulatorOptions()
     # cardinality control: profile, include/exclude globs, label allow-list (exporter/seriesfilter.py)
     exposition: ExpositionConfig = ExpositionConfig()
-    enrich: dict[str, Any] = {}
+    enrich: EnrichConfig = EnrichConfig()  # cloud labels, pod attribution (exporter/enrich/options.py)
     # where the file was read from, and the line of each field (for errors found after
     # validation, e.g. by the enrichers)
     _path: Path | None = PrivateAttr(default=None)

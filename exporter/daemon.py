@@ -112,10 +112,8 @@ class Daemon:
         return min(self.settings.fast_interval or self.config.fast_interval, self.poll_interval)
 
     def build_feed(self) -> None:
-        cloud = str(self.config.enrich.get("cloud", {}).get("name", "")) if isinstance(
-            self.config.enrich.get("cloud"), dict) else ""
-        self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir,
-                                  self.fast_interval, cloud)
+        # the price table's cloud is indicators.cost.cloud (the detected cloud is a label only)
+        self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir, self.fast_interval)
 
     def extra_series(self, store: Store | None = None) -> list[tuple[str, Labels, float]]:
         """The indicators' latest output, only for devices ``store`` still has."""

@@ -6,14 +6,13 @@ start; config and mapping errors are reported together, each naming file, line a
 
 from __future__ import annotations
 
-import math
 import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from .config import Config, load_config
-from .enrich.cloud import LABELS as CLOUD_LABELS
 from .enrich.cloud import CloudEnricher
+from .enrich.options import CLOUD_LABELS, KubernetesOptions
 from .exposition import SELF_METRICS
 from .mapping import MappingSet
 from .schema import LABEL_RE, Schema, default_mappings_dir, load_schema
@@ -24,11 +23,6 @@ if TYPE_CHECKING:
     from .enrich.kubernetes import PodResourcesEnricher
     from .settings import Settings
     from .simulate import Scenario
-
-# the kubelet's pod-resources socket (exporter.enrich.pod_index.DEFAULT_SOCKET, repeated here so a
-# node without Kubernetes and without an enrich.kubernetes section never loads the enricher)
-KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
 
 class Loaded(NamedTuple):
     config: Config
@@ -162,38 +156,18 @@ def _with_scenario_prices(config: Config, scenario: Scenario) -> Config:
 
 
 def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher | None]:
-    errors = []
-    cloud = k8s = None
-    for section, opts in config.enrich.items():  # finite, sensible bounds on every period
-        for key, low in (("refresh_seconds", 0.1), ("pid_refresh_seconds", 0.1),
-                         ("timeout_seconds", 0.01)):
-            v = opts.get(key) if isinstance(opts, dict) else None
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or not math.isfinite(v) or not low <= v <= 86400):
-                errors.append(f"{config.where('enrich', section, key)}: enrich.{section}.{key}: "
-                              f"{v!r} out of range (a number of seconds from {low:g} to 86400)")
-    try:
-        cloud = CloudEnricher(config.enrich.get("cloud"))
-    except (ValueError, TypeError) as exc:
-        errors.append(f"{config.where('enrich', 'cloud')}: enrich.cloud: {exc}")
-    section = config.enrich.get("kubernetes")
-    opts = dict(section or {})
-    # on by default only where the kubelet's pod-resources socket exists (a Kubernetes node)
-    opts.setdefault("enabled", Path(opts.get("socket", KUBELET_SOCKET)).exists())
-    if section is None and not opts["enabled"]:
-        k8s_off = True  # nothing to validate, nothing to run: the enricher's code stays unloaded
-    else:
-        k8s_off = False
-        from .enrich.kubernetes import PodResourcesEnricher
+    """The enrichers of ``enrich:`` (validated with the file, config.EnrichConfig); what only an
+    enricher can check (``api: on`` without an API server) is reported here, naming the line."""
+    cloud = CloudEnricher(config.enrich.cloud)
+    section = config.enrich.kubernetes
+    opts = section or KubernetesOptions()
+    if opts.enabled is None:  # on by default only where the kubelet's pod-resources socket exists
+        opts = opts.model_copy(update={"enabled": Path(opts.socket).exists()})
+    if section is None and not opts.enabled:
+        return cloud, None  # nothing to validate, nothing to run: the enricher's code stays unloaded
+    from .enrich.kubernetes import PodResourcesEnricher
 
-        try:
-            k8s = PodResourcesEnricher(opts, procfs=settings.procfs)
-        except (ValueError, TypeError) as exc:
-            errors.append(f"{config.where('enrich', 'kubernetes')}: enrich.kubernetes: {exc}")
-    for name in sorted(set(config.enrich) - {"cloud", "kubernetes"}):
-        errors.append(f"{config.where('enrich', name)}: enrich.{name}: unknown section "
-                      "(known: cloud, kubernetes)")
-    if errors:
-        raise ConfigError("\n".join(errors))
-    assert cloud is not None and (k8s is not None or k8s_off)
-    return cloud, k8s
+    try:
+        return cloud, PodResourcesEnricher(opts, procfs=settings.procfs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{config.where('enrich', 'kubernetes')}: enrich.kubernetes: {exc}") from None

@@ -152,7 +152,8 @@ def test_string_false_for_cloud_enabled_is_a_config_error(tmp_path):
     cfg.write_text('enrich:\n  cloud:\n    enabled: "false"\n')
     r = subprocess.run([*EXPORTER_CMD, "--config.file", str(cfg), "--check-config"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "c.yaml:2" in r.stderr and "true or false" in r.stderr, r.stderr
+    # the line of the field itself (enrich: is validated with the file, as every other section)
+    assert r.returncode != 0 and "c.yaml:3: enrich.cloud.enabled" in r.stderr and "true or false" in r.stderr, r.stderr
 
 
 # ---- Kubernetes API client ---------------------------------------------------------------------

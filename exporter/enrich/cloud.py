@@ -13,9 +13,9 @@ protocol and the answer is only accepted when it carries the provider's own mark
   three items are read (never attributes, which may hold startup scripts or keys).
 
 Labels: ``cloud`` (aws|azure|gcp), ``region``, ``zone``, ``instance_type``, ``instance_id``.
-Options (the ``cloud`` section of the config): ``enabled`` (off switch), ``providers``,
-``timeout_seconds``, ``refresh_seconds``, ``labels`` (which of the five to emit) and ``endpoints``
-(base URL per provider; tests point these at local fake servers).
+Options: ``enrich.cloud`` of the config (``options.CloudOptions``): ``enabled`` (off switch),
+``providers``, ``timeout_seconds``, ``refresh_seconds``, ``labels`` (which of the five to emit)
+and ``endpoints`` (base URL per provider; tests point these at local fake servers).
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .options import CLOUD_LABELS, PROVIDERS, CloudOptions, parse
+
 if TYPE_CHECKING:  # the client is imported by detect(): with cloud enrichment off it never loads
     import aiohttp
 
 log = logging.getLogger(__name__)
 
-LABELS = ("cloud", "region", "zone", "instance_type", "instance_id")
-PROVIDERS = ("aws", "azure", "gcp")
+LABELS = CLOUD_LABELS
 IMDS = "http://169.254.169.254"
 DEFAULT_ENDPOINTS = {"aws": IMDS, "azure": IMDS, "gcp": IMDS}
 AZURE_API_VERSION = "2021-02-01"
@@ -160,26 +161,14 @@ async def detect(providers: tuple[str, ...] = PROVIDERS, endpoints: Mapping[str,
 class CloudEnricher:
     """Holds the detected cloud labels; ``labels()`` is a dict lookup for the render path."""
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        o = dict(options or {})
-        unknown = set(o) - {"enabled", "providers", "timeout_seconds", "refresh_seconds", "labels", "endpoints"}
-        if unknown:
-            raise ValueError(f"cloud: unknown option(s) {', '.join(sorted(unknown))}")
-        self.enabled = o.get("enabled", True)
-        if not isinstance(self.enabled, bool):  # bool("false") is True: probing would stay on
-            raise ValueError(f"cloud.enabled must be true or false (a YAML boolean), "
-                             f"got {self.enabled!r}")
-        self.providers = tuple(o.get("providers", PROVIDERS))
-        bad = [p for p in self.providers if p not in PROVIDERS]
-        if bad:
-            raise ValueError(f"cloud.providers: unknown provider(s) {', '.join(bad)} (known: {', '.join(PROVIDERS)})")
-        self.label_names = tuple(o.get("labels", LABELS))
-        bad = [n for n in self.label_names if n not in LABELS]
-        if bad:
-            raise ValueError(f"cloud.labels: unknown label(s) {', '.join(bad)} (known: {', '.join(LABELS)})")
-        self.timeout = float(o.get("timeout_seconds", 1.0))
-        self.refresh = float(o.get("refresh_seconds", 3600.0))
-        self.endpoints = dict(o.get("endpoints", {}))
+    def __init__(self, options: CloudOptions | Mapping[str, Any] | None = None) -> None:
+        o = self.options = parse(CloudOptions, options)
+        self.enabled = o.enabled
+        self.providers = tuple(o.providers)
+        self.label_names = tuple(o.labels)
+        self.timeout = o.timeout_seconds
+        self.refresh = o.refresh_seconds
+        self.endpoints = dict(o.endpoints)
         self.identity: CloudIdentity | None = None
         self._labels: dict[str, str] = {}
 

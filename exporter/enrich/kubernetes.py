@@ -46,17 +46,14 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..model import Device, Labels
 from .cgroup_pods import ContainerRef, PidCache
 from .kube_pods import PodLister, PodMeta, in_cluster_server, workload_name
+from .options import DEFAULT_SOCKET, KubernetesOptions, parse  # noqa: F401 - DEFAULT_SOCKET importable here
 from .pod_index import (  # noqa: F401 - the index's names stay importable from here
-    DEFAULT_SOCKET,
     ClaimDevice,
     ContainerDevices,
     ContainerResources,
-    KubernetesOptions,
     PodRef,
     PodResources,
     SeriesLabeler,
@@ -77,24 +74,17 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------
 
 
-def parse_options(options: Mapping[str, Any] | None) -> KubernetesOptions:
-    try:
-        return KubernetesOptions.model_validate(dict(options or {}))
-    except ValidationError as e:
-        parts = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"])
-            msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
-            parts.append(f"{loc}: {msg}")
-        raise ValueError("; ".join(parts)) from None
+def parse_options(options: KubernetesOptions | Mapping[str, Any] | None) -> KubernetesOptions:
+    return parse(KubernetesOptions, options)
 
 
 class PodResourcesEnricher:
     """Cached GPU -> pods index and PID -> pod cache; ``run()`` refreshes both in the background."""
 
-    def __init__(self, options: Mapping[str, Any] | None = None, procfs: str | os.PathLike = "/proc") -> None:
+    def __init__(self, options: KubernetesOptions | Mapping[str, Any] | None = None,
+                 procfs: str | os.PathLike = "/proc") -> None:
         o = self.options = parse_options(options)
-        self.enabled = o.enabled
+        self.enabled = o.enabled is not False  # None (auto) is decided by the loader: built, it runs
         self.socket = o.socket
         self.refresh = o.refresh_seconds
         self.timeout = o.timeout_seconds

@@ -9,50 +9,17 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from ..model import Device, Labels
+from .options import DEFAULT_DRA_DRIVERS, DEFAULT_RESOURCES, DEFAULT_SOCKET  # noqa: F401 - importable here
 
 log = logging.getLogger("exporter.enrich.kubernetes")
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
-DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu",
-                     "gpu.intel.com/i915", "gpu.intel.com/xe")
-DEFAULT_DRA_DRIVERS = ("gpu.nvidia.com", "*.nvidia.com", "gpu.amd.com", "*.amd.com", "gpu.intel.com",
-                       "*.intel.com")
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _LABEL_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 
-
-
-class KubernetesOptions(BaseModel):
-    """``enrich.kubernetes`` in the configuration file."""
-
-    model_config = ConfigDict(extra="forbid")
-    enabled: bool = True
-    socket: str = DEFAULT_SOCKET
-    # every period bounded below: a loop every microsecond spins a core
-    refresh_seconds: float = Field(30.0, ge=0.1, le=3600)
-    timeout_seconds: float = Field(5.0, ge=0.01, le=120)
-    resource_names: list[str] = list(DEFAULT_RESOURCES)
-    dra_drivers: list[str] = list(DEFAULT_DRA_DRIVERS)
-    # pod labels copied onto attributed series as label_<name> (sanitised), exact keys
-    pod_labels: list[str] = Field(default_factory=list, max_length=32)
-    # the pod label whose value becomes the `workload` label; without it the owning controller
-    workload_label: str = "app.kubernetes.io/name"
-    # API server pod list (labels, workload, PID -> pod): auto = where in-cluster credentials exist
-    api: Literal["auto", "on", "off"] = "auto"
-    api_server: str | None = None  # default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
-    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-    node_name: str | None = None  # default: $NODE_NAME (downward API)
-    max_pods: int = Field(1000, ge=1, le=100000)
-    # how often new per-process PIDs are resolved to pods; the cache of PID -> pod is bounded
-    pid_refresh_seconds: float = Field(2.0, ge=0.1, le=600)
-    pid_cache_size: int = Field(8192, ge=16, le=1_000_000)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,121 @@
+"""The ``enrich:`` section of the configuration file, as strict pydantic models.
+
+Validated with the rest of the file (``config.Config``): an unknown section or key, a period out
+of range or a value of the wrong type is a configuration error naming file, line and field.  The
+models import nothing heavy, so a node without Kubernetes never loads the enricher's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# cloud metadata (cloud.py)
+CLOUD_LABELS = ("cloud", "region", "zone", "instance_type", "instance_id")
+PROVIDERS = ("aws", "azure", "gcp")
+
+# pod attribution (kubernetes.py, pod_index.py)
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu",
+                     "gpu.intel.com/i915", "gpu.intel.com/xe")
+DEFAULT_DRA_DRIVERS = ("gpu.nvidia.com", "*.nvidia.com", "gpu.amd.com", "*.amd.com", "gpu.intel.com",
+                       "*.intel.com")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _known(kind: str, values: list[str], known: tuple[str, ...]) -> list[str]:
+    bad = [v for v in values if v not in known]
+    if bad:
+        raise ValueError(f"unknown {kind}(s) {', '.join(bad)} (known: {', '.join(known)})")
+    return values
+
+
+class CloudOptions(_Strict):
+    """``enrich.cloud``: cloud identity labels from the instance metadata services."""
+
+    enabled: bool = True
+    providers: list[str] = list(PROVIDERS)
+    # every period finite and bounded below: a loop every microsecond spins a core
+    timeout_seconds: float = Field(1.0, ge=0.01, le=86400, allow_inf_nan=False)
+    refresh_seconds: float = Field(3600.0, ge=0.1, le=86400, allow_inf_nan=False)
+    labels: list[str] = list(CLOUD_LABELS)  # which of the five to emit
+    endpoints: dict[str, str] = {}  # base URL per provider (tests point these at fake servers)
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _boolean(cls, value: Any) -> Any:
+        if not isinstance(value, bool):  # "false" read as true would keep probing on
+            raise ValueError(f"must be true or false (a YAML boolean), got {value!r}")
+        return value
+
+    @field_validator("providers")
+    @classmethod
+    def _providers(cls, value: list[str]) -> list[str]:
+        return _known("provider", value, PROVIDERS)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: list[str]) -> list[str]:
+        return _known("label", value, CLOUD_LABELS)
+
+
+class KubernetesOptions(_Strict):
+    """``enrich.kubernetes``: pod attribution."""
+
+    enabled: bool | None = None  # None: on where the kubelet's pod-resources socket exists
+    socket: str = DEFAULT_SOCKET
+    # every period bounded below: a loop every microsecond spins a core
+    refresh_seconds: float = Field(30.0, ge=0.1, le=3600, allow_inf_nan=False)
+    timeout_seconds: float = Field(5.0, ge=0.01, le=120, allow_inf_nan=False)
+    resource_names: list[str] = list(DEFAULT_RESOURCES)
+    dra_drivers: list[str] = list(DEFAULT_DRA_DRIVERS)
+    # pod labels copied onto attributed series as label_<name> (sanitised), exact keys
+    pod_labels: list[str] = Field(default_factory=list, max_length=32)
+    # the pod label whose value becomes the `workload` label; without it the owning controller
+    workload_label: str = "app.kubernetes.io/name"
+    # API server pod list (labels, workload, PID -> pod): auto = where in-cluster credentials exist
+    api: Literal["auto", "on", "off"] = "auto"
+    api_server: str | None = None  # default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    node_name: str | None = None  # default: $NODE_NAME (downward API)
+    max_pods: int = Field(1000, ge=1, le=100000)
+    # how often new per-process PIDs are resolved to pods; the cache of PID -> pod is bounded
+    pid_refresh_seconds: float = Field(2.0, ge=0.1, le=600, allow_inf_nan=False)
+    pid_cache_size: int = Field(8192, ge=16, le=1_000_000)
+
+
+class EnrichConfig(_Strict):
+    """``enrich:``; a section left out (or empty) has its defaults."""
+
+    cloud: CloudOptions = CloudOptions()
+    kubernetes: KubernetesOptions | None = None  # None: no section in the file
+
+    @field_validator("cloud", mode="before")
+    @classmethod
+    def _empty_cloud(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], options: M | Mapping[str, Any] | None) -> M:
+    """``options`` as ``model`` (an enricher built from a plain dict, as tests and tools do);
+    a ValueError names each bad field."""
+    if isinstance(options, model):
+        return options
+    try:
+        return model.model_validate(dict(options or {}))
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
+            parts.append(f"{loc}: {msg}")
+        raise ValueError("; ".join(parts)) from None
