@@ -275,6 +275,15 @@ class Mapper:
     def state_size(self) -> int:
         return len(self._raw) + len(self._totals)
 
+    def carry_over(self, prev: Mapper, raw: bool) -> None:
+        """A reload: continue ``prev``'s counter totals (a counter never goes back) and, with
+        ``raw`` (the mapping rules are unchanged: raw keys name rules by position), the readings
+        behind its rates and deltas."""
+        self._poll = prev._poll
+        self._totals = dict(prev._totals)
+        if raw:
+            self._raw = dict(prev._raw)
+
     def _derive(self, series: dict[SeriesKey, float]) -> None:
         if not self._derived:
             return

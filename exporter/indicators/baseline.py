@@ -98,6 +98,13 @@ class BaselineStore:
                 b = self._data.setdefault(device, {}).setdefault(metric, b)
         return b
 
+    def adopt(self, other: BaselineStore) -> None:
+        """Continue with what ``other`` learned (a reload: newer in memory than in any file)."""
+        with self._lock:
+            self._data = other._data
+            self._restored = other._restored
+            self.flagged = other.flagged
+
     def peek(self, device: str, metric: str) -> RobustBaseline | None:
         return self._data.get(device, {}).get(metric)
 

@@ -131,6 +131,18 @@ class IndicatorEngine:
         price = match_price(self.config.cost.prices, vendor, model, cloud)
         self._info[device_id] = _DeviceInfo(vendor, model, cloud, price)
 
+    def carry_over(self, prev: IndicatorEngine) -> None:
+        """A reload keeps what ``prev`` learned: its baselines and the per-device counters, which
+        must never go back (gpu_memory_contention_seconds_total, the cost counter), and how long
+        a deviation or drop has been held (a reload neither resets nor re-raises it)."""
+        self.baselines.adopt(prev.baselines)
+        for device_id, st in prev._devices.items():
+            fresh = self._state(device_id)
+            fresh.contention_seconds = dict(st.contention_seconds)
+            fresh.cost_dollars = st.cost_dollars
+            fresh.flagged_seconds = dict(st.flagged_seconds)
+            fresh.idle_seconds, fresh.drop_seconds, fresh.state = st.idle_seconds, st.drop_seconds, st.state
+
     def save_state(self) -> None:
         """Persist the learned baselines (no-op without a state directory; never raises).
 
