@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
+from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource  # noqa: E402
 
 FDINFO = ("pos:\t0\nflags:\t02100002\nmnt_id:\t26\nino:\t{ino}\ndrm-driver:\txe\ndrm-client-id:\t{cid}\n"
@@ -63,7 +64,7 @@ def main() -> None:
         card = Path(tmp) / "sys" / "class" / "drm" / "card0"  # the GPU the clients use (xe)
         card.mkdir(parents=True)
         (card / "device").symlink_to("../../../devices/pci0000:00/0000:00:01.0/0000:03:00.0")
-        src = DrmFdinfoSource(procfs=root, sysfs=Path(tmp) / "sys", options={"top_n": 5})
+        src = DrmFdinfoSource(SourceContext(sysfs=Path(tmp) / "sys", procfs=root, options={"top_n": 5}))
         src.open()
         times = []
         for i in range(args.polls):

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.mapper import Mapper  # noqa: E402
 from exporter.pipeline import poll_and_map  # noqa: E402
 from exporter.sources.amdgpu_sysfs import AmdgpuSysfsSource, default_reader  # noqa: E402
+from exporter.sources.context import SourceContext
 from exporter.store import SourceState, Store  # noqa: E402
 from exporter.testing import load_mappings  # noqa: E402
 
@@ -33,7 +34,7 @@ def traced_files(tree: Path) -> list[Path]:
             seen.append(Path(path))
         return default_reader(path)
 
-    src = AmdgpuSysfsSource(sysfs=tree, options={"pcie_bw": False}, reader=reader)
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tree, options={"pcie_bw": False}), reader=reader)
     src.open()
     try:
         recording = True
@@ -62,7 +63,7 @@ def source_cpu(tree: Path, cycles: int = 50, keep_open: str = "always") -> dict[
     """In-process CPU per cycle of poll() and of poll() + map (pcie_bw threads off; attribute files
     kept open as on a sysfs mount, unless ``keep_open="never"``)."""
     mappings = load_mappings()
-    src = AmdgpuSysfsSource(sysfs=tree, options={"pcie_bw": False, "keep_open": keep_open})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tree, options={"pcie_bw": False, "keep_open": keep_open}))
     src.open()
     store, state, mapper = Store(), SourceState("amdgpu"), Mapper(mappings)
     store.add(state)

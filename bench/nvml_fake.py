@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.mapper import Mapper  # noqa: E402
 from exporter.pipeline import poll_and_map  # noqa: E402
+from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource  # noqa: E402
 from exporter.store import SourceState, Store  # noqa: E402
 from exporter.testing import load_mappings  # noqa: E402
@@ -66,7 +67,7 @@ def run(gpus: int = 8, polls: int = 200, warmup: int = 5) -> dict:
     fake = pf.make_module([pf.h100(i) for i in range(gpus)])
     acc = _instrument(fake)
     clock = _Clock()
-    src = NvmlSource(module=fake, clock=clock, options={"xid": False})
+    src = NvmlSource(SourceContext(options={"xid": False}), module=fake, clock=clock)
     src.open()
     mappings = load_mappings()
     store, state, mapper = Store(), SourceState("nvml"), Mapper(mappings)

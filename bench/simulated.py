@@ -20,6 +20,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import REPO, Proc, exporter_cmd, free_port, idle_cpu, metric_value, scrape_load  # noqa: E402
+from exporter.sources.context import SourceContext
 
 DEMO = REPO / "mappings" / "scenarios" / "demo.yaml"
 
@@ -141,7 +142,7 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
     from exporter.textformat import render as write_exposition
 
     mappings = load_mappings()
-    src = SimulatorSource(options={"scenario": str(write_scenario(tmp, devices))}, mappings=mappings)
+    src = SimulatorSource(SourceContext(options={"scenario": str(write_scenario(tmp, devices))}, mappings=mappings))
     src.open()
     store, state, mapper = Store(), SourceState("simulator"), Mapper(mappings)
     store.add(state)

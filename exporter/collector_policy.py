@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
+from .sources.options import Options, SimulatorOptions
 from .sources.registry import COLLECTORS, Collector
 
 if TYPE_CHECKING:
@@ -50,18 +51,20 @@ def missing_backend_state(explicit: bool, was_up: bool) -> Literal["down", "abse
     return "down" if explicit or was_up else "absent"
 
 
-def collector_options(col: Collector, settings: Settings, config: Config) -> dict[str, Any]:
-    """The options a collector's source is created with (the simulator's come from the flags
-    first, then from the ``simulate`` config section)."""
-    options = config.collector(col.name).options_dict()
-    if col.name == "simulator":
-        options.setdefault("scenario", settings.simulate or "demo")
-        if settings.simulate_phase:
-            options["phase"] = settings.simulate_phase
-        if settings.simulate_host:
-            options["host"] = settings.simulate_host
-        options.update({k: v for k, v in config.simulate.options_dict().items() if k not in options})
-    return options
+def collector_options(col: Collector, settings: Settings, config: Config) -> Options:
+    """The typed options a collector's source is created with (the simulator's come from the
+    flags first, then ``collectors.simulator.options``, then the ``simulate`` config section)."""
+    typed = config.collector(col.name).options
+    if col.name != "simulator":
+        return typed
+    options = typed.options_dict()
+    options.setdefault("scenario", settings.simulate or "demo")
+    if settings.simulate_phase:
+        options["phase"] = settings.simulate_phase
+    if settings.simulate_host:
+        options["host"] = settings.simulate_host
+    options.update({k: v for k, v in config.simulate.options_dict().items() if k not in options})
+    return SimulatorOptions.model_validate(options)
 
 
 def interval_and_timeout(cconf: CollectorConfig, poll_interval: float) -> tuple[float, float]:

@@ -24,18 +24,18 @@ from .enrich.cloud import CloudEnricher
 from .exposition import Rendered, Renderer
 from .indicator_feed import IndicatorFeed
 from .loading import Loaded, prepare
-from .mapper import Mapper
 from .mapping import MappingSet
 from .model import Labels
 from .periodic import Ticker
 from .reload_carry import carry_indicator_state, carry_mapper_state
 from .render_cycle import pod_labels, present_only, snapshot
-from .runner import FAST_METRICS, REOPEN_INTERVAL, SourceRunner
+from .runner import FAST_METRICS, REOPEN_INTERVAL, SourceRunner, build_runner
 from .schema import Schema
 from .settings import Settings
-from .sources.base import SourceUnavailable, abilities_of
-from .sources.registry import Collector, create_source, source_kwargs
-from .store import SourceState, Store
+from .sources.base import abilities_of
+from .sources.context import SourceContext
+from .sources.registry import Collector
+from .store import Store
 from .worker import Worker
 from .yamlfile import ConfigError
 
@@ -126,33 +126,17 @@ class Daemon:
         return enabled_collectors(self.settings, self.config)
 
     def build_runtimes(self) -> None:
-        """A fresh store and one runner per enabled collector (a source that cannot even be
-        created is kept, down or absent, so its reason shows in the self-metrics)."""
+        """A fresh store and one runner per enabled collector (``runner.build_runner``)."""
         assert self.mappings is not None
         self.store = Store()
+        wanted = self.mappings.raw_fields()  # per mapping file, the raw fields it maps
         self.runtimes = []
         for col, explicit in self.enabled_collectors():
-            options = collector_options(col, self.settings, self.config)
-            state = SourceState(col.name, explicit=explicit)
-            try:
-                source = create_source(col, **source_kwargs(self.settings.sysfs, self.settings.procfs,
-                                                            options, mappings=self.mappings))
-            except SourceUnavailable as exc:
-                source = None
-                state.state, state.reason = ("down" if explicit else "absent"), str(exc)
-            except Exception as exc:  # bad options reach here: source off, reason visible
-                source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
-                state.errors["exception"] += 1
-                log.error("source cannot start", extra={"source": col.name, "reason": state.reason})
-            abilities = abilities_of(source)
-            if source is not None:
-                state.secondary = abilities.secondary
-                state.provides_identity = abilities.provides_identity
+            context = SourceContext(self.settings.sysfs, self.settings.procfs,
+                                    collector_options(col, self.settings, self.config), wanted, self.mappings)
             interval, timeout = interval_and_timeout(self.config.collector(col.name), self.poll_interval)
-            self.store.add(state)
-            fast = Mapper(self.mappings) if source is not None and abilities.fast_poll else None
-            self.runtimes.append(SourceRunner(col, source, state, Mapper(self.mappings), interval,
-                                              timeout, Worker(col.name), fast, self.store))
+            self.runtimes.append(build_runner(col, explicit, context, self.mappings, interval, timeout,
+                                              self.store))
 
     async def poll_once(self, rt: SourceRunner) -> bool:
         return await rt.poll_once()  # True when the poll succeeded

@@ -9,6 +9,7 @@ resets, the previous value for rates), is ``exporter.mapper.Mapper``, one per so
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -217,6 +218,7 @@ class MappingSet:
     def __init__(self, schema: Schema, mappings: dict[str, CompiledMapping]):
         self.schema = schema
         self.mappings = mappings
+        self._raw_fields: dict[frozenset[str] | None, dict[str, frozenset[str]]] = {}
 
     @classmethod
     def load_dir(cls, directory: Path, schema: Schema) -> MappingSet:
@@ -236,6 +238,19 @@ class MappingSet:
 
     def get(self, name: str) -> CompiledMapping | None:
         return self.mappings.get(name)
+
+    def raw_fields(self, metrics: Collection[str] | None = None) -> dict[str, frozenset[str]]:
+        """Per mapping file, the raw fields its rules map (only the rules feeding ``metrics``,
+        when given): what a source need read, and what a fast poll need map.  Computed once per
+        set of metrics (a loaded set does not change)."""
+        key = None if metrics is None else frozenset(metrics)
+        table = self._raw_fields.get(key)
+        if table is None:
+            table = self._raw_fields[key] = {
+                name: frozenset(raw for raw, rules in cm.rules.items()
+                                if key is None or any(r.metric in key for r in rules))
+                for name, cm in self.mappings.items()}
+        return table
 
 
 __all__ = ["CompiledMapping", "MappingSet", "Rule", "load_mapping"]

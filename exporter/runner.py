@@ -23,30 +23,15 @@ from .mapping import MappingSet
 from .model import FAST_METRICS
 from .periodic import Ticker
 from .pipeline import Cycle, poll_and_map
-from .sources.base import PollFailed, Source, SourceUnavailable
-from .sources.registry import Collector
+from .sources.base import PollFailed, Source, SourceUnavailable, abilities_of
+from .sources.context import SourceContext
+from .sources.registry import Collector, create_source
 from .store import SourceState, Store
 from .worker import Worker
 
 log = logging.getLogger("unified_gpu_exporter")
 
 REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
-
-_fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
-
-
-def fast_fields(mappings: MappingSet) -> dict[str, frozenset[str]]:
-    """Per mapping file, the raw fields that feed a FAST_METRICS series (cached per load)."""
-    global _fast_fields_for
-    cached = _fast_fields_for
-    if cached is None or cached[0] is not mappings:
-        table = {name: frozenset(raw for raw, rules in cm.rules.items()
-                                 if any(r.metric in FAST_METRICS for r in rules))
-                 for name, cm in mappings.mappings.items()}
-        cached = (mappings, table)
-        _fast_fields_for = cached
-    return cached[1]
-
 
 @dataclass
 class SourceRunner:
@@ -188,7 +173,7 @@ class SourceRunner:
 
     def _fast_cycle(self, mappings: MappingSet) -> Cycle:
         assert self.source is not None and self.store is not None and self.fast_mapper is not None
-        fields = fast_fields(mappings)
+        fields = mappings.raw_fields(FAST_METRICS)  # raw fields that feed a FAST_METRICS series
 
         def keep(r: Any, devices: dict) -> bool:  # map only what can end up in the fast overlay
             d = devices.get(r.device)
@@ -242,3 +227,27 @@ class SourceRunner:
             except Exception as exc:  # noqa: BLE001
                 log.warning("source close failed", extra={"source": self.state.name, "reason": str(exc)})
         self.worker.stop()
+
+
+def build_runner(col: Collector, explicit: bool, context: SourceContext, mappings: MappingSet,
+                 interval: float, timeout: float, store: Store) -> SourceRunner:
+    """The runner of one enabled collector, its state added to ``store``.  A source that cannot
+    even be created is kept, down or absent, so its reason shows in the self-metrics."""
+    state = SourceState(col.name, explicit=explicit)
+    source: Source | None
+    try:
+        source = create_source(col, context)
+    except SourceUnavailable as exc:
+        source = None
+        state.state, state.reason = ("down" if explicit else "absent"), str(exc)
+    except Exception as exc:  # bad options reach here: source off, reason visible
+        source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
+        state.errors["exception"] += 1
+        log.error("source cannot start", extra={"source": col.name, "reason": state.reason})
+    abilities = abilities_of(source)
+    if source is not None:
+        state.secondary = abilities.secondary
+        state.provides_identity = abilities.provides_identity
+    store.add(state)
+    fast = Mapper(mappings) if source is not None and abilities.fast_poll else None
+    return SourceRunner(col, source, state, Mapper(mappings), interval, timeout, Worker(col.name), fast, store)

@@ -18,8 +18,7 @@ def _dev(n: int) -> Device:
 class GoodSource:
     name: ClassVar[str] = "good"
 
-    def __init__(self, options=None):
-        self.options = options or {}
+    def __init__(self, context=None):  # a SourceContext (registry.create_source)
         self.polls = 0
 
     def open(self) -> None:

@@ -17,6 +17,7 @@ from exporter.sources.amdgpu_sysfs import (
     parse_pcie_bw,
 )
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.testing import map_source_once, values_of
 from tests.amd_fixture_tree import (
     MI300X_CARDS,
@@ -130,7 +131,7 @@ def _by_device(sample):
 
 
 def test_real_cards_raw_readings_and_identity(real_node):
-    src = AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=real_node, options={"pcie_bw": False}))
     src.open()
     try:
         sample = src.poll()
@@ -152,7 +153,7 @@ def test_real_cards_raw_readings_and_identity(real_node):
 
 
 def test_real_cards_canonical_values(real_node):
-    series = map_source_once(AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False}))
+    series = map_source_once(AmdgpuSysfsSource(SourceContext(sysfs=real_node, options={"pcie_bw": False})))
 
     def one(metric, gpu, **labels):
         vals = values_of(series, metric, gpu=gpu, vendor="amd", **labels)
@@ -210,7 +211,7 @@ def test_real_cards_canonical_values(real_node):
 def test_invalid_gpu_metrics_is_counted_and_the_rest_of_the_card_survives(tmp_path, shared_fixtures):
     bad = (shared_fixtures / "amd" / "gpu_metrics_invalid_mangohud.bin").read_bytes()
     arrange_real_card(tmp_path, shared_fixtures, "rx6900xt", 0, bad)
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     sample = src.poll()
     src.close()
@@ -229,7 +230,7 @@ def test_mi300x_node_discovers_card10_and_maps_v1_5_tables(tmp_path):
     os.makedirs(tmp_path / "class" / "drm" / "card0-DP-1")          # connector: not a card
     add_card(tmp_path, 12, "0000:99:00.0", {"uevent": "DRIVER=i915\nPCI_SLOT_NAME=0000:99:00.0\n",
                                              "gpu_busy_percent": "7\n"})  # another driver
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     series = map_source_once(src)
     assert sorted(int(d.index) for d in src.devices) == list(MI300X_CARDS)
     for i, number in enumerate(MI300X_CARDS):
@@ -265,7 +266,7 @@ def test_mi300x_node_discovers_card10_and_maps_v1_5_tables(tmp_path):
 def test_gpu_busy_percent_eopnotsupp_is_counted_not_zero(tmp_path):
     devs = arrange_mi300x_node(tmp_path, cards=(0, 10))
     reader = failing_reader({devs[10] / "gpu_busy_percent": errno.EOPNOTSUPP})
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False}, reader=reader)
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}), reader=reader)
     src.open()
     sample = src.poll()
     src.close()
@@ -275,7 +276,7 @@ def test_gpu_busy_percent_eopnotsupp_is_counted_not_zero(tmp_path):
     assert raw[mi300x_pci(1)]["mem_busy_percent"] == 81
     assert raw[mi300x_pci(0)]["gpu_busy_percent"] == 50
     # canonical: utilization falls back to gpu_metrics average_gfx_activity (51 in card10's table)
-    series = map_source_once(AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False}, reader=reader))
+    series = map_source_once(AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}), reader=reader))
     assert values_of(series, "gpu_compute_utilization_percent", gpu="10") == [51]
 
 
@@ -283,7 +284,7 @@ def test_unreadable_file_as_directory_is_a_read_error(tmp_path):
     devs = arrange_mi300x_node(tmp_path, cards=(0,))
     (devs[0] / "gpu_busy_percent").unlink()
     (devs[0] / "gpu_busy_percent").mkdir()            # open() fails with EISDIR, even as root
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     sample = src.poll()
     src.close()
@@ -293,9 +294,9 @@ def test_unreadable_file_as_directory_is_a_read_error(tmp_path):
 
 def test_no_cards_is_unavailable_and_lost_card_is_reported(tmp_path):
     with pytest.raises(SourceUnavailable, match="no amdgpu cards"):
-        AmdgpuSysfsSource(sysfs=tmp_path).open()
+        AmdgpuSysfsSource(SourceContext(sysfs=tmp_path)).open()
     devs = arrange_mi300x_node(tmp_path, cards=(0, 1))
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     os.rename(devs[1], devs[1].with_name("gone"))
     sample = src.poll()
@@ -327,8 +328,7 @@ def test_pcie_bw_is_read_off_the_poll_thread_and_integrated(tmp_path, shared_fix
             poll_thread_reads.append(path.name)
         return default_reader(path)
 
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw_interval": 0.0}, reader=reader,
-                            clock=lambda: next(clock_values))
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw_interval": 0.01}), reader=reader, clock=lambda: next(clock_values))
     src.open()
     try:
         assert src.pcie_bw_ready(5)
@@ -358,14 +358,14 @@ def test_pcie_bw_empty_file_is_malformed_and_apu_enodata_stops_the_thread(tmp_pa
             raise OSError(errno.ENODATA, "No data available")
         return default_reader(path)
 
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw_interval": 0.01}, reader=reader)
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw_interval": 0.01}), reader=reader)
     src.open()
     assert src.pcie_bw_ready(5)
     sample = src.poll()
     src.close()
     assert sample.errors["malformed_value"] >= 1
     assert not any(r.field.startswith("pcie_bw") for r in sample.readings)
-    apu = AmdgpuSysfsSource(sysfs=tmp_path / "apu", options={"pcie_bw_interval": 0.01}, reader=reader)
+    apu = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path / "apu", options={"pcie_bw_interval": 0.01}), reader=reader)
     apu.open()
     assert apu.pcie_bw_ready(5)
     first = apu.poll()
@@ -375,7 +375,7 @@ def test_pcie_bw_empty_file_is_malformed_and_apu_enodata_stops_the_thread(tmp_pa
 
 def test_poll_fast_reads_the_busy_files_only_where_both_are_there(tmp_path):
     arrange_mi300x_node(tmp_path)
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     try:
         fast = src.poll_fast()
@@ -394,13 +394,13 @@ def test_poll_fast_reads_the_busy_files_only_where_both_are_there(tmp_path):
 
 def test_kept_open_files_read_fresh_values_and_survive_unplug_and_replug(tmp_path):
     devs = arrange_mi300x_node(tmp_path, cards=(0, 1))
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False, "keep_open": "always"})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False, "keep_open": "always"}))
     src.open()
     try:
         first = src.poll()
         kept = src._kept  # noqa: SLF001
         assert kept is not None and len(kept.fds) > 20
-        plain = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False, "keep_open": "never"})
+        plain = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False, "keep_open": "never"}))
         plain.open()
         assert plain._kept is None  # noqa: SLF001
         def rows(sample):
@@ -484,8 +484,8 @@ def test_with_the_mapping_set_unmapped_files_and_table_fields_are_not_read(real_
         with open(path, "rb") as fh:
             return fh.read()
 
-    full = map_source_once(AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False}), mappings=mappings)
-    src = AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False}, reader=reader, mappings=mappings)
+    full = map_source_once(AmdgpuSysfsSource(SourceContext(sysfs=real_node, options={"pcie_bw": False})), mappings=mappings)
+    src = AmdgpuSysfsSource(SourceContext(sysfs=real_node, options={"pcie_bw": False}, wanted=mappings.raw_fields()), reader=reader)
     lean = map_source_once(src, mappings=mappings)
     assert lean == full
     src.open()
@@ -500,7 +500,7 @@ def test_with_the_mapping_set_unmapped_files_and_table_fields_are_not_read(real_
     assert not names & {"power1_cap_min", "power1_cap_default", "pp_dpm_dclk"}, sorted(names)
     assert {"gpu_busy_percent", "power1_cap", "gpu_metrics", "pp_dpm_sclk"} <= names
     # no mapping set (a tool, a test): everything is read, as before
-    plain = AmdgpuSysfsSource(sysfs=real_node, options={"pcie_bw": False})
+    plain = AmdgpuSysfsSource(SourceContext(sysfs=real_node, options={"pcie_bw": False}))
     plain.open()
     try:
         fields = {r.field for r in plain.poll().readings}
@@ -528,7 +528,7 @@ def test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing(tmp_path
         with open(path, "rb") as fh:
             return fh.read()
 
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     try:
         by_card = {}
@@ -540,7 +540,7 @@ def test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing(tmp_path
     assert by_card[both] == {"gpu_busy_percent", "mem_busy_percent"}
     assert "gpu_metrics.average_umc_activity" in by_card[missing]
     # a busy file that fails at run time: the table stands in on that poll
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False}, reader=reader)
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}), reader=reader)
     src.open()
     try:
         fields = {r.field for r in src.poll_fast().readings if r.device == both}
@@ -563,7 +563,7 @@ def test_pcie_bw_threads_keep_their_own_descriptor_and_close_it(tmp_path, shared
                 pass
         return n
 
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw_interval": 0.05, "keep_open": "always"})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw_interval": 0.05, "keep_open": "always"}))
     src.open()
     try:
         assert src.pcie_bw_ready(5)

@@ -10,6 +10,7 @@ import pytest
 
 from exporter.sources.amdsmi import AmdsmiSource, import_amdsmi
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.testing import map_source_once, values_of
 from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
 
@@ -114,7 +115,7 @@ def fake_amdsmi(bdfs, unsupported=(), process_list=None) -> types.SimpleNamespac
 def test_identity_matches_the_sysfs_source_and_readings(tmp_path):
     arrange_mi300x_node(tmp_path, cards=(0, 10))
     smi = fake_amdsmi([mi300x_pci(0), mi300x_pci(1)])
-    src = AmdsmiSource(sysfs=tmp_path, options={}, module=smi)
+    src = AmdsmiSource(SourceContext(sysfs=tmp_path, options={}), module=smi)
     src.open()
     assert smi.state["init"] == AmdSmiInitFlags.INIT_AMD_GPUS
     sample = src.poll()
@@ -148,7 +149,7 @@ def test_identity_matches_the_sysfs_source_and_readings(tmp_path):
 def test_canonical_ecc_series(tmp_path):
     arrange_mi300x_node(tmp_path, cards=(0,))
     smi = fake_amdsmi([mi300x_pci(0)], unsupported={"amdsmi_get_link_metrics"})
-    series = map_source_once(AmdsmiSource(sysfs=tmp_path, module=smi))
+    series = map_source_once(AmdsmiSource(SourceContext(sysfs=tmp_path), module=smi))
     uuid = f"{0x1122334455660000:016x}"
     assert values_of(series, "gpu_ecc_errors_total", gpu="0", uuid=uuid, severity="corrected") == [10, 7]
     assert values_of(series, "gpu_ecc_errors_total", gpu="0", severity="corrected", block="umc") == [7]
@@ -172,11 +173,11 @@ def test_processes_are_opt_in_bounded_and_rate_mapped(tmp_path):
         return procs
 
     smi = fake_amdsmi([mi300x_pci(0)], process_list=process_list)
-    off = AmdsmiSource(sysfs=tmp_path, module=smi)
+    off = AmdsmiSource(SourceContext(sysfs=tmp_path), module=smi)
     off.open()
     assert not any(r.field.startswith("process.") for r in off.poll().readings)
     off.close()
-    src = AmdsmiSource(sysfs=tmp_path, module=smi, options={"processes": True, "process_top_n": 2})
+    src = AmdsmiSource(SourceContext(sysfs=tmp_path, options={"processes": True, "process_top_n": 2}), module=smi)
     src.open()
     sample = src.poll()
     series = map_source_once(src, opened=True)
@@ -194,7 +195,7 @@ def test_processes_are_opt_in_bounded_and_rate_mapped(tmp_path):
 def test_unavailable_when_init_fails_or_no_gpus(tmp_path):
     smi = fake_amdsmi([])
     with pytest.raises(SourceUnavailable, match="no AMD GPUs"):
-        AmdsmiSource(sysfs=tmp_path, module=smi).open()
+        AmdsmiSource(SourceContext(sysfs=tmp_path), module=smi).open()
 
     def boom(*_):
         raise OSError("libamd_smi.so: cannot open shared object file")
@@ -202,7 +203,7 @@ def test_unavailable_when_init_fails_or_no_gpus(tmp_path):
     smi2 = fake_amdsmi(["0000:01:00.0"])
     smi2.amdsmi_init = boom
     with pytest.raises(SourceUnavailable, match="amdsmi init failed: OSError"):
-        AmdsmiSource(sysfs=tmp_path, module=smi2).open()
+        AmdsmiSource(SourceContext(sysfs=tmp_path), module=smi2).open()
 
 
 def test_import_guard_swallows_keyerror_and_stdout_noise(tmp_path, capfd, monkeypatch):
@@ -230,4 +231,4 @@ def test_import_guard_swallows_keyerror_and_stdout_noise(tmp_path, capfd, monkey
 def test_open_without_the_binding_is_unavailable(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # import raises ModuleNotFoundError
     with pytest.raises(SourceUnavailable, match="cannot import amdsmi: ModuleNotFoundError"):
-        AmdsmiSource(sysfs=tmp_path).open()
+        AmdsmiSource(SourceContext(sysfs=tmp_path)).open()

@@ -9,6 +9,7 @@ import pytest
 
 from exporter.sources import dcgm as dcgm_mod
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.dcgm import DcgmSource
 from exporter.testing import map_source_once, values_of
 
@@ -60,7 +61,7 @@ A100_VALUES = {0: {1001: 0.995630, 1002: 0.90, 1003: 0.4125, 1004: 0.929260, 100
 
 def test_raw_fields_by_id_and_blank_sentinels():
     mods, created = fake_bindings(A100_VALUES)
-    src = DcgmSource(module=mods, options={"update_interval_s": 0.5})
+    src = DcgmSource(SourceContext(options={"update_interval_s": 0.5}), module=mods)
     src.open()
     try:
         s1, s2 = src.poll(), src.poll()

@@ -11,6 +11,7 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from tests.e2e_util import ProcessSet, Server, free_port, http_get, wait_until
 from tests.fakes import pynvml_fake as pf
@@ -22,7 +23,7 @@ def _readings(sample):
 
 def test_nvml_counts_clients_by_default_without_names_or_memory(tmp_path):
     fake = pf.make_module([pf.h100(0)])
-    src = NvmlSource(module=fake, procfs=tmp_path, options={"xid": False})
+    src = NvmlSource(SourceContext(procfs=tmp_path, options={"xid": False}), module=fake)
     src.open()
     try:
         r = _readings(src.poll())
@@ -38,7 +39,7 @@ def test_nvml_counts_clients_by_default_without_names_or_memory(tmp_path):
 
 def test_nvml_processes_off_reads_nothing():
     fake = pf.make_module([pf.h100(0)])
-    src = NvmlSource(module=fake, options={"xid": False, "processes": "off"})
+    src = NvmlSource(SourceContext(options={"xid": False, "processes": "off"}), module=fake)
     src.open()
     try:
         r = _readings(src.poll())
@@ -50,7 +51,7 @@ def test_nvml_processes_off_reads_nothing():
 
 def test_nvml_mig_counts_compute_contexts_per_instance():
     fake = pf.make_module([pf.h100_mig_shared(0)])
-    src = NvmlSource(module=fake, options={"xid": False})
+    src = NvmlSource(SourceContext(options={"xid": False}), module=fake)
     src.open()
     try:
         r = _readings(src.poll())
@@ -181,7 +182,7 @@ def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
 
     proc, sysfs, advance = _fdinfo_node(tmp_path, host_pid_namespace)
     clock = _Clock()
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, clock=clock)  # default options: count
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc), clock=clock)  # default options: count
     src.open()
     store, state = Store(), SourceState("fdinfo")
     state.provides_identity = False

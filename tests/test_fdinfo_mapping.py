@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.testing import map_source_once
 from tests.fdinfo_trees import add_card, add_fd, set_fdinfo, some_card
@@ -60,7 +61,7 @@ def test_process_series_carry_each_gpus_vendor_and_index(tmp_path):
         set_fdinfo(proc, 20, 4, amd(400_000_000))  # 0.4 s busy in 1 s
 
     some_card(sysfs)  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"}, clock=StepClock())
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options={"processes": "series"}), clock=StepClock())
     res = map_source_once(Stepping(src, [lambda: None, second]))
     # the client count's internal series (gpu_client_*, never served) aside
     got = {(name, tuple(sorted(labels))): v for (name, labels), v in res.items() if not name.startswith("gpu_client_")}

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from tests.fdinfo_trees import add_card, add_fd, set_fdinfo, some_card
 
@@ -65,7 +66,7 @@ def node(tmp_path, shared_fixtures):
     add_card(sysfs, 1, XE)
     clock = Clock()
     some_card(sysfs)  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"}, clock=clock)
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options={"processes": "series"}), clock=clock)
     src.open()
     return proc, src, clock, texts
 
@@ -155,7 +156,7 @@ def test_top_n_keeps_busiest_and_sums_the_rest_as_other(tmp_path):
     for i in range(1, 8):
         add_fd(proc, 1000 + i, 3, "/dev/dri/renderD128", text(i, 0), comm=f"job{i}")
     some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"top_n": 2, "processes": "series"}, clock=clock)
+    src = DrmFdinfoSource(SourceContext(sysfs=tmp_path / "sys", procfs=proc, options={"top_n": 2, "processes": "series"}), clock=clock)
     src.open()
     src.poll()
     clock.t += 1.0
@@ -175,7 +176,7 @@ def test_tree_without_fd_links_reads_fdinfo_directly(tmp_path, shared_fixtures):
     (proc / "42" / "fdinfo" / "3").write_text((shared_fixtures / "intel" / "fdinfo-xe-1.txt").read_text())
     (proc / "42" / "fdinfo" / "4").write_text("pos:\t0\n")
     some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"processes": "series"})
+    src = DrmFdinfoSource(SourceContext(sysfs=tmp_path / "sys", procfs=proc, options={"processes": "series"}))
     src.open()
     s = src.poll()
     assert [d.key for d in s.devices] == [XE]
@@ -187,7 +188,7 @@ def test_platform_and_unknown_drivers_are_not_attributed(tmp_path, shared_fixtur
     add_fd(proc, 7, 3, "/dev/dri/renderD128", (shared_fixtures / "intel" / "fdinfo-msm-1.txt").read_text())
     add_fd(proc, 8, 3, "/dev/dri/renderD129", f"drm-driver: vgem\ndrm-pdev: {XE}\ndrm-client-id: 1\n")
     some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"processes": "series"})
+    src = DrmFdinfoSource(SourceContext(sysfs=tmp_path / "sys", procfs=proc, options={"processes": "series"}))
     src.open()
     s = src.poll()
     assert s.devices == [] and s.readings == [] and not s.errors
@@ -195,7 +196,7 @@ def test_platform_and_unknown_drivers_are_not_attributed(tmp_path, shared_fixtur
 
 def test_missing_procfs_is_unavailable(tmp_path):
     with pytest.raises(SourceUnavailable):
-        DrmFdinfoSource(procfs=tmp_path / "nope", sysfs=tmp_path, options={}).open()
+        DrmFdinfoSource(SourceContext(sysfs=tmp_path, procfs=tmp_path / "nope", options={})).open()
 
 
 def test_process_exit_between_polls_drops_its_state(node):
@@ -215,12 +216,12 @@ def test_malformed_drm_lines_are_counted(tmp_path):
     add_fd(proc, 5, 3, "/dev/dri/renderD128",
            f"drm-driver: i915\ndrm-pdev: {I915}\ndrm-client-id: 1\ndrm-engine-render: x ns\n")
     some_card(tmp_path / "sys")  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=tmp_path / "sys", options={"processes": "series"})
+    src = DrmFdinfoSource(SourceContext(sysfs=tmp_path / "sys", procfs=proc, options={"processes": "series"}))
     src.open()
     assert src.poll().errors["parse_error"] == 1
 
 
 def test_unused_path_arg_types(tmp_path):
-    # constructor takes str or Path and ignores unknown keyword args from the registry
-    src = DrmFdinfoSource(procfs=str(tmp_path), sysfs=str(tmp_path), options={}, unused=1)
+    # the context's trees may be str or Path (the registry passes one SourceContext, nothing else)
+    src = DrmFdinfoSource(SourceContext(sysfs=str(tmp_path), procfs=str(tmp_path), options={}))
     assert src.procfs == Path(tmp_path)

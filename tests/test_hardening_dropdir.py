@@ -26,6 +26,7 @@ from exporter.importers.dropdir import DropDir
 from exporter.importers.model import ProfileRejected
 from exporter.mapping import MappingSet
 from exporter.schema import default_mappings_dir, load_schema
+from exporter.sources.context import SourceContext
 from exporter.sources.profiles import ProfilesSource
 
 from .bounded import run_bounded
@@ -84,9 +85,9 @@ def test_capture_stages_in_a_private_folder_never_through_the_drop_dir(tmp_path,
         os.lchown(drop / "capturing", 65534, 65534)
     script, argv_log = tmp_path / "capture.py", tmp_path / "output-path"
     script.write_text(CAPTURE)
-    src = ProfilesSource(options={"dir": str(drop), "settle": 0, "scan_interval": 3600, "trigger": {
+    src = ProfilesSource(SourceContext(options={"dir": str(drop), "settle": 0, "scan_interval": 3600, "trigger": {
         "enabled": True, "for_seconds": 0, "min_interval": 0, "timeout": 20,
-        "command": [sys.executable, str(script), "{output}", str(argv_log)]}}, mappings=mappings)
+        "command": [sys.executable, str(script), "{output}", str(argv_log)]}}, wanted=mappings.raw_fields()))
     src.open()
     try:
         assert src.observe_indicators(time.monotonic(), "nvidia-0", {"gpu_memory_contention": 1.0})
@@ -110,9 +111,9 @@ def test_capture_staging_dir_must_be_private(tmp_path, mappings):
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600, "trigger": {
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600, "trigger": {
         "enabled": True, "for_seconds": 0, "min_interval": 0, "staging_dir": str(shared),
-        "command": [sys.executable, "-c", "open('x.csv', 'w')"]}}, mappings=mappings)
+        "command": [sys.executable, "-c", "open('x.csv', 'w')"]}}, wanted=mappings.raw_fields()))
     res = src.trigger.run_capture("gpu0")
     assert res.result == "failed" and "writable by nobody else" in res.reason
     assert list(shared.iterdir()) == []
@@ -287,8 +288,8 @@ def test_gzip_content_is_bounded_by_max_file_bytes_after_decompression(tmp_path)
 # ------------------------------------------------------------------ 11: imported series expire, caps
 def test_expired_import_takes_its_gpus_and_import_counts_with_it(tmp_path, mappings):
     now = [1000.0]
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
-                                  "ttl": 60}, mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
+                                  "ttl": 60}, wanted=mappings.raw_fields()))
     src.clock = lambda: now[0]
     src.open()
     try:
@@ -304,8 +305,8 @@ def test_expired_import_takes_its_gpus_and_import_counts_with_it(tmp_path, mappi
 
 
 def test_evicted_import_takes_its_gpus_with_it(tmp_path, mappings):
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
-                                  "max_profiles": 1, "ttl": 0}, mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
+                                  "max_profiles": 1, "ttl": 0}, wanted=mappings.raw_fields()))
     src.open()
     try:
         (tmp_path / "drop" / "a.json").write_bytes(kineto(devices=4))
@@ -324,8 +325,7 @@ def test_evicted_import_takes_its_gpus_with_it(tmp_path, mappings):
     ({"max_series_per_import": 20}, kineto(devices=2), "series, above max_series_per_import \\(20\\)"),
 ])
 def test_per_import_caps_reject_the_file(tmp_path, mappings, opts, content, match):
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600, **opts},
-                         mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600, **opts}, wanted=mappings.raw_fields()))
     src.open()
     try:
         (tmp_path / "drop" / "many.json").write_bytes(content)
@@ -351,5 +351,5 @@ def test_new_options_pass_the_strict_config(tmp_path):
               max_series_per_import: 1000
               trigger: {{enabled: true, command: [/bin/true], staging_dir: {tmp_path}}}
         """))
-    src = ProfilesSource(options=load_config(cfg).collector("profiles").options_dict())
+    src = ProfilesSource(SourceContext(options=load_config(cfg).collector("profiles").options_dict()))
     assert (src.max_devices, src.max_series, src.trigger.cfg.staging_dir) == (4, 1000, str(tmp_path))

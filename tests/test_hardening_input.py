@@ -14,6 +14,7 @@ from exporter.importers.dropdir import DropDir, UnsafeDropDir
 from exporter.mapper import Mapper
 from exporter.mapping import MappingSet
 from exporter.schema import default_mappings_dir, load_schema
+from exporter.sources.context import SourceContext
 from exporter.sources.profiles import ProfilesSource
 from exporter.store import SourceState, Store
 from exporter.textformat import Counts, Family, PrefixCache, render
@@ -46,8 +47,7 @@ def test_writer_replaces_lone_surrogates_and_counts_them():
 
 
 def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600},
-                         mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600}, wanted=mappings.raw_fields()))
     src.open()
     try:
         (tmp_path / "drop" / "trace.json").write_text(SURROGATE_KINETO)
@@ -240,6 +240,6 @@ def test_unsafe_drop_dir_makes_the_source_unavailable_with_reason(tmp_path, mapp
     drop = tmp_path / "drop"
     drop.mkdir()
     os.symlink("/tmp", drop / "processing")
-    src = ProfilesSource(options={"dir": str(drop)}, mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(drop)}, wanted=mappings.raw_fields()))
     with pytest.raises(SourceUnavailable, match="processing/"):
         src.open()

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from exporter.indicators.baseline import STATE_FILE, BaselineStore
+from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 
 from .bounded import run_bounded
@@ -83,7 +84,7 @@ def _tree(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _poll(proc: Path, sysfs: Path):
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"})
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options={"processes": "series"}))
     src.open()
     return src.poll()
 

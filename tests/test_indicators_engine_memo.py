@@ -9,6 +9,7 @@ import random
 from exporter.indicators import IndicatorConfig, IndicatorEngine
 from exporter.indicators.series import SeriesIndex
 from exporter.indicators.variability import window_stats
+from exporter.sources.context import SourceContext
 
 DEV = ("nvidia", "0", "GPU-0")
 
@@ -76,7 +77,7 @@ def test_fed_only_the_series_it_reads_the_engine_says_the_same():
 
     mappings = load_mappings()
     for scenario in ("demo", "detection"):
-        source = SimulatorSource({"scenario": scenario}, mappings=mappings)
+        source = SimulatorSource(SourceContext(options={"scenario": scenario}, mappings=mappings))
         clock = FakeClock(5000.0)
         source.clock = clock
         source.open()

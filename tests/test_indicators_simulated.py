@@ -14,6 +14,7 @@ from exporter.indicators import IndicatorConfig, IndicatorEngine
 from exporter.mapper import Mapper
 from exporter.pipeline import poll_and_map
 from exporter.simulate import SimulatorSource
+from exporter.sources.context import SourceContext
 from exporter.store import SourceState, Store
 from exporter.testing import FakeClock, load_mappings
 
@@ -33,7 +34,7 @@ def series_by_device(mapped: dict) -> dict[tuple[str, str, str], dict[str, float
 def run_phase(phase: str, seconds: float = 20.0) -> dict[tuple[str, str, str], list]:
     """Last indicator output of every device after ``seconds`` into ``phase``."""
     mappings = load_mappings()
-    source = SimulatorSource({"scenario": "demo", "phase": phase}, mappings=mappings)
+    source = SimulatorSource(SourceContext(options={"scenario": "demo", "phase": phase}, mappings=mappings))
     clock = FakeClock(5000.0)
     source.clock = clock
     source.open()
@@ -125,7 +126,7 @@ def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_coun
 
     mappings = load_mappings()
     clock = FakeClock()
-    source = SimulatorSource({"scenario": "demo", "phase": "bandwidth_saturation"}, mappings=mappings)
+    source = SimulatorSource(SourceContext(options={"scenario": "demo", "phase": "bandwidth_saturation"}, mappings=mappings))
     source.clock = clock
     source.open()
     store, state, mapper, fast_mapper = Store(), SourceState("simulator"), Mapper(mappings), Mapper(mappings)

@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.levelzero import LevelZeroSource
 from exporter.testing import map_source_once
 from tests import fake_pyzes as fz
@@ -42,7 +43,7 @@ def _raw(sample):
 
 def _open(tmp_path, **kw):
     add_card(tmp_path / "sys", 2, ADDR)
-    src = LevelZeroSource(sysfs=tmp_path / "sys", options={}, module=fz, **kw)
+    src = LevelZeroSource(SourceContext(sysfs=tmp_path / "sys", options={}), module=fz, **kw)
     src.open()
     return src
 
@@ -51,16 +52,16 @@ def _open(tmp_path, **kw):
 @pytest.mark.skipif(importlib.util.find_spec("pyzes") is not None, reason="pyzes is installed here")
 def test_without_pyzes_the_source_is_off_with_the_reason():
     with pytest.raises(SourceUnavailable, match="pyzes"):
-        LevelZeroSource(options={}).open()
+        LevelZeroSource(SourceContext(options={})).open()
 
 
 def test_init_failure_is_unavailable(dev):
     fz.reset([dev], init_rc=fz.ZE_RESULT_ERROR_UNINITIALIZED)
     with pytest.raises(SourceUnavailable, match="zesInit failed"):
-        LevelZeroSource(options={}, module=fz).open()
+        LevelZeroSource(SourceContext(options={}), module=fz).open()
     fz.reset([])
     with pytest.raises(SourceUnavailable):
-        LevelZeroSource(options={}, module=fz).open()
+        LevelZeroSource(SourceContext(options={}), module=fz).open()
 
 
 def test_two_samples(dev, tmp_path):
@@ -135,7 +136,7 @@ def test_canonical_values(dev, tmp_path):
             return self.src.poll()
 
     add_card(tmp_path / "sys", 2, ADDR)
-    res = map_source_once(Stepping(LevelZeroSource(sysfs=tmp_path / "sys", options={}, module=fz)))
+    res = map_source_once(Stepping(LevelZeroSource(SourceContext(sysfs=tmp_path / "sys", options={}), module=fz)))
     got = {(n, tuple(sorted((k, v) for k, v in lbl if k not in ("vendor", "uuid")))): v for (n, lbl), v in res.items()}
     g = (("gpu", "2"),)
     assert got == pytest.approx({

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from exporter.sources.context import SourceContext
 from exporter.sources.intel_sysfs import IntelSysfsSource
 from exporter.testing import map_source_once
 from tests.intel_trees import sysfs_root, write
@@ -54,7 +55,7 @@ def test_a380_i915_canonical(shared_fixtures, tmp_path):
         write(card / "gt/gt0/rps_act_freq_mhz", "2000")
         write(card / "gt/gt0/throttle_reason_pl1", "1")
 
-    res = map_source_once(Stepping(IntelSysfsSource(sysfs=root, options={}), [noop, busy_second]))
+    res = map_source_once(Stepping(IntelSysfsSource(SourceContext(sysfs=root, options={})), [noop, busy_second]))
     assert _dev(res) == {("vendor", "intel"), ("uuid", ""), ("gpu", "1")}
     g = (("gpu", "1"),)
     gt = (("gpu", "1"), ("gt", "0"))
@@ -88,7 +89,7 @@ def test_a380_xe_idle_act_freq_is_zero_not_missing(shared_fixtures, tmp_path):
         write(gt0 / "gtidle/idle_residency_ms", str(2547784 + 1000))  # idle the whole second
         write(hw / "energy2_input", str(59540970520 + 4_500_000))  # 4.5 J: pkg is the only channel
 
-    s = _series(map_source_once(Stepping(IntelSysfsSource(sysfs=root, options={}), [noop, idle_second])))
+    s = _series(map_source_once(Stepping(IntelSysfsSource(SourceContext(sysfs=root, options={})), [noop, idle_second])))
     gt = (("gpu", "0"), ("gt", "0"))
     assert s[("gpu_clock_mhz", (("domain", "graphics"),) + gt)] == 0.0
     assert s[("gpu_clock_max_mhz", (("domain", "graphics"),) + gt)] == 2450.0
@@ -111,7 +112,7 @@ def test_b580_two_gts_and_media_busy(shared_fixtures, tmp_path):
         write(tile / "gt1/gtidle/idle_residency_ms", str(312192 + 900))  # media GT 10 % busy
         write(tile / "gt0/freq0/act_freq", "2850")
 
-    s = _series(map_source_once(Stepping(IntelSysfsSource(sysfs=root, options={}), [noop, second])))
+    s = _series(map_source_once(Stepping(IntelSysfsSource(SourceContext(sysfs=root, options={})), [noop, second])))
     g = (("gpu", "1"),)
     assert s[("gpu_compute_utilization_percent", g)] == pytest.approx(60.0)
     assert s[("gpu_engine_utilization_percent", (("engine", "video"), ("gpu", "1")))] == pytest.approx(10.0)
@@ -134,14 +135,13 @@ def test_b580_kernel_616_energy_falls_back_to_pkg(shared_fixtures, tmp_path):
     def second():
         write(hw / "energy2_input", str(19014248107 + 15_000_000))
 
-    s = _series(map_source_once(Stepping(IntelSysfsSource(sysfs=root, options={}), [noop, second])))
+    s = _series(map_source_once(Stepping(IntelSysfsSource(SourceContext(sysfs=root, options={})), [noop, second])))
     assert s[("gpu_energy_joules_total", (("gpu", "1"),))] == pytest.approx(19014.248107 + 15.0)
     assert s[("gpu_power_watts", (("gpu", "1"),))] == pytest.approx(15.0)
 
 
 def test_cometlake_legacy_clocks(shared_fixtures, tmp_path):
-    res = map_source_once(IntelSysfsSource(sysfs=sysfs_root(shared_fixtures, tmp_path, "sysfs-lact-cometlake"),
-                                           options={}))
+    res = map_source_once(IntelSysfsSource(SourceContext(sysfs=sysfs_root(shared_fixtures, tmp_path, "sysfs-lact-cometlake"), options={})))
     g = (("domain", "graphics"), ("gpu", "0"))
     assert _series(res) == {("gpu_clock_mhz", g): 300.0, ("gpu_clock_max_mhz", g): 1150.0,
                             ("gpu_clock_min_mhz", g): 300.0}

@@ -7,12 +7,13 @@ import os
 import pytest
 
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.intel_sysfs import IntelSysfsSource
 from tests.intel_trees import sysfs_root, write
 
 
 def _open(root):
-    src = IntelSysfsSource(sysfs=root, options={})
+    src = IntelSysfsSource(SourceContext(sysfs=root, options={}))
     src.open()
     return src
 

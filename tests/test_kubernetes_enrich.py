@@ -32,6 +32,7 @@ from exporter.enrich.kubernetes import (
     normalize_pci,
 )
 from exporter.sources.base import Device
+from exporter.sources.context import SourceContext
 
 if os.environ.get("CI") == "true":  # under CI a missing package is a failure, not a skip
     import grpc
@@ -588,7 +589,7 @@ def test_nvml_source_reports_mig_uuids_that_attribution_matches(sock_dir):
     from tests.fakes import pynvml_fake as pf
 
     fake = pf.make_module([pf.a100_mig(0)])
-    src = NvmlSource(module=fake, options={"xid": False})
+    src = NvmlSource(SourceContext(options={"xid": False}), module=fake)
     src.open()
     try:
         (gpu,) = src.poll().devices
@@ -653,7 +654,7 @@ async def test_daemon_serves_pod_labels_from_the_kubelet(sock_dir, tmp_path):
     from exporter.testing import load_mappings
 
     # the demo scenario's NVIDIA GPUs on this host (simulated UUIDs derive from the host name)
-    h100_0, h100_1 = [s.dev.uuid for s in SimulatorSource({"scenario": "demo"}, load_mappings())._states
+    h100_0, h100_1 = [s.dev.uuid for s in SimulatorSource(SourceContext(options={"scenario": "demo"}, mappings=load_mappings()))._states
                       if s.dev.vendor == "nvidia"]
     path = str(sock_dir / "kubelet.sock")
     kubelet = FakeKubelet(path)

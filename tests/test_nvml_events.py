@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from tests.fakes import pynvml_fake as pf
 
@@ -21,7 +22,7 @@ def _wait_for(pred, timeout=3.0):
 
 def test_xid_counts_per_code_and_last_timestamp():
     fake = pf.make_module([pf.h100(0), pf.t4(1)])
-    src = NvmlSource(module=fake, options={"xid_timeout_ms": 20})
+    src = NvmlSource(SourceContext(options={"xid_timeout_ms": 20}), module=fake)
     src.open()
     try:
         s0 = src.poll()
@@ -49,7 +50,7 @@ def test_xid_not_supported_is_counted_once():
     spec = pf.t4(0)
     spec["xid_supported"] = False
     fake = pf.make_module([spec])
-    src = NvmlSource(module=fake, options={"xid_timeout_ms": 20})
+    src = NvmlSource(SourceContext(options={"xid_timeout_ms": 20}), module=fake)
     src.open()
     try:
         first, second = src.poll(), src.poll()
@@ -61,7 +62,7 @@ def test_xid_not_supported_is_counted_once():
 
 def test_xid_disabled_by_option():
     fake = pf.make_module([pf.h100(0)])
-    src = NvmlSource(module=fake, options={"xid": False})
+    src = NvmlSource(SourceContext(options={"xid": False}), module=fake)
     src.open()
     src.close()
     assert fake.fake_calls["nvmlEventSetCreate"] == 0

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from exporter.testing import map_source_once, values_of
 from tests.fakes import pynvml_fake as pf
@@ -17,7 +18,7 @@ def run(gpus, **options):
     fake = pf.make_module(gpus)
     ticks = itertools.count(0.0, 1.0)  # every GPU read advances 1 s: GPM windows are valid
     options.setdefault("xid", False)
-    src = NvmlSource(module=fake, clock=lambda: next(ticks), options=options)
+    src = NvmlSource(SourceContext(options=options), module=fake, clock=lambda: next(ticks))
     return map_source_once(src, cycles=2), fake
 
 
@@ -95,7 +96,7 @@ def test_h100_mig_gpm_series():
 
 def test_lost_gpu_keeps_other_gpus():
     fake = pf.make_module([pf.h100(0), pf.t4(1)])
-    src = NvmlSource(module=fake, options={"xid": False})
+    src = NvmlSource(SourceContext(options={"xid": False}), module=fake)
     src.open()
     try:
         fake.fake_lose(0)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource, mig_profile, normalize_bus_id
 from tests.fakes import pynvml_fake as pf
 
@@ -31,7 +32,7 @@ def make(gpus, **options):
     fake = pf.make_module(gpus)
     clock = Clock()
     options.setdefault("xid", False)
-    src = NvmlSource(module=fake, clock=clock, options=options)
+    src = NvmlSource(SourceContext(options=options), module=fake, clock=clock)
     src.open()
     return fake, clock, src
 
@@ -214,8 +215,7 @@ def test_processes_top_n_and_other(tmp_path):
     (tmp_path / "4242" / "comm").write_text("trainer\n")
     fake = pf.make_module([pf.h100(0)])
     clock = Clock()
-    src = NvmlSource(module=fake, clock=clock, procfs=tmp_path,
-                     options={"xid": False, "processes": True, "processes_top_n": 2})
+    src = NvmlSource(SourceContext(procfs=tmp_path, options={"xid": False, "processes": True, "processes_top_n": 2}), module=fake, clock=clock)
     src.open()
     try:
         s = poll(src, fake, clock)

@@ -16,6 +16,7 @@ from exporter.mapper import Mapper
 from exporter.mapping import MappingSet
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.profiles import ProfilesSource
 
 ROCPROF_V1 = textwrap.dedent("""\
@@ -33,8 +34,8 @@ def mappings():
 
 
 def _source(tmp_path, mappings, **opts) -> ProfilesSource:
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
-                                  "restore": True, **opts}, mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
+                                  "restore": True, **opts}, wanted=mappings.raw_fields()))
     src.open()
     return src
 
@@ -55,7 +56,7 @@ def _get(series: dict, name: str, **labels) -> float:
 
 def test_without_dir_the_source_is_unavailable(mappings):
     with pytest.raises(SourceUnavailable, match="dir"):
-        ProfilesSource(options={}, mappings=mappings).open()
+        ProfilesSource(SourceContext(options={}, wanted=mappings.raw_fields())).open()
 
 
 def test_dropped_file_becomes_canonical_series(tmp_path, mappings):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.sources.context import SourceContext
 from exporter.sources.profiles import ProfilesSource
 from exporter.testing import FakeClock
 from tests.test_profiles_source import ROCPROF_V1, _get, _series, mappings  # noqa: F401 - fixture
@@ -16,8 +17,8 @@ def _drop(tmp_path, src: ProfilesSource, name: str) -> None:
 
 
 def test_import_expires_after_ttl_and_a_new_one_lives_again(tmp_path, mappings):  # noqa: F811
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
-                                  "ttl": 60}, mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
+                                  "ttl": 60}, wanted=mappings.raw_fields()))
     clock = FakeClock(1000.0)
     src.clock = clock
     src.open()
@@ -39,8 +40,8 @@ def test_import_expires_after_ttl_and_a_new_one_lives_again(tmp_path, mappings):
 
 
 def test_ttl_zero_keeps_imports_until_replaced(tmp_path, mappings):  # noqa: F811
-    src = ProfilesSource(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
-                                  "ttl": 0}, mappings=mappings)
+    src = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600,
+                                  "ttl": 0}, wanted=mappings.raw_fields()))
     clock = FakeClock(1000.0)
     src.clock = clock
     src.open()
@@ -56,4 +57,4 @@ def test_ttl_zero_keeps_imports_until_replaced(tmp_path, mappings):  # noqa: F81
 @pytest.mark.parametrize("ttl", [-1, float("nan")])
 def test_bad_ttl_is_refused(tmp_path, mappings, ttl):  # noqa: F811
     with pytest.raises(ValueError, match="ttl"):
-        ProfilesSource(options={"dir": str(tmp_path), "ttl": ttl}, mappings=mappings)
+        ProfilesSource(SourceContext(options={"dir": str(tmp_path), "ttl": ttl}, wanted=mappings.raw_fields()))

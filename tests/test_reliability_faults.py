@@ -19,6 +19,7 @@ from exporter.daemon import Daemon, Settings
 from exporter.schema import default_mappings_dir
 from exporter.sources import amdgpu_sysfs, drm_fdinfo, registry
 from exporter.sources.base import Device, PollResult
+from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.nvml import NvmlSource
 from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
@@ -193,7 +194,7 @@ def test_fdinfo_process_exiting_between_listdir_and_read(tmp_path, monkeypatch):
 
     monkeypatch.setattr(drm_fdinfo.safefile, "read_at", racing_read_at)
     some_card(sysfs)  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"})
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options={"processes": "series"}))
     src.open()
     first = src.poll()
     assert {dict(r.labels)["pid"] for r in first.readings if r.field.startswith("process.")} == {"200", "201", "202"}
@@ -277,7 +278,7 @@ class ScriptedSource:
     name: ClassVar[str] = "scripted"
     SCRIPT: ClassVar[list[dict[str, float]]] = []
 
-    def __init__(self, options=None, **_):
+    def __init__(self, context=None):  # a SourceContext
         self.polls = 0
 
     def open(self) -> None:
@@ -361,9 +362,8 @@ FAKE_NVML: list = []
 class FakeNvmlSource(NvmlSource):
     name: ClassVar[str] = "fakenvml"
 
-    def __init__(self, **kwargs):
-        kwargs.pop("module", None)
-        super().__init__(module=FAKE_NVML[0], **kwargs)
+    def __init__(self, context):
+        super().__init__(context, module=FAKE_NVML[0])
 
 
 async def test_nvml_gpu_is_lost_and_recovers_through_the_daemon(tmp_path, test_collectors):

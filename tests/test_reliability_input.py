@@ -27,6 +27,7 @@ from exporter.simulate import load_scenario
 from exporter.sources import sysfs_util
 from exporter.sources.amdgpu_sysfs import AmdgpuSysfsSource, parse_dpm, parse_link_speed, parse_pcie_bw
 from exporter.sources.base import PollResult
+from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.intel_sysfs import IntelSysfsSource
 from exporter.sources.upstream import FetchError, parse_exposition
@@ -298,7 +299,7 @@ def _mapped(src_name: str, samples: list[PollResult]) -> None:
 def test_amdgpu_poll_survives_garbage_files(tmp_path, seed):
     arrange_mi300x_node(tmp_path, cards=(0, 1))
     assert _scribble(tmp_path / "devices", random.Random(seed)) > 5
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     try:
         samples = _poll_twice(src)
     except Exception as exc:  # discovery may find no amdgpu card if uevent was scribbled
@@ -314,7 +315,7 @@ def test_amdgpu_poll_survives_garbage_real_cards(tmp_path, shared_fixtures, seed
     for n, name in enumerate(REAL_CARDS):
         arrange_real_card(tmp_path, shared_fixtures, name, n)
     _scribble(tmp_path / "devices", random.Random(seed), share=0.3)
-    src = AmdgpuSysfsSource(sysfs=tmp_path, options={"pcie_bw": False})
+    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
     try:
         samples = _poll_twice(src)
     except Exception as exc:
@@ -334,7 +335,7 @@ def test_intel_poll_survives_garbage_files(tmp_path, shared_fixtures, tree, seed
     # every combination really polls the scribbled telemetry files
     assert _scribble(root / "class" / "drm", random.Random(seed), share=0.3,
                      keep=frozenset({"uevent"})) > 0
-    src = IntelSysfsSource(sysfs=root)
+    src = IntelSysfsSource(SourceContext(sysfs=root))
     samples = _poll_twice(src)
     assert samples[0].devices, "the scribbled card must still be found and polled"
     _mapped("intel", samples)
@@ -352,7 +353,7 @@ def test_intel_poll_with_a_scribbled_identity_is_unavailable_not_a_crash(tmp_pat
         if link.is_symlink():
             link.unlink()
     with pytest.raises(SourceUnavailable):
-        IntelSysfsSource(sysfs=root).open()
+        IntelSysfsSource(SourceContext(sysfs=root)).open()
 
 
 @FAST
@@ -369,7 +370,7 @@ def test_fdinfo_poll_survives_garbage_fdinfo_and_comm(tmp_path_factory, texts):
         (proc / str(20 + i) / "fdinfo" / "3").write_bytes(data)
         (proc / str(20 + i) / "comm").write_bytes(data[:20])
     some_card(sysfs)  # a node with a DRM card (else the source is absent)
-    src = DrmFdinfoSource(procfs=proc, sysfs=sysfs, options={"processes": "series"})
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options={"processes": "series"}))
     samples = _poll_twice(src)
     pids = {dict(r.labels)["pid"] for r in samples[-1].readings if r.field.startswith("process.")}
     assert "10" in pids

@@ -8,11 +8,12 @@ import pytest
 from exporter.daemon import Settings
 from exporter.loading import prepare
 from exporter.simulate import SimulatorSource, load_scenario
+from exporter.sources.context import SourceContext
 from exporter.testing import FakeClock, load_mappings
 
 
 def _source(**options) -> tuple[SimulatorSource, FakeClock]:
-    source = SimulatorSource({"scenario": "demo", **options}, mappings=load_mappings())
+    source = SimulatorSource(SourceContext(options={"scenario": "demo", **options}, mappings=load_mappings()))
     clock = FakeClock(100.0)
     source.clock = clock
     source.open()

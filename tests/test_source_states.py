@@ -21,7 +21,7 @@ BACKEND = {"present": True}
 class MissingSource:
     name: ClassVar[str] = "missing"
 
-    def __init__(self, **_: object) -> None:
+    def __init__(self, context: object = None) -> None:  # a SourceContext
         pass
 
     def open(self) -> None:

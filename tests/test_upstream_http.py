@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
 from exporter.sources.upstream import UpstreamDown, UpstreamSource, UpstreamTimeout, parse_exposition
 from tests.conftest import require_binary
 
@@ -119,7 +120,7 @@ def target(url: str, exporter: str = "dcgm-exporter", name: str = "t", **extra) 
 
 
 def make_source(*targets: dict) -> UpstreamSource:
-    src = UpstreamSource(options={"targets": list(targets)})
+    src = UpstreamSource(SourceContext(options={"targets": list(targets)}))
     src.open()
     return src
 
@@ -313,13 +314,13 @@ def test_counter_names_are_read_as_written_on_the_wire() -> None:
 
 def test_options_are_validated() -> None:
     with pytest.raises(ValueError, match="exporter must be one of"):
-        UpstreamSource(options={"targets": [{"url": "http://x/metrics", "exporter": "dcgm"}]})
+        UpstreamSource(SourceContext(options={"targets": [{"url": "http://x/metrics", "exporter": "dcgm"}]}))
     with pytest.raises(ValueError, match="url must be"):
-        UpstreamSource(options={"targets": [{"url": "localhost:9400", "exporter": "dcgm-exporter"}]})
+        UpstreamSource(SourceContext(options={"targets": [{"url": "localhost:9400", "exporter": "dcgm-exporter"}]}))
     with pytest.raises(ValueError, match="used twice"):
-        UpstreamSource(options={"targets": [target("http://a/m", name="x"), target("http://b/m", name="x")]})
+        UpstreamSource(SourceContext(options={"targets": [target("http://a/m", name="x"), target("http://b/m", name="x")]}))
     with pytest.raises(ValueError, match="timeout"):
-        UpstreamSource(options={"targets": [target("http://a/m", timeout=0)]})
+        UpstreamSource(SourceContext(options={"targets": [target("http://a/m", timeout=0)]}))
     with pytest.raises(SourceUnavailable, match="no upstream targets"):
-        UpstreamSource(options={}).open()
+        UpstreamSource(SourceContext(options={})).open()
     assert UpstreamSource.secondary is True  # native sources win for the same GPU

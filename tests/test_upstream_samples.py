@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from exporter.sources.base import Device
+from exporter.sources.context import SourceContext
 from exporter.sources.upstream import UpstreamSource
 from exporter.testing import Series, map_source_once
 from tests.test_upstream_http import ExporterServer, Route
@@ -22,7 +23,7 @@ def serve(server: ExporterServer, path: str, body: str) -> str:
 
 
 def source_for(url: str, exporter: str, **extra) -> UpstreamSource:
-    return UpstreamSource(options={"targets": [{"name": "t", "url": url, "exporter": exporter, **extra}]})
+    return UpstreamSource(SourceContext(options={"targets": [{"name": "t", "url": url, "exporter": exporter, **extra}]}))
 
 
 def devices_of(src: UpstreamSource) -> list[Device]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.sources.context import SourceContext
 from exporter.sources.upstream import UpstreamSource
 from exporter.testing import load_mappings, map_source_once
 from tests.test_upstream_http import ExporterServer, Route
@@ -65,8 +66,8 @@ def source(server: ExporterServer, path: str, body: str, exporter: str = "dcgm-e
     """An upstream source with the shipped mapping set, as the daemon builds it (``mappings=``:
     the schemas and the known names come from it)."""
     server.routes[path] = Route(body=body.encode())
-    return UpstreamSource(options={"targets": [{"name": "t", "url": server.url(path), "exporter": exporter,
-                                                **extra}]}, mappings=_shipped())
+    return UpstreamSource(SourceContext(options={"targets": [{"name": "t", "url": server.url(path), "exporter": exporter,
+                                                **extra}]}, mappings=_shipped()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,7 +201,7 @@ def test_xpu_manager_2x_gives_the_series_of_1x(server, mappings) -> None:
 def test_without_a_mapping_set_no_schema_is_claimed(server) -> None:
     """A bare source (no ``mappings=``) recognises nothing and counts nothing as unknown."""
     server.routes["/bare"] = Route(body=(DATA / "dcgm-exporter-4.9.prom").read_text().encode())
-    src = UpstreamSource(options={"targets": [{"name": "t", "url": server.url("/bare"), "exporter": "dcgm-exporter"}]})
+    src = UpstreamSource(SourceContext(options={"targets": [{"name": "t", "url": server.url("/bare"), "exporter": "dcgm-exporter"}]}))
     assert self_samples(src) == {}
 
 

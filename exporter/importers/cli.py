@@ -24,7 +24,7 @@ from ..store import SourceState, Store
 from ..textformat import PrefixCache
 from ..textformat import render as write_exposition
 from ..yamlfile import ConfigError
-from .convert import allowed_fields, summary, to_sample
+from .convert import summary, to_sample
 from .detect import MAX_BYTES, import_file, valid_trace_id
 from .model import CompanionFile, ProfileRejected
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             companions.append({"path": f, "note": str(exc)})
         except ProfileRejected as exc:
             rejected.append({"path": f, "reason": str(exc)})
-    allowed = allowed_fields(mappings)
+    allowed = mappings.raw_fields()  # per mapping file, the raw fields it maps
     devices, result = _map(profiles, args.top_kernels, allowed, mappings)
     for r in rejected:
         print(f"rejected: {r['path']}: {r['reason']}", file=sys.stderr)

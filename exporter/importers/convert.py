@@ -157,11 +157,6 @@ def to_sample(profiles: Iterable[Profile], top_n: int = 10,
     return sample
 
 
-def allowed_fields(mappings) -> dict[str, set[str]]:
-    """Raw fields each ``profiles/*`` mapping file maps (from a loaded MappingSet)."""
-    return {name: set(cm.rules) for name, cm in mappings.mappings.items() if name.startswith("profiles/")}
-
-
 def summary(prof: Profile, top_n: int = 10) -> dict:
     """A JSON-friendly view of one profile for the CLI: kernels, delays, timeline aligned to zero."""
     t0 = prof.t0_ns

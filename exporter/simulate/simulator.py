@@ -25,7 +25,8 @@ from ..indicators.config import PriceEntry
 from ..model import FAST_METRICS, Device, PollResult
 from ..schema import default_mappings_dir, parse_operand
 from ..sources.base import Abilities, SourceBase, SourceUnavailable
-from ..sources.evidence import process_mode
+from ..sources.context import DEFAULT_CONTEXT, SourceContext
+from ..sources.options import SimulatorOptions
 from ..yamlfile import ConfigError, load_model
 
 
@@ -190,17 +191,17 @@ class SimulatorSource(SourceBase):
     name: ClassVar[str] = "simulator"
     abilities = Abilities(fast_poll=True)
 
-    def __init__(self, options: dict[str, Any] | None = None, mappings: Any = None):
-        options = options or {}
-        self.scenario = load_scenario(str(options.get("scenario", "demo")))
-        self.mappings = mappings
-        self.held: Phase | None = self.scenario.phase(options["phase"]) if options.get("phase") else None
-        self.host = str(options.get("host") or host_name())
-        self.speed = float(options.get("speed", 1.0))
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT):
+        options = context.typed(SimulatorOptions)
+        self.scenario = load_scenario(options.scenario)
+        self.mappings = context.mappings
+        self.held: Phase | None = self.scenario.phase(options.phase) if options.phase else None
+        self.host = options.host or host_name()
+        self.speed = options.speed
         # as the real sources (sources/evidence.py): count (clients counted, per-process series
         # not exported), series (exported too), off (no evidence)
-        self.processes = process_mode(options)
-        scale = int(options.get("devices_per_vendor_scale", 1))
+        self.processes = options.processes
+        scale = options.devices_per_vendor_scale
         self.clock = time.monotonic
         self._rng = random.Random(self.scenario.seed)
         self._start: float | None = None

@@ -38,7 +38,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .amd_gpu_metrics import FAST_FIELDS, GpuMetricsError, readings
 from .amdgpu_card import (  # noqa: F401 - FAST_FILES etc. stay importable from here
@@ -51,7 +50,9 @@ from .amdgpu_card import (  # noqa: F401 - FAST_FILES etc. stay importable from 
 )
 from .amdgpu_pcie_bw import PCIE_BW_FIELDS, PcieBw, PcieBwReaders, PcieBwThreads  # noqa: F401
 from .amdgpu_text import label_token, parse_dpm, parse_link_speed, parse_pcie_bw  # noqa: F401
-from .base import Abilities, Device, Sample, SourceBase, SourceUnavailable, mapped_fields
+from .base import Abilities, Device, Sample, SourceBase, SourceUnavailable
+from .context import DEFAULT_CONTEXT, SourceContext
+from .options import AmdgpuOptions
 from .sysfs_util import KeptFiles, error_kind, fd_budget, on_sysfs, parse_int
 
 Reader = Callable[[Path], bytes]
@@ -78,14 +79,13 @@ class AmdgpuSysfsSource(SourceBase):
     name = "amdgpu"
     abilities = Abilities(fast_poll=True)
 
-    def __init__(self, sysfs: Path = Path("/sys"), options: dict[str, Any] | None = None,
-                 reader: Reader | None = None, clock: Callable[[], float] = time.monotonic,
-                 mappings: Any = None, **_: Any):
-        self.sysfs = Path(sysfs)
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, reader: Reader | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.sysfs = Path(context.sysfs)
         # raw fields mappings/amdgpu.yaml maps: files and table fields nothing maps are not read
         # (None without a mapping set: everything is read, as tools and tests expect)
-        self._wanted = mapped_fields(mappings, "amdgpu")
-        self.options = dict(options or {})
+        self._wanted = context.fields("amdgpu")
+        self.options = context.typed(AmdgpuOptions)
         self._reader = reader or default_reader
         self._clock = clock
         self._cards: list[Card] = []
@@ -235,7 +235,7 @@ class AmdgpuSysfsSource(SourceBase):
         self._cards = self.discover()
         if not self._cards:
             raise SourceUnavailable(f"no amdgpu cards under {self.sysfs / 'class' / 'drm'}")
-        keep = self.options.get("keep_open", "auto")
+        keep = self.options.keep_open
         if self._reader is default_reader and (keep == "always" or keep == "auto" and on_sysfs(self.sysfs)):
             wanted = sum(len(c.plan) + len(c.hwmon_plan) + c.has_gpu_metrics for c in self._cards)
             if self._kept is not None:
@@ -244,9 +244,9 @@ class AmdgpuSysfsSource(SourceBase):
         if self._pcie is not None:
             self._pcie.stop()
             self._pcie = None
-        if self.options.get("pcie_bw", True) and (
+        if self.options.pcie_bw and (
                 self._wanted is None or not self._wanted.isdisjoint(PCIE_BW_FIELDS)):
-            self._pcie = PcieBwReaders(self._clock, float(self.options.get("pcie_bw_interval", 1.0)))
+            self._pcie = PcieBwReaders(self._clock, self.options.pcie_bw_interval)
             for card in self._cards:
                 if card.has_pcie_bw:
                     self._pcie.start(card.device.key, card.number, card.device_dir / "pcie_bw",
@@ -326,7 +326,7 @@ class AmdgpuSysfsSource(SourceBase):
 
     def _gpu_metrics(self, card: Card, sample: Sample, errors: Counter[str],
                      only: frozenset[str] | None = None) -> None:
-        if not (card.has_gpu_metrics and self.options.get("gpu_metrics", True)):
+        if not (card.has_gpu_metrics and self.options.gpu_metrics):
             return
         data = self._read(card.gpu_metrics_path, errors)
         if data is None:

@@ -35,7 +35,9 @@ from types import ModuleType
 from typing import Any
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
-from .evidence import mark, process_mode
+from .context import DEFAULT_CONTEXT, SourceContext
+from .evidence import mark
+from .options import AmdsmiOptions
 
 NOT_SUPPORTED = 2  # amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED
 _TIMEOUTS = (8, 9)  # AMDSMI_STATUS_TIMEOUT, AMDSMI_STATUS_RETRY
@@ -81,10 +83,9 @@ def _num(value: Any) -> float | None:
 class AmdsmiSource(SourceBase):
     name = "amdsmi"
 
-    def __init__(self, sysfs: Path = Path("/sys"), options: dict[str, Any] | None = None,
-                 module: ModuleType | Any | None = None, **_: Any):
-        self.sysfs = Path(sysfs)
-        self.options = dict(options or {})
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, module: ModuleType | Any | None = None):
+        self.sysfs = Path(context.sysfs)
+        self.options = context.typed(AmdsmiOptions)
         self._module = module
         self._smi: Any = None
         self._handles: list[tuple[Any, Device]] = []
@@ -196,7 +197,8 @@ class AmdsmiSource(SourceBase):
             for name in ("correctable_count", "uncorrectable_count", "deferred_count"):
                 sample.add(key, f"ecc.{name}", _num(total.get(name)))
         blocks_enum = getattr(self._smi, "AmdSmiGpuBlock", None)
-        for block in self.options.get("ecc_blocks", DEFAULT_ECC_BLOCKS):
+        blocks = self.options.ecc_blocks
+        for block in DEFAULT_ECC_BLOCKS if blocks is None else blocks:
             member = getattr(blocks_enum, block, None)
             if member is None:
                 continue
@@ -215,7 +217,7 @@ class AmdsmiSource(SourceBase):
                 if isinstance(link, dict):
                     sample.add(key, "xgmi.read_kb", _num(link.get("read")), (("link", str(i)),))
                     sample.add(key, "xgmi.write_kb", _num(link.get("write")), (("link", str(i)),))
-        mode = process_mode(self.options)
+        mode = self.options.processes
         if mode != "off":
             self._poll_processes(h, key, sample, mode)
 
@@ -250,7 +252,7 @@ class AmdsmiSource(SourceBase):
             pname = name if isinstance(name, str) and name and name != "N/A" else "unknown"
             rows.append((values["process.vram_mem"] or 0.0, str(int(p["pid"])), pname, values))
         rows.sort(key=lambda r: -r[0])
-        top_n = int(self.options.get("process_top_n", 10))
+        top_n = self.options.process_top_n
         other: dict[str, float] = {}
         for rank, (_, pid, pname, values) in enumerate(rows):
             for field_name, value in values.items():

@@ -4,6 +4,10 @@ A source only reads hardware (or a file tree, or a library) and returns raw read
 vendor's own field names and units.  It knows nothing about canonical names: the mapping file
 named by each device (``Device.mapping``) turns raw readings into canonical series.
 
+A source is created with one ``SourceContext`` (``sources/context.py``): the file trees, its
+collector's typed options (``sources/options.py``) and, per mapping file, the raw fields its rules
+map (``wanted``), so a source may skip reading what no rule maps.  It is handed nothing else.
+
 Sources are synchronous; the daemon runs each one in its own worker thread with a timeout, so a
 source may block (NVML, amdsmi, slow sysfs files) without stalling anything else.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from ..model import Device, Labels, PollResult, Reading
 
@@ -21,7 +25,8 @@ from ..model import Device, Labels, PollResult, Reading
 Sample = PollResult
 
 __all__ = ["Abilities", "Device", "PollFailed", "PollResult", "Reading", "Sample", "Source", "SourceBase",
-           "SourceUnavailable", "abilities_of", "mapped_fields"]
+           "SourceUnavailable", "abilities_of"]
+
 
 
 class SourceUnavailable(Exception):
@@ -70,19 +75,6 @@ def abilities_of(source: object) -> Abilities:
     """The abilities ``source`` declares; a duck-typed source (a test double) has the defaults."""
     declared = getattr(type(source), "abilities", None)
     return declared if isinstance(declared, Abilities) else DEFAULT_ABILITIES
-
-
-def mapped_fields(mappings: Any, name: str) -> frozenset[str] | None:
-    """The raw field names mapping file ``name`` has rules for, or None (read everything).
-
-    A source handed the loaded mapping set (the ``mappings=`` keyword the daemon passes) may skip
-    reading and emitting raw fields no rule maps: the mapper would drop them anyway.  Without a
-    mapping set, or without that file in it, there is nothing to go by and None says so.
-    """
-    get = getattr(mappings, "get", None)
-    compiled = get(name) if callable(get) else None
-    rules = getattr(compiled, "rules", None)
-    return frozenset(rules) if isinstance(rules, dict) else None
 
 
 @runtime_checkable

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
+from .context import DEFAULT_CONTEXT, SourceContext
+from .options import DcgmOptions
 
 BINDING_PATHS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")
 
@@ -74,9 +76,8 @@ def _bus(bus_id: Any) -> str:
 class DcgmSource(SourceBase):
     name: ClassVar[str] = "dcgm"
 
-    def __init__(self, *, sysfs: Path = Path("/sys"), procfs: Path = Path("/proc"),
-                 options: dict[str, Any] | None = None, module: Any = None, **_: Any) -> None:
-        self.options = dict(options or {})
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, module: Any = None) -> None:
+        self.options = context.typed(DcgmOptions)
         self._module = module
         self.reader: Any = None
         self.devices: dict[int, Device] = {}
@@ -85,12 +86,12 @@ class DcgmSource(SourceBase):
     def open(self) -> None:
         mods = self._module or import_bindings()
         opts = self.options
-        field_ids = [int(f) for f in (opts.get("field_ids") or DEFAULT_FIELD_IDS)]
+        field_ids = list(opts.field_ids or DEFAULT_FIELD_IDS)
         try:
             reader = mods.DcgmReader.DcgmReader(
-                hostname=str(opts.get("hostname", "localhost")), fieldIds=field_ids,
-                updateFrequency=int(float(opts.get("update_interval_s", 1.0)) * 1_000_000),
-                maxKeepAge=float(opts.get("max_keep_age_s", 60.0)), ignoreBlank=True,
+                hostname=opts.hostname, fieldIds=field_ids,
+                updateFrequency=int(opts.update_interval_s * 1_000_000),
+                maxKeepAge=opts.max_keep_age_s, ignoreBlank=True,
                 fieldGroupName="unified_gpu_exporter")
             reader.InitWrapped()
         except Exception as exc:  # noqa: BLE001 - DCGMError, library load errors: source off

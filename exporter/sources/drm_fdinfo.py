@@ -44,8 +44,10 @@ from typing import ClassVar
 
 from .. import safefile
 from .base import Device, PollResult, SourceBase, SourceUnavailable
-from .evidence import mark, process_mode
+from .context import DEFAULT_CONTEXT, SourceContext
+from .evidence import mark
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
+from .options import FdinfoOptions
 from .sysfs_util import read_kv
 
 log = logging.getLogger(__name__)
@@ -267,18 +269,13 @@ class DrmFdinfoSource(SourceBase):
 
     name: ClassVar[str] = "fdinfo"
 
-    def __init__(self, *, procfs: Path = Path("/proc"), sysfs: Path = Path("/sys"),
-                 options: dict | None = None, clock: Callable[[], float] | None = None,
-                 **_: object) -> None:
-        self.procfs = Path(procfs)
-        self.sysfs = Path(sysfs)
-        options = options or {}
-        try:
-            self.top_n = int(options.get("top_n", 5))  # < 0: every process, no "other"
-        except (TypeError, ValueError):
-            log.warning("fdinfo: top_n %r is not an integer; using 5", options.get("top_n"))
-            self.top_n = 5
-        self.mode = process_mode(options)
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.procfs = Path(context.procfs)
+        self.sysfs = Path(context.sysfs)
+        options = context.typed(FdinfoOptions)
+        self.top_n = options.top_n  # < 0: every process, no "other"
+        self.mode = options.processes
         self._clock = clock or (lambda: time.monotonic())
         self._scanner = FdScanner(self.procfs)
         self._clients: dict[tuple[str, str], _ClientState] = {}

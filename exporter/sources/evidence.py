@@ -21,25 +21,9 @@ what is missing: ``pid_namespace_private``, ``procfs_unreadable``, ``not_support
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from .base import PollResult
 
-MODES = ("off", "count", "series")
-DEFAULT_MODE = "count"
 EVIDENCE_RAW = "client.evidence"
-
-
-def process_mode(options: Mapping[str, Any], key: str = "processes") -> str:
-    """The ``processes`` option as one of MODES (booleans of older configs: true = series)."""
-    value = options.get(key, DEFAULT_MODE)
-    if value is True:
-        return "series"
-    if value is False or value is None:
-        return "off"
-    value = str(value)
-    return value if value in MODES else DEFAULT_MODE
 
 
 def mark(sample: PollResult, key: str, source: str, complete: bool, reason: str = "") -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
+from .context import DEFAULT_CONTEXT, SourceContext
 from .fdinfo_parser import normalize_pdev
 from .sysfs_util import link_name, read_int, read_kv, read_text
 
@@ -164,9 +165,8 @@ class IntelSysfsSource(SourceBase):
 
     name: ClassVar[str] = "intel"
 
-    def __init__(self, *, sysfs: Path = Path("/sys"), options: dict | None = None, **_: object) -> None:
-        self.sysfs = Path(sysfs)
-        self.options = options or {}
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT) -> None:
+        self.sysfs = Path(context.sysfs)
         self._cards: list[_Card] = []
 
     def open(self) -> None:

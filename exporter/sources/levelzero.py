@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
+from .context import DEFAULT_CONTEXT, SourceContext
 from .drm_fdinfo import card_indices
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,8 @@ class LevelZeroSource(SourceBase):
 
     name: ClassVar[str] = "levelzero"
 
-    def __init__(self, *, sysfs: Path = Path("/sys"), options: dict | None = None, module: Any = None,
-                 **_: object) -> None:
-        self.sysfs = Path(sysfs)
-        self.options = options or {}
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, module: Any = None) -> None:
+        self.sysfs = Path(context.sysfs)
         self._module = module
         self._zes: Any = None
         self._devices: list[_L0Device] = []

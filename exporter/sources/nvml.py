@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
-from .evidence import process_mode
+from .context import DEFAULT_CONTEXT, SourceContext
 from .nvml_calls import LOST_CODES, CallGuard, DeviceLost
 from .nvml_events import XidWatcher
 from .nvml_gpm import DEFAULT_GPM_METRICS, GpmReader
 from .nvml_processes import ProcessReader
 from .nvml_readers import DEFAULT_FIELDS, DeviceReader, GpuState, MigInstance, field_requests
+from .options import NvmlOptions
 
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
 _CI_PREFIX = re.compile(r"^\d+c\.")
@@ -69,11 +70,10 @@ class NvmlSource(SourceBase):
     name: ClassVar[str] = "nvml"
     abilities = Abilities(fast_poll=True)
 
-    def __init__(self, *, sysfs: Path = Path("/sys"), procfs: Path = Path("/proc"),
-                 options: dict[str, Any] | None = None, module: Any = None,
-                 clock: Callable[[], float] | None = None, **_: Any) -> None:
-        self.procfs = Path(procfs)
-        self.options = dict(options or {})
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, module: Any = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.procfs = Path(context.procfs)
+        self.options = context.typed(NvmlOptions)
         self._module = module
         self._clock = clock or (lambda: time.monotonic())
         self.nv: Any = None
@@ -113,18 +113,15 @@ class NvmlSource(SourceBase):
         opts = self.options
         self.guard = CallGuard(nv)
         self.reader = DeviceReader(nv, self.guard)
-        if opts.get("gpm", True):
+        if opts.gpm:
             self.gpm = GpmReader(
-                nv, self.guard, tuple(opts.get("gpm_metrics") or DEFAULT_GPM_METRICS),
-                min_window_s=float(opts.get("gpm_min_window_s", 0.1)),
-                reseed_factor=float(opts.get("gpm_reseed_factor", 5.0)),
-                max_window_s=float(opts.get("gpm_max_window_s", 600.0)),
-                interval_s=float(opts["interval"]) if opts.get("interval") else None)
-        if opts.get("xid", True):
-            self.xid = XidWatcher(nv, timeout_ms=int(opts.get("xid_timeout_ms", 500)))
-        mode = process_mode(opts)
-        if mode != "off":
-            self.procs = ProcessReader(nv, self.guard, self.procfs, int(opts.get("processes_top_n", 10)), mode)
+                nv, self.guard, tuple(opts.gpm_metrics or DEFAULT_GPM_METRICS),
+                min_window_s=opts.gpm_min_window_s, reseed_factor=opts.gpm_reseed_factor,
+                max_window_s=opts.gpm_max_window_s, interval_s=opts.interval or None)
+        if opts.xid:
+            self.xid = XidWatcher(nv, timeout_ms=opts.xid_timeout_ms)
+        if opts.processes != "off":
+            self.procs = ProcessReader(nv, self.guard, self.procfs, opts.processes_top_n, opts.processes)
         try:
             self.driver = _text(nv.nvmlSystemGetDriverVersion())
         except Exception:  # noqa: BLE001 - identity only
@@ -205,7 +202,7 @@ class NvmlSource(SourceBase):
     def _setup(self, errors: Counter[str], st: GpuState) -> None:
         assert self.reader is not None
         self.reader.read_static(errors, st)
-        per_link = bool(self.options.get("nvlink_per_link", False))
+        per_link = self.options.nvlink_per_link
         links = self.reader.active_links(errors, st) if per_link else []
         st.fields = field_requests(self.nv, DEFAULT_FIELDS, links, per_link)
         st.fields = [f for f in st.fields if not self.guard.is_skipped(st.key, f.name)]
@@ -220,7 +217,7 @@ class NvmlSource(SourceBase):
         st.polls_since_mig_scan = 0
         if st.device.partitions:
             st.device = dataclasses.replace(st.device, partitions=())
-        if not self.options.get("mig", True):
+        if not self.options.mig:
             return
         mode = g.call(errors, st.key, "mig_mode", "nvmlDeviceGetMigMode", st.handle)
         if not mode or mode[0] != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
@@ -308,7 +305,7 @@ class NvmlSource(SourceBase):
         assert self.reader is not None
         self.reader.read(sample, st)
         st.polls_since_mig_scan += 1
-        if st.polls_since_mig_scan >= int(self.options.get("mig_rescan_polls", 30)):
+        if st.polls_since_mig_scan >= self.options.mig_rescan_polls:
             self._scan_mig(sample.errors, st)
         for inst in st.mig:
             self.reader.read_memory(sample, st.key, inst.handle, inst.labels)

@@ -201,7 +201,7 @@ class UpstreamOptions(Options):
         if not self.targets:  # the default: nothing to check, and the source's code stays unloaded
             return self
         # what only the source's own parser checks (TLS files readable, password file)
-        from .upstream import parse_targets
+        from .upstream_fetch import parse_targets
 
         try:
             parse_targets(self.options_dict())

@@ -34,15 +34,16 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ..importers.convert import add_profile, allowed_fields
-from ..importers.detect import MAX_BYTES
+from ..importers.convert import add_profile
 from ..importers.dropdir import DropDir
 from ..importers.model import Profile, ProfileRejected
 from ..importers.trigger import CaptureTrigger, TriggerConfig
 from ..model import IDENTITY_WIDTH, Labels
 from .base import Abilities, Device, PollResult, Reading, SourceBase, SourceUnavailable
+from .context import DEFAULT_CONTEXT, SourceContext
+from .options import ProfilesOptions
 
 log = logging.getLogger("unified_gpu_exporter")
 
@@ -52,25 +53,25 @@ class ProfilesSource(SourceBase):
     # borrows identity from native sources; arms triggered captures from the indicators' output
     abilities = Abilities(provides_identity=False, observes_indicators=True)
 
-    def __init__(self, options: dict[str, Any] | None = None, mappings: Any = None):
-        opts = dict(options or {})
-        self.dir = str(opts.get("dir") or "")
-        self.top_kernels = int(opts.get("top_kernels", 10))
-        self.max_profiles = int(opts.get("max_profiles", 16))
-        self.scan_interval = float(opts.get("scan_interval", 2.0))
-        self.restore_on_open = bool(opts.get("restore", True))
-        self.ttl = float(opts.get("ttl", 600.0))
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT):
+        opts = context.typed(ProfilesOptions)
+        self.dir = str(opts.dir or "")
+        self.top_kernels = opts.top_kernels
+        self.max_profiles = opts.max_profiles
+        self.scan_interval = opts.scan_interval
+        self.restore_on_open = opts.restore
+        self.ttl = opts.ttl
         if not self.ttl >= 0:  # also rejects NaN
-            raise ValueError(f"profiles ttl must be >= 0 seconds, got {opts.get('ttl')!r}")
-        self.max_devices = int(opts.get("max_devices_per_import", 16))
-        self.max_series = int(opts.get("max_series_per_import", 20000))
-        if self.max_devices < 1 or self.max_series < 1:
-            raise ValueError("profiles max_devices_per_import and max_series_per_import must be >= 1")
+            raise ValueError(f"profiles ttl must be >= 0 seconds, got {self.ttl!r}")
+        self.max_devices = opts.max_devices_per_import
+        self.max_series = opts.max_series_per_import
         self.clock = time.monotonic
-        self.drop = DropDir(self.dir or ".", settle=float(opts.get("settle", 1.0)),
-                            max_bytes=int(opts.get("max_file_bytes", MAX_BYTES)), accept=self._convert)
-        self.trigger = CaptureTrigger(TriggerConfig.from_options(opts.get("trigger")), self._deliver)
-        self._allowed = allowed_fields(mappings) if mappings is not None else None
+        self.drop = DropDir(self.dir or ".", settle=opts.settle, max_bytes=opts.max_file_bytes,
+                            accept=self._convert)
+        self.trigger = CaptureTrigger(TriggerConfig.from_options(
+            opts.trigger.model_dump() if opts.trigger is not None else None), self._deliver)
+        # per mapping file, the raw fields it maps: an artefact's other fields are not emitted
+        self._allowed = context.wanted
         self._lock = threading.Lock()
         # (tool, trace_id, device keys) -> (devices, readings, import time); newest last
         self._results: OrderedDict[tuple, tuple[list[Device], list[Reading], float]] = OrderedDict()

@@ -7,12 +7,10 @@ optional dependency turns that one source off (with the reason) and never breaks
 from __future__ import annotations
 
 import importlib
-import inspect
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from .base import Source, SourceUnavailable
+from .context import SourceContext
 
 
 @dataclass(frozen=True)
@@ -49,18 +47,11 @@ COLLECTORS: dict[str, Collector] = {c.name: c for c in [
 ]}
 
 
-def create_source(collector: Collector, **kwargs: Any) -> Source:
-    """Instantiate a collector's source, passing only the keyword arguments it accepts."""
+def create_source(collector: Collector, context: SourceContext) -> Source:
+    """Instantiate a collector's source with its context (every source takes exactly that)."""
     try:
         module = importlib.import_module(collector.module)
         cls = getattr(module, collector.cls)
     except Exception as exc:  # an optional dependency may fail in any way at import
         raise SourceUnavailable(f"cannot load {collector.module}: {type(exc).__name__}: {exc}") from exc
-    params = inspect.signature(cls).parameters
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    args = {k: v for k, v in kwargs.items() if accepts_any or k in params}
-    return cls(**args)
-
-
-def source_kwargs(sysfs: Path, procfs: Path, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"sysfs": sysfs, "procfs": procfs, "options": options, **extra}
+    return cls(context)

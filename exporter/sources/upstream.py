@@ -44,12 +44,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, ClassVar
 
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
+from .context import DEFAULT_CONTEXT, SourceContext
+from .options import Options
 from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: importable from here
     MAX_BODY_BYTES,
     FetchError,
@@ -83,12 +84,14 @@ class UpstreamSource(SourceBase):
     abilities = Abilities(secondary=True)
     secondary: ClassVar[bool] = abilities.secondary  # the flag's older spelling
 
-    def __init__(self, *, options: Mapping[str, Any] | None = None, mappings: Any = None,
-                 **_: Any) -> None:
-        self._targets = parse_targets(options or {})
-        # the daemon's loaded mapping set (``mappings=``): schemas and known names come from it;
-        # without one (a bare test source) no schema is recognised and nothing counted unknown
-        self._mappings = mappings
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT) -> None:
+        # parse_targets is the one parser of targets (UpstreamOptions runs it at load as well):
+        # it resolves what the model only types (TLS files, password files, names)
+        given = context.options
+        self._targets = parse_targets(given.options_dict() if isinstance(given, Options) else dict(given or {}))
+        # the daemon's loaded mapping set: schemas and known names come from it; without one (a
+        # bare test source) no schema is recognised and nothing counted unknown
+        self._mappings = context.mappings
         self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
         self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
@@ -147,8 +150,7 @@ class UpstreamSource(SourceBase):
         text, content_type = fetch(target)
         samples = parse_exposition(text, content_type)
         result = read_series(target, samples)
-        get = getattr(self._mappings, "get", None)
-        cm = get(target.spec.mapping) if callable(get) else None
+        cm = self._mappings.get(target.spec.mapping) if self._mappings is not None else None
         prefix = target.metric_prefix
         names = {n[len(prefix):] if prefix and n.startswith(prefix) else n for n, _, _ in samples}
         names.update(fld for _, fld, _, _ in result.readings)  # with selector labels, too

@@ -1,0 +1,48 @@
+"""``SourceContext``: the one thing a source is created with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .options import Options
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What a source is created with (``registry.create_source``; tests build one directly).
+
+    ``options``: the collector's options, typed (``collectors.<name>.options``, validated with
+    the configuration file); a plain dict, as tools and tests pass, is validated by the source's
+    model in ``typed``.  ``wanted``: per mapping file, the raw fields its rules map
+    (``MappingSet.raw_fields``); None, without a mapping set, means read everything.
+    ``mappings``: the loaded mapping set itself, for the sources whose work is the rules
+    (upstream's schema detection, the simulator's plans); None elsewhere.
+    """
+
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    options: Options | Mapping[str, Any] | None = None
+    wanted: Mapping[str, frozenset[str]] | None = None
+    mappings: Any = None
+
+    def typed(self, model: type[OptionsT]) -> OptionsT:
+        """The options as ``model`` (the defaults where none were given)."""
+        given = self.options
+        if isinstance(given, model):
+            return given
+        if isinstance(given, Options):  # a collector registered without a model of its own
+            given = given.options_dict()
+        return model.model_validate(dict(given or {}))
+
+    def fields(self, mapping: str) -> frozenset[str] | None:
+        """The raw fields mapping file ``mapping`` maps; None (no mapping set, or no such file in
+        it): nothing to go by, read everything."""
+        return None if self.wanted is None else self.wanted.get(mapping)
+
+
+DEFAULT_CONTEXT = SourceContext()
