@@ -3,8 +3,8 @@
 ``collectors.<name>.options`` in the configuration file is validated against the model of that
 collector: an unknown key (``procesess: true``) or a value of the wrong type is a configuration
 error naming file, line and field, found by ``--check-config``, at start and on reload, never a
-source that quietly runs with its defaults or goes down at runtime.  A source receives only the
-keys that were set (``options_dict``), so its own defaults stay where they are documented.
+source that quietly runs with its defaults or goes down at runtime.  A source receives its model
+(``SourceContext.typed``) and reads attributes: the defaults written here are the only ones.
 """
 
 from __future__ import annotations
