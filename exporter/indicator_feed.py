@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from .baseline_file import BaselineFile
 from .indicators import USED_SERIES, IndicatorConfig, IndicatorEngine
+from .indicators.baseline import BaselineStore
 from .indicators.series import InputKey
 from .model import IDENTITY_WIDTH, DeviceId, Labels, SeriesKey, device_id_of
 from .store import SourceState, Store
@@ -35,7 +37,10 @@ MAX_TRACKED_DEVICES = 512
 
 class IndicatorFeed:
     def __init__(self, config: IndicatorConfig, state_dir: Path | None, interval: float, cloud: str = ""):
-        self.engine = IndicatorEngine(config, state_dir, interval)
+        baselines = BaselineStore()
+        self._file = BaselineFile(state_dir)  # the I/O stays out of the (pure) engine
+        self._file.load(baselines)
+        self.engine = IndicatorEngine(config, baselines, interval)
         self.interval = interval
         self.cloud = cloud
         # the engine's output of the last update, per device; ``latest`` labels it when read
@@ -193,6 +198,6 @@ class IndicatorFeed:
 
     def save(self) -> None:
         try:
-            self.engine.save_state()
+            self._file.save(self.engine.baselines)
         except Exception as exc:  # noqa: BLE001 - never take the daemon down for a state file
             log.warning("saving indicator state failed", extra={"reason": str(exc)})

@@ -118,15 +118,16 @@ async def test_reload_keeps_baselines_and_counters_without_state_dir(  # noqa: F
 
 
 def test_deeply_nested_state_file_is_set_aside_and_stale_tmp_removed(tmp_path):
-    from exporter.indicators.baseline import STATE_FILE, BaselineStore
+    from exporter.baseline_file import STATE_FILE, BaselineFile
+    from exporter.indicators.baseline import BaselineStore
     (tmp_path / STATE_FILE).write_text("[" * 200_000 + "]" * 200_000)
     stale = tmp_path / f".{STATE_FILE}.abc123.tmp"
     stale.write_text("half a write")
-    store = BaselineStore(tmp_path)
-    assert store.load() is False  # no RecursionError: starts fresh
+    store, file = BaselineStore(), BaselineFile(tmp_path)
+    assert file.load(store) is False  # no RecursionError: starts fresh
     assert (tmp_path / (STATE_FILE + ".corrupt")).exists()
     assert not stale.exists()
-    assert store.save() and store.load()
+    assert file.save(store) and file.load(store)
 
 
 def _threads(pid: int) -> int:

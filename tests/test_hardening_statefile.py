@@ -10,7 +10,8 @@ import textwrap
 import threading
 from pathlib import Path
 
-from exporter.indicators.baseline import STATE_FILE, BaselineStore
+from exporter.baseline_file import STATE_FILE, BaselineFile
+from exporter.indicators.baseline import BaselineStore
 from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 
@@ -42,10 +43,10 @@ def _unblock(fifo: Path) -> None:
 def test_fifo_state_file_does_not_hang_the_start(tmp_path, caplog):
     fifo = tmp_path / STATE_FILE
     os.mkfifo(fifo)
-    store = BaselineStore(tmp_path)
+    store, file = BaselineStore(), BaselineFile(tmp_path)
     try:
         with caplog.at_level(logging.WARNING):
-            done, loaded = _in_thread(store.load)
+            done, loaded = _in_thread(lambda: file.load(store))
         assert done, "load() hangs on a FIFO"
         assert loaded is False
         assert "FIFO" in caplog.text and "fresh baselines" in caplog.text
@@ -59,9 +60,10 @@ def test_dev_zero_symlink_state_file_is_not_read(tmp_path):
     res = run_bounded(textwrap.dedent("""\
         import logging, sys
         from pathlib import Path
+        from exporter.baseline_file import BaselineFile
         from exporter.indicators.baseline import BaselineStore
         logging.basicConfig(level=logging.WARNING)
-        print("LOADED", BaselineStore(Path(sys.argv[1])).load())
+        print("LOADED", BaselineFile(Path(sys.argv[1])).load(BaselineStore()))
         """), str(tmp_path), timeout=30)
     assert res.ok and "LOADED False" in res.out and "symbolic link" in res.out, res
     assert os.readlink(tmp_path / (STATE_FILE + ".corrupt")) == "/dev/zero"
@@ -71,7 +73,7 @@ def test_oversized_state_file_is_not_read(tmp_path, caplog):
     with open(tmp_path / STATE_FILE, "wb") as f:
         f.truncate(65 << 20)  # sparse: no disk used
     with caplog.at_level(logging.WARNING):
-        assert BaselineStore(tmp_path).load() is False
+        assert BaselineFile(tmp_path).load(BaselineStore()) is False
     assert "above the limit" in caplog.text
 
 

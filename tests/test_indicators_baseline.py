@@ -9,8 +9,9 @@ import random
 
 import pytest
 
+from exporter.baseline_file import STATE_FILE, BaselineFile, atomic_write
 from exporter.indicators import IndicatorConfig, IndicatorEngine
-from exporter.indicators.baseline import FORMAT, STATE_FILE, VERSION, BaselineStore, atomic_write
+from exporter.indicators.baseline import FORMAT, VERSION, BaselineStore
 from exporter.indicators.robust import DeviationTracker, RobustBaseline, mad_sigma, median
 
 DEV = ("nvidia", "0", "GPU-8f3a")
@@ -141,9 +142,20 @@ def test_neighbour_leaving_does_not_make_the_gpu_look_degraded():
 # ---------------------------------------------------------------------------- persistence
 
 
+def _engine(cfg: IndicatorConfig, state_dir) -> IndicatorEngine:
+    """An engine as the daemon's feed makes one: baselines restored from the state file."""
+    store = BaselineStore()
+    BaselineFile(state_dir).load(store)
+    return IndicatorEngine(cfg, store, poll_interval=0.1)
+
+
+def _save(engine: IndicatorEngine, state_dir) -> bool:
+    return BaselineFile(state_dir).save(engine.baselines)
+
+
 def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
     cfg = IndicatorConfig.model_validate({"baseline": FAST})
-    first = IndicatorEngine(cfg, tmp_path, poll_interval=0.1)
+    first = _engine(cfg, tmp_path)
     t = _learn(first, 100, 1800.0)
     learned = first.baseline(DEV, "bandwidth")
     assert learned is not None and learned.bins >= 9
@@ -153,7 +165,7 @@ def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
         out = first.update(t + i * 0.1, {DEV: {"gpu_compute_utilization_percent": 95.0,
                                                "gpu_memory_bandwidth_gbps": 1100.0}})
     assert _series(out, "gpu_baseline_deviation", metric="bandwidth") == [1.0]
-    first.save_state()
+    _save(first, tmp_path)
     saved = json.loads((tmp_path / STATE_FILE).read_text())
     assert saved["format"] == FORMAT and saved["version"] == VERSION == 2
     assert saved["flagged"] == {"GPU-8f3a": ["bandwidth"]}
@@ -161,7 +173,7 @@ def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
 
     # a new process: monotonic time starts over; the flag holds from the first update (no
     # resolve and re-raise) and the low value is not learned
-    second = IndicatorEngine(cfg, tmp_path, poll_interval=0.1)
+    second = _engine(cfg, tmp_path)
     out = second.update(5.0, {DEV: {"gpu_compute_utilization_percent": 95.0,
                                     "gpu_memory_bandwidth_gbps": 1100.0}})
     assert _series(out, "gpu_baseline_mean", metric="bandwidth") == [pytest.approx(1800.0)]
@@ -173,7 +185,7 @@ def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
 
 
 def test_fresh_engine_without_state_has_no_baseline_series(tmp_path):
-    engine = IndicatorEngine(IndicatorConfig(), tmp_path, poll_interval=0.1)
+    engine = _engine(IndicatorConfig(), tmp_path)
     out = engine.update(1.0, {DEV: {"gpu_compute_utilization_percent": 95.0,
                                     "gpu_memory_bandwidth_gbps": 1100.0}})
     assert _series(out, "gpu_baseline_mean") == []
@@ -185,8 +197,8 @@ def test_version_1_file_is_set_aside(tmp_path, caplog):
                      "devices": {"GPU-1": {"bandwidth": {"mean": 1.0, "var": 4.0, "n": 3}}}}).encode()
     (tmp_path / STATE_FILE).write_bytes(v1)
     with caplog.at_level(logging.WARNING, logger="exporter.indicators.baseline"):
-        store = BaselineStore(tmp_path)
-        assert not store.load()
+        store = BaselineStore()
+        assert not BaselineFile(tmp_path).load(store)
     assert "version 1" in caplog.text
     assert (tmp_path / (STATE_FILE + ".v1")).read_bytes() == v1
     assert not (tmp_path / STATE_FILE).exists()
@@ -210,15 +222,15 @@ def test_corrupt_state_file_is_survived(tmp_path, caplog, content):
     (tmp_path / STATE_FILE).write_bytes(content)
     cfg = IndicatorConfig.model_validate({"baseline": FAST})
     with caplog.at_level(logging.WARNING, logger="exporter.indicators.baseline"):
-        engine = IndicatorEngine(cfg, tmp_path, poll_interval=0.1)
+        engine = _engine(cfg, tmp_path)
     assert "unreadable" in caplog.text and "fresh baselines" in caplog.text
     assert (tmp_path / (STATE_FILE + ".corrupt")).read_bytes() == content
     assert engine.baseline(DEV, "bandwidth") is None
     # it learns and saves again
     _learn(engine, 20, 1500.0)
-    engine.save_state()
-    restored = BaselineStore(tmp_path)
-    assert restored.load()
+    _save(engine, tmp_path)
+    restored = BaselineStore()
+    assert BaselineFile(tmp_path).load(restored)
     b = restored.get("GPU-8f3a", "bandwidth", lambda: RobustBaseline(1.0, 60, 60, 168))
     assert b.stats()[0] == pytest.approx(1500.0)
 
@@ -227,8 +239,8 @@ def test_newer_format_version_is_left_alone(tmp_path, caplog):
     newer = json.dumps({"format": FORMAT, "version": 99, "devices": {}, "extra": [1]}).encode()
     (tmp_path / STATE_FILE).write_bytes(newer)
     with caplog.at_level(logging.WARNING):
-        store = BaselineStore(tmp_path)
-        assert not store.load()
+        store = BaselineStore()
+        assert not BaselineFile(tmp_path).load(store)
     assert "newer" in caplog.text
     assert (tmp_path / STATE_FILE).read_bytes() == newer
     assert not (tmp_path / (STATE_FILE + ".corrupt")).exists()
@@ -237,17 +249,17 @@ def test_newer_format_version_is_left_alone(tmp_path, caplog):
 def test_unwritable_state_dir_warns_and_does_not_raise(tmp_path, caplog):
     blocker = tmp_path / "state"
     blocker.write_text("a file where the directory should be")
-    engine = IndicatorEngine(IndicatorConfig.model_validate({"baseline": FAST}), blocker, poll_interval=0.1)
+    engine = _engine(IndicatorConfig.model_validate({"baseline": FAST}), blocker)
     _learn(engine, 30, 1500.0)
     with caplog.at_level(logging.WARNING):
-        engine.save_state()
+        _save(engine, blocker)
     assert "cannot save baselines" in caplog.text
 
 
 def test_no_state_dir_means_no_persistence(tmp_path):
-    engine = IndicatorEngine(IndicatorConfig(), None, poll_interval=0.1)
+    engine = _engine(IndicatorConfig(), None)
     _learn(engine, 3, 1500.0)
-    engine.save_state()  # no-op
+    _save(engine, None)  # no-op
     assert list(tmp_path.iterdir()) == []
 
 
@@ -261,16 +273,17 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path):
 
 def test_saved_values_round_trip_exactly_and_unseen_devices_are_kept(tmp_path):
     factory = lambda: RobustBaseline(1.0, 4, 2, 3)  # noqa: E731
-    store = BaselineStore(tmp_path)
+    file = BaselineFile(tmp_path)
+    store = BaselineStore()
     b = store.get("GPU-x", "bandwidth", factory)
     for x in (1234.5678901234567, 0.1 + 0.2, 77.0, 5.0, 6.0):
         b.learn(x, 1.0)
-    assert store.save()
-    again = BaselineStore(tmp_path)
-    assert again.load()
-    assert again.save()  # a device not seen since the restart keeps its saved baseline
-    third = BaselineStore(tmp_path)
-    assert third.load()
+    assert file.save(store)
+    again = BaselineStore()
+    assert file.load(again)
+    assert file.save(again)  # a device not seen since the restart keeps its saved baseline
+    third = BaselineStore()
+    assert file.load(third)
     got = third.get("GPU-x", "bandwidth", factory)
     assert list(got.fast) == [0.1 + 0.2, 77.0, 5.0, 6.0]
     assert list(got.long) == [median([1234.5678901234567, 0.1 + 0.2]), median([77.0, 5.0])]

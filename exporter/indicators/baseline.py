@@ -1,43 +1,29 @@
-"""Learned baselines of every GPU and metric, and their state file.
+"""Learned baselines of every GPU and metric, and their state as versioned JSON data.
 
 The baselines themselves are robust (``robust.py``: medians of time bins, a fast and a long
-reference).  The state file (``<state dir>/indicator-baselines.json``) is versioned JSON written
-atomically (temporary file in the same directory, fsync, rename, fsync of the directory).  It
-holds, per device and metric, the closed bins of both references and the learned seconds, and
-the metrics whose deviation was flagged at save time (a restart keeps them flagged, so it
-neither relearns the problem as normal nor resolves and re-raises the flag).
+reference).  Their state (``to_json`` / ``parse_state``) holds, per device and metric, the
+closed bins of both references and the learned seconds, and the metrics whose deviation was
+flagged at save time (a restart keeps them flagged, so it neither relearns the problem as normal
+nor resolves and re-raises the flag).  No timestamps are stored: learning time is counted by
+learned seconds only.
 
-The file is read under the ``exporter.safefile`` rule (a symlink, FIFO or device in its place is
-never opened or followed; at most ``MAX_STATE_BYTES``).  A file that cannot be read or parsed
-is renamed to ``*.corrupt`` and the baselines start fresh
-with a warning; a version 1 file (EWMA mean/variance, which cannot seed a median) is renamed to
-``*.v1`` and the baselines start fresh; a file from a newer format version is left alone until
-the next save.  No timestamps are stored: learning time is counted by learned seconds only.
+Pure: reading and writing the state file (``<state dir>/indicator-baselines.json``, atomically,
+under the ``safefile`` rule) is ``exporter.baseline_file``'s, on the daemon's side.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-import os
-import tempfile
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .. import safefile
 from .robust import RobustBaseline
 
-log = logging.getLogger(__name__)
-
-STATE_FILE = "indicator-baselines.json"
 FORMAT = "unified-gpu-exporter/indicator-baselines"
 VERSION = 2
 MAX_BINS = 10080
-MAX_STATE_BYTES = 64 << 20  # far above any real state file (tens of KB per GPU)
 
 
 def _finite_list(v: list[float]) -> list[float]:
@@ -74,11 +60,36 @@ class _StateV2(BaseModel):
     flagged: dict[str, list[str]] = {}
 
 
-class BaselineStore:
-    """Baselines of every device and metric, optionally persisted in a state directory."""
+class NewerState(ValueError):
+    """State of a newer format version than this code reads."""
 
-    def __init__(self, state_dir: Path | None) -> None:
-        self.path = state_dir / STATE_FILE if state_dir is not None else None
+    def __init__(self, version: int) -> None:
+        super().__init__(f"format version {version}, newer than {VERSION}")
+        self.version = version
+
+
+class OldState(ValueError):
+    """State of format version 1 (EWMA mean/variance, which cannot seed a median)."""
+
+
+def parse_state(raw: object) -> _StateV2:
+    """Validated baseline state; ``NewerState``, ``OldState`` or another ValueError (a
+    pydantic ValidationError is one) when it is not state this code can start from."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ValueError(f"not a baseline state file (format {raw.get('format')!r})"
+                         if isinstance(raw, dict) else "not a JSON object")
+    version = raw.get("version")
+    if isinstance(version, int) and version > VERSION:
+        raise NewerState(version)
+    if version == 1:
+        raise OldState("format version 1")
+    return _StateV2.model_validate(raw)
+
+
+class BaselineStore:
+    """Baselines of every device and metric (``restore`` starts from saved state)."""
+
+    def __init__(self) -> None:
         self._data: dict[str, dict[str, RobustBaseline]] = {}
         self._restored: dict[str, dict[str, _RobustV2]] = {}
         self.flagged: dict[str, set[str]] = {}
@@ -148,110 +159,10 @@ class BaselineStore:
                 "flagged": {dev: sorted(ms) for dev, ms in sorted(self.flagged.items()) if ms},
             }
 
-    def load(self) -> bool:
-        """Restore baselines from the state file; False (with a warning) when starting fresh."""
-        if self.path is None:
-            return False
-        self._remove_stale_tmp()
-        try:  # never a symlink, FIFO or device, never more than MAX_STATE_BYTES (safefile)
-            data = safefile.read_path(self.path, MAX_STATE_BYTES)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            self._set_aside(exc, ".corrupt")
-            return False
-        try:
-            raw = json.loads(data)
-            if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-                raise ValueError(f"not a baseline state file (format {raw.get('format')!r})"
-                                 if isinstance(raw, dict) else "not a JSON object")
-            version = raw.get("version")
-            if isinstance(version, int) and version > VERSION:
-                log.warning("baseline state %s has format version %d, newer than %d: "
-                            "starting with fresh baselines and leaving the file alone until the next save",
-                            self.path, version, VERSION)
-                return False
-            if version == 1:
-                self._set_aside(None, ".v1")
-                return False
-            state = _StateV2.model_validate(raw)
-        except (OSError, ValueError, ValidationError, RecursionError) as exc:
-            # JSONDecodeError is a ValueError; a deeply nested file raises RecursionError
-            self._set_aside(exc, ".corrupt")
-            return False
-        self._restored = {dev: dict(metrics) for dev, metrics in state.devices.items()}
-        self.flagged = {dev: set(ms) for dev, ms in state.flagged.items()}
-        log.info("restored baselines of %d devices from %s", len(self._restored), self.path)
-        return True
-
-    def _remove_stale_tmp(self) -> None:
-        """Temporary files of an atomic_write that a crash interrupted (never the live file)."""
-        assert self.path is not None
-        try:
-            names = os.listdir(self.path.parent)
-        except OSError:
-            return
-        prefix = f".{self.path.name}."
-        for name in names:
-            if name.startswith(prefix) and name.endswith(".tmp"):
-                try:
-                    os.unlink(self.path.parent / name)
-                    log.info("removed a stale temporary state file %s", name)
-                except OSError:
-                    pass
-
-    def _set_aside(self, exc: Exception | None, suffix: str) -> None:
-        assert self.path is not None
-        aside = self.path.with_name(self.path.name + suffix)
-        try:
-            os.replace(self.path, aside)
-            where = f"moved to {aside}"
-        except OSError:
-            where = "left in place"
-        if exc is None:
-            log.warning("baseline state %s is format version 1 (EWMA), which the robust baselines "
-                        "cannot start from: %s, starting with fresh baselines", self.path, where)
-            return
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        log.warning("baseline state %s is unreadable (%s): %s, starting with fresh baselines",
-                    self.path, reason, where)
-
-    def save(self) -> bool:
-        """Write the state file atomically; False (with a warning) when it cannot be written."""
-        if self.path is None:
-            return False
-        try:
-            data = json.dumps(self.to_json(), allow_nan=False, separators=(",", ":")).encode()
-            atomic_write(self.path, data)
-        except (OSError, ValueError) as exc:
-            log.warning("cannot save baselines to %s: %s", self.path, exc)
-            return False
-        return True
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a reader sees the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    def restore(self, state: _StateV2) -> int:
+        """Start from saved state (``parse_state``): each baseline is filled when first used.
+        Returns the number of devices restored."""
+        with self._lock:
+            self._restored = {dev: dict(metrics) for dev, metrics in state.devices.items()}
+            self.flagged = {dev: set(ms) for dev, ms in state.flagged.items()}
+        return len(self._restored)

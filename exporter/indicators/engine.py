@@ -1,7 +1,8 @@
 """The indicator engine: per device state, fed every poll, returning every indicator series.
 
 The daemon calls ``update(now, devices)`` at its fast sampling interval with the latest canonical
-series of each device, and ``save_state()`` periodically and on shutdown.  Everything here runs
+series of each device; it saves ``baselines`` (``exporter.baseline_file``) periodically and on
+shutdown.  Everything here runs
 on monotonic time; windows are fixed-size rings, so memory does not grow with uptime.
 
 Per device and update:
@@ -26,7 +27,6 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Mapping
-from pathlib import Path
 
 from ..model import DeviceId
 from .baseline import BaselineStore
@@ -104,11 +104,12 @@ class _LabelSets(dict):
 class IndicatorEngine:
     """Contention indicators of every device of the node."""
 
-    def __init__(self, config: IndicatorConfig, state_dir: Path | None, poll_interval: float) -> None:
+    def __init__(self, config: IndicatorConfig, baselines: BaselineStore | None, poll_interval: float) -> None:
+        """``baselines``: what was learned before (restored by the daemon from its state file,
+        ``exporter.baseline_file``); None starts fresh.  The engine reads and writes no file."""
         self.config = config
         self.poll_interval = poll_interval
-        self.baselines = BaselineStore(state_dir)
-        self.baselines.load()
+        self.baselines = baselines if baselines is not None else BaselineStore()
         self._devices: dict[DeviceId, _DeviceState] = {}
         self._info: dict[DeviceId, _DeviceInfo] = {}
         self._index = SeriesIndex()
@@ -142,13 +143,6 @@ class IndicatorEngine:
             fresh.cost_dollars = st.cost_dollars
             fresh.flagged_seconds = dict(st.flagged_seconds)
             fresh.idle_seconds, fresh.drop_seconds, fresh.state = st.idle_seconds, st.drop_seconds, st.state
-
-    def save_state(self) -> None:
-        """Persist the learned baselines (no-op without a state directory; never raises).
-
-        Safe to call from a worker thread while ``update`` runs (it fsyncs: keep it off the loop).
-        """
-        self.baselines.save()
 
     def update(self, now: float, devices: Mapping[DeviceId, Mapping[InputKey, float]]) -> list[Output]:
         if not self.config.enabled:
