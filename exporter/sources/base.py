@@ -6,7 +6,8 @@ named by each device (``Device.mapping``) turns raw readings into canonical seri
 
 A source is created with one ``SourceContext`` (``sources/context.py``): the file trees, its
 collector's typed options (``sources/options.py``) and, per mapping file, the raw fields its rules
-map (``wanted``), so a source may skip reading what no rule maps.  It is handed nothing else.
+map (``wanted``), so a source may skip reading what no rule maps; the mapping set itself only
+for the sources whose work is the rules (upstream's schema detection, the simulator).
 
 Sources are synchronous; the daemon runs each one in its own worker thread with a timeout, so a
 source may block (NVML, amdsmi, slow sysfs files) without stalling anything else.
@@ -26,7 +27,6 @@ Sample = PollResult
 
 __all__ = ["Abilities", "Device", "PollFailed", "PollResult", "Reading", "Sample", "Source", "SourceBase",
            "SourceUnavailable", "abilities_of"]
-
 
 
 class SourceUnavailable(Exception):
@@ -79,7 +79,8 @@ def abilities_of(source: object) -> Abilities:
 
 @runtime_checkable
 class Source(Protocol):
-    """One backend.  ``name`` is the collector name used by ``--collector.<name>``."""
+    """One backend.  ``name`` is the collector name used by ``--collector.<name>``; the class
+    is created with one ``SourceContext`` (``registry.create_source``) and opened later."""
 
     name: ClassVar[str]
     abilities: ClassVar[Abilities]  # optional: a source without it has DEFAULT_ABILITIES
