@@ -21,7 +21,8 @@ class SourceContext:
     model in ``typed``.  ``wanted``: per mapping file, the raw fields its rules map
     (``MappingSet.raw_fields``); None, without a mapping set, means read everything.
     ``mappings``: the loaded mapping set itself, for the sources whose work is the rules
-    (upstream's schema detection, the simulator's plans); None elsewhere.
+    (the daemon passes it to every source; only upstream's schema detection and the simulator
+    read it).
     """
 
     sysfs: Path = Path("/sys")
