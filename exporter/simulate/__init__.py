@@ -6,6 +6,7 @@ vendor readings that mapping turns back into those targets.  It plugs into the d
 the same ``Source`` contract as the real backends (collector name ``simulator``).
 """
 
-from .simulator import Scenario, SimulatorSource, load_scenario, scenarios_dir
+from .scenario import Scenario, load_scenario, scenarios_dir
+from .simulator import SimulatorSource
 
 __all__ = ["Scenario", "SimulatorSource", "load_scenario", "scenarios_dir"]

@@ -1,0 +1,137 @@
+"""A scenario of the simulated node (YAML under mappings/scenarios/): devices, timed phases in
+canonical terms, and what the detection suite expects of each device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..durations import Duration
+from ..indicators.config import PriceEntry
+from ..schema import default_mappings_dir, parse_operand
+from ..yamlfile import ConfigError, load_model
+
+
+class Cycle(BaseModel):
+    """A value that steps through a list, one entry per full poll (a flickering process list)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cycle: list[float] = Field(min_length=1)
+
+
+Value = float | list[float] | str | Cycle
+
+
+class SimDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vendor: Literal["nvidia", "amd", "intel"]
+    case: str = ""  # what this device stands for in a detection scenario
+    mapping: str
+    model: str
+    count: int = Field(default=1, ge=1, le=4096)
+    driver: str = ""
+    # mappings of artefacts that accompany this device's live readings (e.g. "profiles/ncu" for
+    # the L2 miss rate only a profiler gives); targets the live mapping cannot carry go there
+    extra_mappings: list[str] = []
+    values: dict[str, Value] = {}
+    # co-tenancy evidence (a source that counts this GPU's clients): by default where the device
+    # or a phase gives it per-process utilization; false: a GPU no evidence source can see
+    evidence: bool | None = None
+
+
+class Phase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    duration: Duration
+    description: str = ""
+    values: dict[str, Value] = {}
+    # per-device overrides, keyed "vendor:index" (e.g. "nvidia:0")
+    devices: dict[str, dict[str, Value]] = {}
+
+
+class ExpectWindow(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    start: Duration = Field(alias="from")
+    end: Duration = Field(alias="to")
+    state: Literal["idle", "healthy", "memory_bound", "contended", "shared", "throttled", "unknown"]
+
+
+class Expect(BaseModel):
+    """What the detection suite expects of one device: its memory state within time windows
+    (seconds since the start) and the bounds of its contended seconds at the end."""
+
+    model_config = ConfigDict(extra="forbid")
+    case: str = ""
+    states: list[ExpectWindow] = []
+    contended_seconds: tuple[float, float] | None = None
+    # the same device when no source counts clients (simulator option processes: off); None: as above
+    without_process_data: ExpectVariant | None = None
+
+
+class ExpectVariant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    states: list[ExpectWindow] = []
+    contended_seconds: tuple[float, float] | None = None
+
+
+Expect.model_rebuild()
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    seed: int = 1
+    loop: bool = True
+    devices: list[SimDevice] = Field(min_length=1)
+    phases: list[Phase] = Field(min_length=1)
+    # per device ("vendor:index"): expected indicator behaviour (tests/test_detection_scenarios.py)
+    expect: dict[str, Expect] = {}
+    # list prices of the simulated GPUs: the price table used when the configuration has none
+    # (indicators.cost.prices), so the cost series of a plain `--simulate` show real numbers
+    prices: list[PriceEntry] = Field(default=[], max_length=256)
+
+    @field_validator("devices", "phases")
+    @classmethod
+    def _keys(cls, v: list) -> list:
+        for item in v:
+            for key in getattr(item, "values", {}):
+                parse_operand(key)
+        return v
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise ConfigError(f"scenario {self.name}: no phase {name!r} "
+                          f"(phases: {', '.join(p.name for p in self.phases)})")
+
+    def phase_at(self, t: float) -> tuple[Phase, float]:
+        total = sum(p.duration for p in self.phases)
+        if self.loop:
+            t %= total
+        for p in self.phases:
+            if t < p.duration:
+                return p, t
+            t -= p.duration
+        return self.phases[-1], self.phases[-1].duration
+
+
+def scenarios_dir() -> Path:
+    return default_mappings_dir() / "scenarios"
+
+
+def builtin_scenarios() -> list[str]:
+    return sorted(p.stem for p in scenarios_dir().glob("*.yaml"))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = scenarios_dir() / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown scenario {name_or_path!r}; built-in scenarios: "
+                              f"{', '.join(builtin_scenarios())} (or give a YAML file)")
+    return load_model(path, Scenario)
