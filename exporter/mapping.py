@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .model import Labels, SeriesKey
+from .model import Labels
 from .schema import LABEL_RE, MetricDef, Schema
 from .yamlfile import ConfigError, load_yaml, validation_message
 
@@ -238,7 +238,7 @@ class MappingSet:
 
 
 # applying the files lives in mapper.py; these names stay importable from here
-from .mapper import MAX_STATE, STATE_TTL_POLLS, Mapper, MapResult, device_labels  # noqa: E402
+from .mapper import MAX_STATE, STATE_TTL_POLLS, Mapper, MapResult  # noqa: E402
 
 __all__ = ["MAX_STATE", "STATE_TTL_POLLS", "CompiledMapping", "Labels", "MapResult", "Mapper", "MappingSet",
-           "SeriesKey", "device_labels", "load_mapping"]
+           "load_mapping"]

@@ -19,7 +19,7 @@ from typing import Any
 from . import cpustats
 from .collector_policy import missing_backend_state
 from .mapping import Mapper, MappingSet
-from .model import FAST_METRICS
+from .model import Frames
 from .periodic import Ticker
 from .pipeline import Cycle, poll_and_map
 from .sources.base import PollFailed, Source, SourceUnavailable
@@ -35,16 +35,37 @@ _fast_fields_for: tuple[MappingSet, dict[str, frozenset[str]]] | None = None
 
 
 def fast_fields(mappings: MappingSet) -> dict[str, frozenset[str]]:
-    """Per mapping file, the raw fields that feed a FAST_METRICS series (cached per load)."""
+    """Per mapping file, the raw fields that feed a ``fast: true`` metric (cached per load)."""
     global _fast_fields_for
     cached = _fast_fields_for
     if cached is None or cached[0] is not mappings:
+        fast = mappings.schema.fast_metrics
         table = {name: frozenset(raw for raw, rules in cm.rules.items()
-                                 if any(r.metric in FAST_METRICS for r in rules))
+                                 if any(r.metric in fast for r in rules))
                  for name, cm in mappings.mappings.items()}
         cached = (mappings, table)
         _fast_fields_for = cached
     return cached[1]
+
+
+def fast_frames(frames: Frames, fast: frozenset[str]) -> Frames:
+    """Only the series of ``fast`` metrics, per GPU: counters and other gauges keep their
+    full-poll values (a second mapper's counter totals must never replace the full poll's)."""
+    out: Frames = {}
+    for dev_id, frame in frames.items():
+        kept = {sid: v for sid, v in frame.items() if sid[0] in fast}
+        if kept:
+            out[dev_id] = kept
+    return out
+
+
+def overlay(under: Frames, over: Frames) -> Frames:
+    """A new ``Frames``: ``under`` with ``over``'s values on top (neither is changed)."""
+    out = dict(under)
+    for dev_id, frame in over.items():
+        have = out.get(dev_id)
+        out[dev_id] = {**have, **frame} if have else frame
+    return out
 
 
 @dataclass
@@ -108,7 +129,7 @@ class SourceRunner:
         sample, devices, result = cycle.sample, cycle.devices, cycle.result
         st.devices = devices
         st.device_up = {k: sample.device_up.get(k, True) for k in devices}
-        st.series = st.polled = result.series
+        st.frames = result.frames
         st.fast = {}
         st.self_samples = sample.self_samples
         st.errors.update(sample.errors)
@@ -225,12 +246,12 @@ class SourceRunner:
             self.state.errors.update(cycle.sample.errors)
             # only the indicator inputs: counters and other gauges keep their full-poll values
             # (a second mapper's counter totals must never replace the full poll's)
-            fast = {k: v for k, v in cycle.result.series.items() if k[0] in FAST_METRICS}
+            fast = fast_frames(cycle.result.frames, mappings.schema.fast_metrics)
             st = self.state
-            if fast and st.polled is not None:  # replaced, never mutated
+            if fast:  # replaced, never mutated
                 # the indicator feed reads them on top of the full poll's; the exposition keeps
                 # the full poll's values (it is rendered once per full poll)
-                st.fast = {**st.fast, **fast}
+                st.fast = overlay(st.fast, fast)
 
     async def close(self, timeout: float = 1.0) -> None:
         """Close the source on its worker (skipped while a call hangs) and end the worker."""

@@ -131,8 +131,10 @@ def encode(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:
-    out = [header(fam, openmetrics) + body(fam, cache) for fam in families]
+def write(sections: list[tuple[Family, str]], openmetrics: bool) -> bytes:
+    """The exposition of (family, its sample lines) in order: each family's header, then its
+    lines (the same in both formats); OpenMetrics ends with ``# EOF``."""
+    out = [header(fam, openmetrics) + lines for fam, lines in sections]
     if openmetrics:
         out.append("# EOF\n")
     return encode("".join(out))

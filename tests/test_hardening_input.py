@@ -16,6 +16,7 @@ from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.profiles import ProfilesSource
 from exporter.store import SourceState, Store
 from exporter.textformat import Counts, Family, PrefixCache, render
+from exporter.testing import flat, frames_of
 
 # the 130-byte reproduction: a Kineto kernel named by a lone surrogate escape
 SURROGATE_KINETO = ('{"traceEvents":[{"ph":"X","cat":"kernel","name":"\\ud800","pid":0,"tid":7,'
@@ -54,7 +55,7 @@ def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
         sample = src.poll()
         sample.monotonic = time.monotonic()
         devices = {d.key: d for d in sample.devices}
-        series = Mapper(mappings).map(sample, devices).series
+        series = flat(Mapper(mappings).map(sample, devices).frames)
     finally:
         src.close()
     assert series
@@ -62,7 +63,7 @@ def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
         for _, v in labels:
             v.encode("utf-8")  # every label value valid UTF-8 where it entered
     store = Store()
-    st = SourceState("profiles", up=True, state="up", series=series)
+    st = SourceState("profiles", up=True, state="up", frames=frames_of(series))
     store.add(st)
     rendered = Renderer(schema).render(store)
     assert not rendered.failed
@@ -74,8 +75,8 @@ def test_render_failure_is_visible_not_stale(schema, caplog):
     store = Store()
     # a label value that is not a string makes the writer fail: stand-in for any render bug
     store.add(SourceState("nvml", up=True, state="up",
-                          series={("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
-                                                               ("uuid", None))): 1.0}))
+                          frames=frames_of({("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
+                                                                         ("uuid", None))): 1.0})))
     r = Renderer(schema)
     with caplog.at_level("ERROR", logger="unified_gpu_exporter"):
         first = r.render(store)
@@ -95,8 +96,8 @@ def test_readyz_not_ready_after_render_failure(schema):
     daemon = Daemon(Settings())
     daemon.renderer = Renderer(schema)
     daemon.store.add(SourceState("nvml", up=True, state="up",
-                                 series={("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
-                                                                      ("uuid", None))): 1.0}))
+                                 frames=frames_of({("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
+                                                                                ("uuid", None))): 1.0})))
     import asyncio
 
     async def go():

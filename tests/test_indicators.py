@@ -22,9 +22,10 @@ from exporter.indicators.config import (
 from exporter.indicators.contention import bandwidth_drop_under_load, compute_signal, memory_contended
 from exporter.indicators.cost import contention_cost, match_price
 from exporter.indicators.rootcause import RootCauseInputs, classify, dominant_cause
-from exporter.indicators.series import SeriesIndex, parse_key
+from exporter.indicators.series import SeriesIndex
 from exporter.indicators.variability import bimodality_coefficient, tail_to_body, window_stats
 from exporter.indicators.window import RingWindow, capacity_for, coefficient_of_variation, quantile_sorted
+from tests.engine_frames import frame, parse_key
 
 # ---------------------------------------------------------------------------------- window
 
@@ -316,7 +317,7 @@ def test_series_index_gathers_labelled_signals():
     }
     idx = SeriesIndex()
     for _ in range(2):  # second pass is served from the cache
-        got = idx.gather(series)
+        got = idx.gather(frame(series))
         assert got.throttle == {"hw_thermal": False, "thermal": True}
         assert got.interconnect_bytes == 150.0
         assert got.interconnect_series == 2

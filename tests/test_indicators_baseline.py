@@ -9,9 +9,10 @@ import random
 
 import pytest
 
-from exporter.indicators import IndicatorConfig, IndicatorEngine
+from exporter.indicators import IndicatorConfig
 from exporter.indicators.baseline import FORMAT, STATE_FILE, VERSION, BaselineStore, atomic_write
 from exporter.indicators.robust import DeviationTracker, RobustBaseline, mad_sigma, median
+from tests.engine_frames import TextEngine
 
 DEV = ("nvidia", "0", "GPU-8f3a")
 FAST = {"bin_seconds": 1.0, "warmup_bins": 5, "persistence_seconds": 1.0, "compare_seconds": 0.5}
@@ -21,7 +22,7 @@ def _series(out, name, **labels):
     return [v for n, lab, v in out if n == name and all(lab.get(k) == x for k, x in labels.items())]
 
 
-def _learn(engine: IndicatorEngine, samples: int, bandwidth: float, t0: float = 0.0) -> float:
+def _learn(engine: TextEngine, samples: int, bandwidth: float, t0: float = 0.0) -> float:
     t = t0
     for i in range(samples):
         t = t0 + i * 0.1
@@ -72,7 +73,7 @@ def test_tracker_needs_the_persistence_window_both_ways():
 def test_healthy_noisy_gpu_has_under_one_deviation_episode_per_hour():
     """Two hours of a healthy GPU with 8 % noise per sample and 1-in-200 outlier dips, at the
     defaults (1 min bins, 30 s comparison median, 60 s persistence)."""
-    engine = IndicatorEngine(IndicatorConfig(), None, poll_interval=0.5)
+    engine = TextEngine(IndicatorConfig(), None, poll_interval=0.5)
     rng = random.Random(7)
     episodes, was = 0, 0.0
     for i in range(int(2 * 3600 / 0.5)):
@@ -92,7 +93,7 @@ def test_healthy_noisy_gpu_has_under_one_deviation_episode_per_hour():
 def test_thirty_percent_decline_over_six_hours_is_flagged_before_minus_35():
     """A day at 1800 GB/s, then -30 % linearly over 6 h and on to -40 %: the fast reference
     follows the drift, the long reference (hourly medians) does not."""
-    engine = IndicatorEngine(IndicatorConfig(), None, poll_interval=5.0)
+    engine = TextEngine(IndicatorConfig(), None, poll_interval=5.0)
     rng = random.Random(3)
     t = 0.0
     flagged_at = None
@@ -117,7 +118,7 @@ def test_neighbour_leaving_does_not_make_the_gpu_look_degraded():
     """A contended stretch is not learned, so its end does not read as a drop or a deviation."""
     two = {'gpu_process_utilization_percent{pid="1",process="a"}': 50.0,
            'gpu_process_utilization_percent{pid="2",process="b"}': 50.0}
-    engine = IndicatorEngine(IndicatorConfig.model_validate({"baseline": FAST}), None, poll_interval=0.1)
+    engine = TextEngine(IndicatorConfig.model_validate({"baseline": FAST}), None, poll_interval=0.1)
     t = 0.0
     for i in range(300):  # 30 s healthy at 1800
         t = i * 0.1
@@ -143,7 +144,7 @@ def test_neighbour_leaving_does_not_make_the_gpu_look_degraded():
 
 def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
     cfg = IndicatorConfig.model_validate({"baseline": FAST})
-    first = IndicatorEngine(cfg, tmp_path, poll_interval=0.1)
+    first = TextEngine(cfg, tmp_path, poll_interval=0.1)
     t = _learn(first, 100, 1800.0)
     learned = first.baseline(DEV, "bandwidth")
     assert learned is not None and learned.bins >= 9
@@ -161,7 +162,7 @@ def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
 
     # a new process: monotonic time starts over; the flag holds from the first update (no
     # resolve and re-raise) and the low value is not learned
-    second = IndicatorEngine(cfg, tmp_path, poll_interval=0.1)
+    second = TextEngine(cfg, tmp_path, poll_interval=0.1)
     out = second.update(5.0, {DEV: {"gpu_compute_utilization_percent": 95.0,
                                     "gpu_memory_bandwidth_gbps": 1100.0}})
     assert _series(out, "gpu_baseline_mean", metric="bandwidth") == [pytest.approx(1800.0)]
@@ -173,7 +174,7 @@ def test_restart_keeps_the_learned_baseline_and_the_raised_flag(tmp_path):
 
 
 def test_fresh_engine_without_state_has_no_baseline_series(tmp_path):
-    engine = IndicatorEngine(IndicatorConfig(), tmp_path, poll_interval=0.1)
+    engine = TextEngine(IndicatorConfig(), tmp_path, poll_interval=0.1)
     out = engine.update(1.0, {DEV: {"gpu_compute_utilization_percent": 95.0,
                                     "gpu_memory_bandwidth_gbps": 1100.0}})
     assert _series(out, "gpu_baseline_mean") == []
@@ -210,7 +211,7 @@ def test_corrupt_state_file_is_survived(tmp_path, caplog, content):
     (tmp_path / STATE_FILE).write_bytes(content)
     cfg = IndicatorConfig.model_validate({"baseline": FAST})
     with caplog.at_level(logging.WARNING, logger="exporter.indicators.baseline"):
-        engine = IndicatorEngine(cfg, tmp_path, poll_interval=0.1)
+        engine = TextEngine(cfg, tmp_path, poll_interval=0.1)
     assert "unreadable" in caplog.text and "fresh baselines" in caplog.text
     assert (tmp_path / (STATE_FILE + ".corrupt")).read_bytes() == content
     assert engine.baseline(DEV, "bandwidth") is None
@@ -237,7 +238,7 @@ def test_newer_format_version_is_left_alone(tmp_path, caplog):
 def test_unwritable_state_dir_warns_and_does_not_raise(tmp_path, caplog):
     blocker = tmp_path / "state"
     blocker.write_text("a file where the directory should be")
-    engine = IndicatorEngine(IndicatorConfig.model_validate({"baseline": FAST}), blocker, poll_interval=0.1)
+    engine = TextEngine(IndicatorConfig.model_validate({"baseline": FAST}), blocker, poll_interval=0.1)
     _learn(engine, 30, 1500.0)
     with caplog.at_level(logging.WARNING):
         engine.save_state()
@@ -245,7 +246,7 @@ def test_unwritable_state_dir_warns_and_does_not_raise(tmp_path, caplog):
 
 
 def test_no_state_dir_means_no_persistence(tmp_path):
-    engine = IndicatorEngine(IndicatorConfig(), None, poll_interval=0.1)
+    engine = TextEngine(IndicatorConfig(), None, poll_interval=0.1)
     _learn(engine, 3, 1500.0)
     engine.save_state()  # no-op
     assert list(tmp_path.iterdir()) == []
@@ -279,7 +280,7 @@ def test_saved_values_round_trip_exactly_and_unseen_devices_are_kept(tmp_path):
 
 def test_a_lasting_deviation_is_accepted_as_the_new_normal_after_relearn_after_seconds():
     cfg = IndicatorConfig.model_validate({"baseline": {**FAST, "relearn_after_seconds": 5.0}})
-    engine = IndicatorEngine(cfg, None, poll_interval=0.1)
+    engine = TextEngine(cfg, None, poll_interval=0.1)
     t = _learn(engine, 100, 1800.0)
     flags = []
     for i in range(1, 200):
@@ -319,7 +320,7 @@ def test_slow_decline_with_two_hours_of_history_is_flagged_and_drops_under_load_
     """Issue 24: with only 2 h of history a -30 % decline over 6 h is flagged (against the
     protected level, the best hourly median) before -30 %, and the seed's bandwidth-drop rule
     (30 % below baseline under load) holds within an hour of reaching -30 % (-35 % at 5 %/h)."""
-    flagged, dropped, out = _decline_after(2.0, IndicatorEngine(IndicatorConfig(), None, poll_interval=5.0))
+    flagged, dropped, out = _decline_after(2.0, TextEngine(IndicatorConfig(), None, poll_interval=5.0))
     assert flagged is not None and flagged < 0.30, flagged
     assert dropped is not None and dropped <= 0.35, dropped
     assert _series(out, "gpu_baseline_long_mean", metric="bandwidth")[0] == pytest.approx(1800.0, rel=0.02)
@@ -327,7 +328,7 @@ def test_slow_decline_with_two_hours_of_history_is_flagged_and_drops_under_load_
 
 def test_relearning_a_deviation_is_counted_and_logged(caplog):
     cfg = IndicatorConfig.model_validate({"baseline": {"relearn_after_seconds": 1800}})
-    engine = IndicatorEngine(cfg, None, poll_interval=5.0)
+    engine = TextEngine(cfg, None, poll_interval=5.0)
     flagged, _, _ = _decline_after(2.0, engine)
     assert flagged is not None
     t = 2 * 3600 + 9 * 3600

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.indicators import IndicatorConfig, IndicatorEngine
+from exporter.indicators import IndicatorConfig
 from exporter.mapping import Mapper
 from exporter.pipeline import poll_and_map
 from exporter.simulate import SimulatorSource
 from exporter.store import SourceState, Store
-from exporter.testing import FakeClock, load_mappings
+from exporter.testing import FakeClock, flat, load_mappings
+from tests.engine_frames import TextEngine
 
 FAST = 0.25
 
@@ -39,13 +40,13 @@ def run_phase(phase: str, seconds: float = 20.0) -> dict[tuple[str, str, str], l
     source.open()
     mapper, store, state = Mapper(mappings), Store(), SourceState("simulator")
     store.add(state)
-    engine = IndicatorEngine(IndicatorConfig(), None, FAST)
+    engine = TextEngine(IndicatorConfig(), None, FAST)
     last: dict[tuple[str, str, str], list] = {}
     for i in range(round(seconds / FAST)):
         clock.now = 5000.0 + i * FAST
         cycle = poll_and_map(source.poll, store, state, mapper, now=clock.now)
         state.devices = cycle.devices
-        per = series_by_device(cycle.result.series)
+        per = series_by_device(flat(cycle.result.frames))
         if i == 0:
             for device in per:
                 engine.set_device_info(device, vendor=device[0])

@@ -16,6 +16,7 @@ from exporter.mapping import Mapper, MappingSet
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.profiles import ProfilesSource
+from exporter.testing import flat
 
 ROCPROF_V1 = textwrap.dedent("""\
     "Index","KernelName","gpu-id","queue-id","pid","DispatchNs","BeginNs","EndNs","L2CacheHit","MemUnitStalled"
@@ -42,7 +43,7 @@ def _series(src: ProfilesSource, mappings) -> tuple[dict, object]:
     sample = src.poll()
     sample.monotonic = time.monotonic()
     devices = {d.key: d for d in sample.devices}
-    return Mapper(mappings).map(sample, devices).series, sample
+    return flat(Mapper(mappings).map(sample, devices).frames), sample
 
 
 def _get(series: dict, name: str, **labels) -> float:

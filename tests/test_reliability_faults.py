@@ -490,7 +490,7 @@ async def test_mapper_and_store_state_stay_bounded_under_device_churn(tmp_path, 
         assert await daemon.poll_once(rt)
         if i % 100 == 99:
             rendered = await daemon.render()
-            sizes.append((mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.series),
+            sizes.append((mapper_state_size(rt.mapper), len(rt.state.devices), rt.state.series_count(),
                           len(rt.state.errors), rendered.series))
     await daemon._close_sources(daemon.runtimes)
     # live: 4 devices x (energy, busy rate, 2 link counters) = 16 counter states; state of series
