@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.sources.nvml import NvmlSource
 from exporter.testing import flat
 from tests.e2e_util import ProcessSet, Server, free_port, http_get, wait_until
-from tests.fakes import pynvml_fake as pf
 from tests.engine_frames import TextEngine
+from tests.fakes import pynvml_fake as pf
 
 
 def _readings(sample):

@@ -15,8 +15,8 @@ from exporter.mapping import Mapper, MappingSet
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.profiles import ProfilesSource
 from exporter.store import SourceState, Store
-from exporter.textformat import Counts, Family, PrefixCache, render
 from exporter.testing import flat, frames_of
+from exporter.textformat import Counts, Family, PrefixCache, render
 
 # the 130-byte reproduction: a Kineto kernel named by a lone surrogate escape
 SURROGATE_KINETO = ('{"traceEvents":[{"ph":"X","cat":"kernel","name":"\\ud800","pid":0,"tid":7,'

@@ -13,8 +13,8 @@ from exporter.mapping import Mapper, MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.server import _wants_openmetrics
 from exporter.sources.base import Device, PollResult
-from exporter.yamlfile import ConfigError
 from exporter.testing import flat
+from exporter.yamlfile import ConfigError
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))

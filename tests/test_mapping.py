@@ -10,8 +10,8 @@ import pytest
 from exporter.mapping import Mapper, MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import Device, PollResult
-from exporter.yamlfile import ConfigError
 from exporter.testing import flat, frames_of
+from exporter.yamlfile import ConfigError
 
 DEV = Device(key="0000:01:00.0", vendor="nvidia", index="0", mapping="t", uuid="GPU-1")
 DL = (("vendor", "nvidia"), ("gpu", "0"), ("uuid", "GPU-1"))

@@ -30,9 +30,8 @@ from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.intel_sysfs import IntelSysfsSource
 from exporter.sources.upstream import FetchError, parse_exposition
 from exporter.store import SourceState, Store
-from exporter.testing import load_mappings
+from exporter.testing import flat, load_mappings
 from exporter.yamlfile import ConfigError
-from exporter.testing import flat
 from tests.amd_fixture_tree import arrange_mi300x_node
 from tests.fdinfo_trees import add_card as add_drm_card
 from tests.fdinfo_trees import add_fd, some_card
