@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from . import __version__, cpustats, process_metrics
-from .model import DeviceId, Frames, Labels
+from .model import DeviceId, Frames, Labels, Sample
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .series_lines import DeviceLabels, SeriesLines
 from .seriesfilter import SeriesFilter
@@ -87,7 +87,7 @@ def _family(name: str, typ: str, doc: str, unit: str) -> Family:
     return Family(base, "gauge" if typ == "info" else typ, doc, unit)
 
 
-def _histogram_order(sample: tuple[str, Labels, float]) -> tuple:
+def _histogram_order(sample: Sample) -> tuple:
     """Group a histogram's samples per label set: buckets by ascending le, then _sum, _count."""
     name, labels, _ = sample
     rest = tuple(sorted((k, v) for k, v in labels if k != "le"))

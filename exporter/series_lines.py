@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter
 from typing import Any
 
-from .model import DeviceId, Extra, Frames, Labels, SeriesId, identity_labels
+from .model import DeviceId, Extra, Frames, Labels, Sample, SeriesId, identity_labels
 from .schema import Schema
 from .seriesfilter import SeriesFilter
 from .textformat import format_value, series_prefix
@@ -35,7 +35,7 @@ _by_order = itemgetter(0)
 
 # what pod attribution adds to one GPU's series: fixed labels, or a labeler of the series' extra
 DeviceLabels = Labels | Callable[[Extra], Labels]
-Order = Callable[[tuple[str, Labels, float]], tuple]
+Order = Callable[[Sample], tuple]
 
 
 class SeriesLines:
@@ -178,7 +178,7 @@ class SeriesLines:
         e[_OUT] = out
         e[_PREFIX] = series_prefix(name, labels)
         if mdef.type == "histogram":
-            e[_ORDER] = self._order((name, labels, 0.0))
+            e[_ORDER] = self._order(Sample(name, labels, 0.0))
         return e
 
 

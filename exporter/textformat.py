@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .model import Labels
+from .model import Labels, Sample
 
 MAX_CACHED = 500_000  # prefixes; cleared when exceeded (label churn, e.g. per-process series)
 
@@ -25,7 +25,7 @@ class Family:
     type: str            # gauge | counter | histogram
     help: str
     unit: str = ""
-    samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # (name, labels, value); plain tuples do
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -16,7 +16,7 @@ from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.profiles import ProfilesSource
 from exporter.store import SourceState, Store
 from exporter.testing import flat, frames_of
-from exporter.textformat import Counts, Family, PrefixCache, render
+from exporter.textformat import Counts, Family, PrefixCache, body, write
 
 # the 130-byte reproduction: a Kineto kernel named by a lone surrogate escape
 SURROGATE_KINETO = ('{"traceEvents":[{"ph":"X","cat":"kernel","name":"\\ud800","pid":0,"tid":7,'
@@ -39,7 +39,7 @@ def test_writer_replaces_lone_surrogates_and_counts_them():
     before = Counts.invalid_utf8
     fam = Family("gpu_x", "gauge", "help \udcff", "", [("gpu_x", (("kernel", "\ud800"),), 1.0)])
     for om in (False, True):
-        out = render([fam], PrefixCache(), openmetrics=om)
+        out = write([(fam, body(fam, PrefixCache()))], openmetrics=om)
         text = out.decode("utf-8")  # strict: valid UTF-8 throughout
         assert 'kernel="\ufffd' in text
     assert Counts.invalid_utf8 > before

@@ -120,11 +120,10 @@ def test_every_vendor_reads_the_phase_state(phase, expected):
 
 
 def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_counters_alone():
-    """The simulator's fast poll is not a full poll: only raw fields feeding FAST_METRICS, and the
-    counters it integrates advance with full polls only."""
-    from exporter.model import FAST_METRICS
-
+    """The simulator's fast poll is not a full poll: only raw fields feeding the ``fast: true``
+    metrics (canonical.yaml), and the counters it integrates advance with full polls only."""
     mappings = load_mappings()
+    FAST_METRICS = mappings.schema.fast_metrics
     clock = FakeClock()
     source = SimulatorSource({"scenario": "demo", "phase": "bandwidth_saturation"}, mappings=mappings)
     source.clock = clock
@@ -136,8 +135,8 @@ def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_coun
     clock.now += 0.5
     fast = poll_and_map(source.poll_fast, store, state, fast_mapper, now=clock.now)
     assert fast.sample.readings and len(fast.sample.readings) < len(full.sample.readings) / 3
-    assert {name for name, _ in fast.result.series} <= FAST_METRICS
-    assert {name for name, _ in full.result.series} & FAST_METRICS == {name for name, _ in fast.result.series}
+    assert {name for name, _ in flat(fast.result.frames)} <= FAST_METRICS
+    assert {name for name, _ in flat(full.result.frames)} & FAST_METRICS == {name for name, _ in flat(fast.result.frames)}
     assert dict(next(iter(source._states)).counters) == counters
     clock.now += 0.5
     poll_and_map(source.poll, store, state, mapper, now=clock.now)

@@ -21,6 +21,7 @@ from exporter.sources import amdgpu_sysfs, drm_fdinfo, registry
 from exporter.sources.base import Device, PollResult
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.nvml import NvmlSource
+from exporter.testing import samples
 from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
 from tests.fakes import pynvml_fake as pf
 from tests.fdinfo_trees import add_card as add_drm_card
@@ -520,7 +521,7 @@ async def test_flapping_cards_keep_every_internal_table_the_same_size(tmp_path):
         feed = daemon.feed
         eng = feed.engine
         return (mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.errors),
-                len(feed._keys), len(feed._known), len(eng._devices))
+                sum(len(cached[2]) for cached in feed._by_source.values()), len(feed._known), len(eng._devices))
 
     seen = []
     latest_sizes: list[int] = []
@@ -536,8 +537,9 @@ async def test_flapping_cards_keep_every_internal_table_the_same_size(tmp_path):
             daemon.feed.update(time.monotonic(), daemon.store)
             if i >= 8 and i % 8 == 0:
                 seen.append(sizes())
-                latest_sizes.append(len(daemon.feed.latest))
-                latest_keys.update((name, labels) for name, labels, _ in daemon.feed.latest)
+                latest = samples(daemon.feed.latest)
+                latest_sizes.append(len(latest))
+                latest_keys.update((name, labels) for name, labels, _ in latest)
     finally:
         await daemon._close_sources(daemon.runtimes)
     assert len(set(seen)) == 1, f"internal state grew while cards flapped: {seen[0]} -> {seen[-1]}"
