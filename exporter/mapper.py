@@ -265,7 +265,8 @@ class Mapper:
             return
         if any(key[0] not in devices for key in self._plans):
             self._plans = {k: v for k, v in self._plans.items() if k[0] in devices}
-            self._ids = {}  # rebuilt on sight
+            live = {dev.id for dev in devices.values()}  # kept plans keep their interned ids
+            self._ids = {k: v for k, v in self._ids.items() if k in live}
         horizon = self._poll if over else self._poll - STATE_TTL_POLLS
         stale = [k for k, st in self._raw.items() if st.seen < horizon]
         for k in stale:
