@@ -12,6 +12,7 @@ state.  Reports process CPU time per simulated second as a percent of one core (
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import tempfile
@@ -29,44 +30,51 @@ REASONS = ("gpu_idle", "app_clocks", "sw_power_cap", "hw_slowdown", "sync_boost"
 LINKS = 18
 
 
-def device_series(g: int, i: int, counters: list[float]) -> dict[str, float]:
-    """One poll of one GPU: slowly varying load with an intermittent contention pattern."""
+@functools.cache
+def sid(name: str, *labels: tuple[str, str]) -> tuple:
+    """A series id (name, sorted extra labels), one object per series as the mapper's plans keep."""
+    return (name, tuple(sorted(labels)))
+
+
+def device_series(g: int, i: int, counters: list[float]) -> dict[tuple, float]:
+    """One poll of one GPU (its frame): slowly varying load with an intermittent contention pattern."""
     phase = math.sin(i / 50.0 + g)
     contended = (i + 7 * g) % 40 < 6
-    s: dict[str, float] = {
-        "gpu_compute_utilization_percent": 92.0 + 5.0 * phase,
-        "gpu_compute_occupancy_percent": 35.0 if contended else 65.0 + 5.0 * phase,
-        "gpu_sm_active_percent": 80.0 + 5.0 * phase,
-        "gpu_tensor_utilization_percent": 40.0 + 10.0 * phase,
-        "gpu_memory_bandwidth_utilization_percent": 92.0 if contended else 70.0 + 3.0 * phase,
-        "gpu_memory_bandwidth_gbps": (0.92 if contended else 0.70) * 3350.0,
-        "gpu_memory_peak_bandwidth_gbps": 3350.0,
-        "gpu_l2_cache_miss_rate_percent": 30.0 if contended else 10.0,
-        "gpu_memory_used_bytes": 60e9,
-        "gpu_memory_total_bytes": 80e9,
-        "gpu_memory_utilization_percent": 75.0,
-        "gpu_power_watts": 550.0 + 50.0 * phase,
-        "gpu_energy_joules_total": 1e6 + i * 55.0,
-        'gpu_temperature_celsius{sensor="gpu"}': 65.0,
-        'gpu_temperature_celsius{sensor="memory"}': 70.0,
-        'gpu_clock_mhz{domain="graphics"}': 1980.0,
-        'gpu_clock_mhz{domain="sm"}': 1980.0,
-        'gpu_clock_mhz{domain="memory"}': 2619.0,
-        'gpu_clock_mhz{domain="video"}': 1545.0,
-        'gpu_pcie_bytes_total{direction="tx"}': 1e9 + i * 1e6,
-        'gpu_pcie_bytes_total{direction="rx"}': 2e9 + i * 1e6,
+    s: dict[tuple, float] = {
+        sid("gpu_compute_utilization_percent"): 92.0 + 5.0 * phase,
+        sid("gpu_compute_occupancy_percent"): 35.0 if contended else 65.0 + 5.0 * phase,
+        sid("gpu_sm_active_percent"): 80.0 + 5.0 * phase,
+        sid("gpu_tensor_utilization_percent"): 40.0 + 10.0 * phase,
+        sid("gpu_memory_bandwidth_utilization_percent"): 92.0 if contended else 70.0 + 3.0 * phase,
+        sid("gpu_memory_bandwidth_gbps"): (0.92 if contended else 0.70) * 3350.0,
+        sid("gpu_memory_peak_bandwidth_gbps"): 3350.0,
+        sid("gpu_l2_cache_miss_rate_percent"): 30.0 if contended else 10.0,
+        sid("gpu_memory_used_bytes"): 60e9,
+        sid("gpu_memory_total_bytes"): 80e9,
+        sid("gpu_memory_utilization_percent"): 75.0,
+        sid("gpu_power_watts"): 550.0 + 50.0 * phase,
+        sid("gpu_energy_joules_total"): 1e6 + i * 55.0,
+        sid("gpu_temperature_celsius", ("sensor", "gpu")): 65.0,
+        sid("gpu_temperature_celsius", ("sensor", "memory")): 70.0,
+        sid("gpu_clock_mhz", ("domain", "graphics")): 1980.0,
+        sid("gpu_clock_mhz", ("domain", "sm")): 1980.0,
+        sid("gpu_clock_mhz", ("domain", "memory")): 2619.0,
+        sid("gpu_clock_mhz", ("domain", "video")): 1545.0,
+        sid("gpu_pcie_bytes_total", ("direction", "tx")): 1e9 + i * 1e6,
+        sid("gpu_pcie_bytes_total", ("direction", "rx")): 2e9 + i * 1e6,
     }
     for r in REASONS:
-        s[f'gpu_throttle_active{{reason="{r}"}}'] = 1.0 if (r == "sw_power_cap" and contended) else 0.0
+        s[sid("gpu_throttle_active", ("reason", r))] = 1.0 if (r == "sw_power_cap" and contended) else 0.0
     refresh = i % 10 == 0  # NVLink counters refresh once a second
     for link in range(LINKS):
         for k, direction in enumerate(("tx", "rx")):
             idx = 2 * link + k
             if refresh:
                 counters[idx] += 2.5e9
-            s[f'gpu_interconnect_bytes_total{{interconnect="nvlink",direction="{direction}",link="{link}"}}'] = \
-                counters[idx]
-        s[f'gpu_interconnect_utilization_percent{{interconnect="nvlink",link="{link}"}}'] = 60.0 + 20.0 * phase
+            s[sid("gpu_interconnect_bytes_total", ("interconnect", "nvlink"), ("direction", direction),
+                  ("link", str(link)))] = counters[idx]
+        s[sid("gpu_interconnect_utilization_percent", ("interconnect", "nvlink"), ("link", str(link)))] = \
+            60.0 + 20.0 * phase
     return s
 
 
@@ -103,7 +111,7 @@ def main() -> None:
             elapsed = time.process_time() - t0
             if i >= warm:
                 cpu += elapsed
-                series_out = len(out)
+                series_out = sum(map(len, out.values()))
         t0 = time.perf_counter()
         BaselineFile(Path(state)).save(engine.baselines)
         save_ms = (time.perf_counter() - t0) * 1000

@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             gpu_uuid = f"GPU-{g:08x}-0000-0000-0000-000000000000"
             d = Device(key=gpu_uuid, vendor="nvidia", index=str(g), mapping="nvidia.yaml", uuid=gpu_uuid)
             st.devices[gpu_uuid] = d
-            h = (("vendor", "nvidia"), ("gpu", str(g)), ("uuid", gpu_uuid))
+            frame = st.frames[d.id] = {}
             for i in range(a.series):
-                st.series[("gpu_memory_used_bytes", h + (("link", str(i)),))] = float(i)
+                frame[("gpu_memory_used_bytes", (("link", str(i)),))] = float(i)
             for k in range(2):
                 n = g * 2 + k
                 cid = f"{n:064x}"
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
                         f"{uid(n).replace('-', '_')}.slice/cri-containerd-{cid}.scope\n")
                     (proc / str(pid) / "stat").write_text(f"{pid} (python) S " + " ".join(["7"] * 50) + "\n")
-                    st.series[("gpu_process_memory_bytes", h + (("pid", str(pid)), ("process", "python")))] = 1.0
+                    frame[("gpu_process_memory_bytes", (("pid", str(pid)), ("process", "python")))] = 1.0
         e._index = build_index(pods, e.resource_names)
         e._by_uid = {m.uid: m for m in metas}
         e._meta = {(m.namespace, m.name): m for m in metas}
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         text = renderer.render(store, info, (), per_device).text.decode()
         labelled = sum(1 for ln in text.splitlines() if ln.startswith("gpu_process_memory_bytes{") and "pod=" in ln)
 
-    print(f"pod attribution: {a.gpus} GPUs x 2 pods, {len(st.series)} series, {resolved} PIDs "
+    print(f"pod attribution: {a.gpus} GPUs x 2 pods, {st.series_count()} series, {resolved} PIDs "
           f"({labelled} process series labelled)")
     print(f"render: {1e3 * with_attr:.2f} ms CPU with attribution, {1e3 * without:.2f} ms without "
           f"(+{1e3 * (with_attr - without):.2f} ms)")

@@ -89,7 +89,7 @@ def run(gpus: int = 8, polls: int = 200, warmup: int = 5) -> dict:
                 map_cpu += cycle.map_seconds
                 fake_s += acc["seconds"]
                 calls += acc["calls"]
-                series = len(result.series)
+                series = sum(map(len, result.frames.values()))
     finally:
         src.close()
     per = polls * gpus

@@ -330,13 +330,12 @@ def render_table(r: dict) -> str:
         for s in sim["sizes"]:
             rb = s["render_breakdown"]
             rows.append([s["devices"], rb["series"], _f(rb["sim_poll_ms"], ".1f"), _f(rb["map_ms"], ".1f"),
-                         _f(rb["build_ms"], ".1f"), _f(rb["text_ms"], ".1f"), _f(rb["openmetrics_ms"], ".1f"),
-                         _f(rb["gzip_ms"], ".1f"), _f(rb["render_total_ms"], ".1f"),
+                         _f(rb["render_total_ms"], ".1f"), _f(rb["openmetrics_ms"], ".1f"), _f(rb["gzip_ms"], ".1f"),
                          _f(rb["render_us_per_series"], ".1f"),
                          _f(s["render_ms"], ".1f"), _f(s["poll_ms"], ".1f")])
         parts.append(_table(
             "one cycle in-process, CPU ms by stage (no indicators); last two: the daemon's own self-metrics (wall)",
-            ["devices", "series", "sim poll", "map", "build", "text", "openmetrics", "gzip x2", "render",
+            ["devices", "series", "sim poll", "map", "render", "openmetrics", "gzip x2",
              "us/series", "render_duration", "poll_duration"], rows))
     fast = r.get("fast", {})
     if fast:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from . import cpustats, gctune
@@ -25,11 +24,11 @@ from .exposition import Rendered, Renderer
 from .indicator_feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .mapping import MappingSet
-from .model import Labels
+from .model import Frames, Labels
 from .periodic import Ticker
 from .reload_carry import carry_indicator_state, carry_mapper_state
 from .render_cycle import pod_labels, present_only, snapshot
-from .runner import FAST_METRICS, REOPEN_INTERVAL, SourceRunner, build_runner
+from .runner import REOPEN_INTERVAL, SourceRunner, build_runner
 from .schema import Schema
 from .settings import Settings
 from .sources.base import abilities_of
@@ -42,7 +41,7 @@ from .yamlfile import ConfigError
 if TYPE_CHECKING:  # loaded only where pod attribution runs (loading._enrichers)
     from .enrich.kubernetes import PodResourcesEnricher
 
-__all__ = ["FAST_METRICS", "REOPEN_INTERVAL", "Daemon", "Settings", "Worker"]  # older import paths
+__all__ = ["REOPEN_INTERVAL", "Daemon", "Settings", "Worker"]  # older import paths
 
 log = logging.getLogger("unified_gpu_exporter")
 
@@ -115,10 +114,10 @@ class Daemon:
         # the price table's cloud is indicators.cost.cloud (the detected cloud is a label only)
         self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir, self.fast_interval)
 
-    def extra_series(self, store: Store | None = None) -> list[tuple[str, Labels, float]]:
+    def extra_series(self, store: Store | None = None) -> Frames:
         """The indicators' latest output, only for devices ``store`` still has."""
         if self.feed is None:
-            return []
+            return {}
         return self.feed.latest if store is None else present_only(self.feed.latest, store)
 
     def enabled_collectors(self) -> list[tuple[Collector, bool]]:
@@ -163,7 +162,7 @@ class Daemon:
             c0 = cpustats.clock()
             self.feed.advance(time.monotonic(), self.store)
             cpustats.add("indicators", "", cpustats.clock() - c0)
-            if watchers:  # labelled output only for them (the render reads it once a cycle)
+            if watchers:
                 out = self.feed.latest
                 for source in watchers:  # returns at once
                     source.observe_indicator_output(time.monotonic(), out)  # type: ignore[union-attr]
@@ -193,7 +192,7 @@ class Daemon:
         assert self.renderer is not None
         snap = snapshot(self.store)
         c0 = cpustats.clock()
-        extra = self.extra_series(snap)  # labelling the indicators' output: their stage's cost
+        extra = self.extra_series(snap)  # the indicators' output for the GPUs still there
         cpustats.add("indicators", "", cpustats.clock() - c0)
         static = self._static_labels
         if self.cloud is not None and self.cloud.labels():
@@ -204,8 +203,7 @@ class Daemon:
             c0 = cpustats.clock()
             per_device, pods = self._pod_labels(snap)
             try:
-                return self.renderer.render(snap, [*extra, *pods] if pods else extra,  # type: ignore[union-attr]
-                                            static, per_device)
+                return self.renderer.render(snap, (extra, pods), static, per_device)  # type: ignore[union-attr]
             finally:
                 cpustats.add("render", "", cpustats.clock() - c0)
 
@@ -213,7 +211,7 @@ class Daemon:
         self._rendered_up = any(st.up for st in snap.sources.values())
         return self.rendered
 
-    def _pod_labels(self, store: Store) -> tuple[dict, list[tuple[str, Labels, float]]]:
+    def _pod_labels(self, store: Store) -> tuple[dict, Frames]:
         return pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
 
     def _start_enrichers(self) -> None:
@@ -335,11 +333,7 @@ class Daemon:
             for name, st in self.store.sources.items():
                 prev = old_store.sources.get(name)
                 if prev is not None and st.state == "starting":
-                    st.devices, st.device_up, st.series = prev.devices, prev.device_up, prev.series
-                    st.errors = Counter(prev.errors)
-                    st.up, st.state, st.reason = prev.up, prev.state, prev.reason
-                    st.was_up = prev.was_up
-                    st.polls, st.last_success, st.last_duration = prev.polls, prev.last_success, prev.last_duration
+                    st.carry_from(prev)
             self.build_feed()  # thresholds may have changed
             carry_indicator_state(old_feed, self.feed)
             self._start_enrichers()  # the reloaded enrich options, with fresh enrichers

@@ -1,8 +1,10 @@
 """Render the store into exposition bytes once per cycle (text 0.0.4, OpenMetrics, gzip of each).
 
-Families are built fresh from a snapshot (one family, one HELP, per name) and serialised by
-``textformat.render`` (prometheus-client supplies only the content-type strings); the scrape
-path only sends the cached bytes.
+The one render path: the sources' frames, ``gpu_info`` per GPU and the extra frames (the
+indicators', ``gpu_pod_info``) become lines in ``series_lines.SeriesLines`` (which keeps the
+lines of unchanged series from the last cycle); the self-metrics are built fresh each cycle.
+``textformat.write`` puts the families' headers before their lines.  The scrape path only
+sends the cached bytes.
 """
 
 from __future__ import annotations
@@ -11,16 +13,15 @@ import gzip
 import logging
 import platform
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from . import __version__, cpustats, process_metrics
-from .model import Labels, device_id_of, identity_labels
+from .model import DeviceId, Frames, Labels, Sample
 from .schema import HISTOGRAM_SUFFIXES, Schema
-from .series_lines import SeriesLines, extend_labels
+from .series_lines import DeviceLabels, SeriesLines
 from .seriesfilter import SeriesFilter
 from .store import Store
-from .textformat import Counts, Family, PrefixCache, body, encode, header
-from .textformat import render as write_exposition
+from .textformat import Counts, Family, PrefixCache, body, write
 
 # the classic text format (0.0.4) every Prometheus version parses
 # the content types prometheus_client serves the two formats with (tests/test_process_metrics.py
@@ -86,7 +87,7 @@ def _family(name: str, typ: str, doc: str, unit: str) -> Family:
     return Family(base, "gauge" if typ == "info" else typ, doc, unit)
 
 
-def _histogram_order(sample: tuple[str, Labels, float]) -> tuple:
+def _histogram_order(sample: Sample) -> tuple:
     """Group a histogram's samples per label set: buckets by ascending le, then _sum, _count."""
     name, labels, _ = sample
     rest = tuple(sorted((k, v) for k, v in labels if k != "le"))
@@ -151,61 +152,7 @@ class Renderer:
         self._lines: SeriesLines | None = None
         # cardinality control (config `exposition`): None serves every series
         self.series_filter: SeriesFilter | None = None
-
-    def build(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
-              static_labels: Labels = (),
-              per_device: dict[tuple[str, str, str], Labels] | None = None) -> list[Family]:
-        fams: dict[str, Family] = {}
-        metrics = self.schema.metrics
-        per_device = per_device or {}
-        histogram_base = self._histogram_parts()
-        filt = self.series_filter
-        if filt is not None:
-            static_labels = filt.extra(static_labels)
-
-        def add(name: str, labels: Labels, value: float) -> None:
-            family = histogram_base.get(name, name)
-            if filt is not None and not (filt.family(family) and filt.labels_ok(family, labels)):
-                return
-            fam = fams.get(family)
-            if fam is None:
-                mdef = metrics.get(family)
-                if mdef is None or mdef.internal:
-                    return
-                fam = fams[family] = _family(family, mdef.type, mdef.help, mdef.unit)
-            if per_device:
-                dev = per_device.get(device_id_of(labels))
-                if dev and callable(dev):  # pod attribution: the labels depend on the series
-                    dev = dev(labels)
-                if dev and filt is not None:
-                    dev = filt.extra(dev)  # after the call: a labeler is not a label tuple
-                if dev:
-                    labels = extend_labels(labels, dev)
-            fam.samples.append((name, extend_labels(labels, static_labels), value))
-
-        for src, dev in store.info_devices():
-            add("gpu_info", identity_labels(dev) + (
-                             ("model", dev.model), ("driver", dev.driver),
-                             ("pci_bus_id", dev.pci_bus_id), ("serial", dev.serial),
-                             ("simulated", "true" if dev.simulated else "false"),
-                             ("source", src)), 1.0)
-        # the same canonical series from two sources (NVML GPM and DCGM, amdgpu sysfs and
-        # amdsmi): the source enabled first wins, so no series is exported twice
-        seen: set = set()
-        for st in store.sources.values():
-            for key, value in st.series.items():
-                if key in seen:
-                    continue
-                seen.add(key)
-                add(key[0], key[1], value)
-        for name, labels, value in extra:
-            add(name, labels, value)
-        ordered = [fams[n] for n in metrics if n in fams]
-        for fam in ordered:
-            if fam.type == "histogram":
-                fam.samples.sort(key=_histogram_order)
-        ordered.extend(self._self_metrics(store))
-        return ordered
+        self.self_metrics = True  # False: the canonical series only (the import command)
 
     def _histogram_parts(self) -> dict[str, str]:
         """x_bucket / x_sum / x_count -> x for every histogram of the schema."""
@@ -234,7 +181,7 @@ class Renderer:
             errors = {k: 0 for k in ALWAYS_COUNTED} | dict(st.errors)  # 0 before the first error
             for kind, count in sorted(errors.items()):
                 add("source_errors_total", {**s, "kind": kind}, float(count))
-            add("source_series", s, float(len(st.series)))
+            add("source_series", s, float(st.series_count()))
             for name, labels, value in st.self_samples:
                 if name in SOURCE_SELF_METRICS:  # declared ones only: a source cannot invent families
                     add(name, {**s, **dict(labels)}, value)
@@ -269,18 +216,14 @@ class Renderer:
             lines = self._lines = SeriesLines(self.schema, self._histogram_parts(), _histogram_order)
         return lines
 
-    def _sections(self, store: Store, extra: Iterable[tuple[str, Labels, float]],
-                  static_labels: Labels, per_device: dict | None) -> tuple[list[tuple[Family, str]], int]:
-        """(family, its sample lines) in exposition order, and how many samples: what ``build``
-        gives, with the lines of unchanged series reused from the previous cycle."""
-        own = self._self_metrics(store)  # before the lines: build() counts invalid UTF-8 so too
-        info = [("gpu_info", identity_labels(dev) + (
-                    ("model", dev.model), ("driver", dev.driver), ("pci_bus_id", dev.pci_bus_id),
-                    ("serial", dev.serial), ("simulated", "true" if dev.simulated else "false"),
-                    ("source", src)), 1.0) for src, dev in store.info_devices()]
+    def _sections(self, store: Store, extra: Iterable[Frames], static_labels: Labels,
+                  per_device: Mapping[DeviceId, DeviceLabels] | None) -> tuple[list[tuple[Family, str]], int]:
+        """(family, its sample lines) in exposition order (the schema's, then the self-metrics),
+        and how many samples; the lines of unchanged series are reused from the previous cycle."""
+        own = self._self_metrics(store) if self.self_metrics else []
         lines, count = self._series_lines().collect(
-            [st.series for st in store.sources.values()], info, extra, static_labels, per_device,
-            self.series_filter)
+            gpu_info(store), [st.frames for st in store.sources.values()], extra, static_labels,
+            per_device, self.series_filter)
         heads = self._families()
         sections = [(heads[n], "".join(lines[n])) for n in self.schema.metrics if n in lines]
         for fam in own:
@@ -295,15 +238,17 @@ class Renderer:
             self._heads_for = self.schema
         return self._heads
 
-    def render(self, store: Store, extra: Iterable[tuple[str, Labels, float]] = (),
-               static_labels: Labels = (),
-               per_device: dict[tuple[str, str, str], Labels] | None = None) -> Rendered:
+    def render(self, store: Store, extra: Iterable[Frames] = (), static_labels: Labels = (),
+               per_device: Mapping[DeviceId, DeviceLabels] | None = None) -> Rendered:
+        """The exposition of ``store``'s frames, then each of ``extra``'s (the indicators'
+        output, gpu_pod_info), with ``static_labels`` and ``per_device``'s (pod attribution)
+        on every GPU series."""
         t0 = time.perf_counter()
         failed = False
         self._prefixes.rotate()  # prefixes of series gone since the last render are dropped
         try:
             sections, count = self._sections(store, extra, static_labels, per_device)
-            text = encode("".join([header(fam, False) + lines for fam, lines in sections]))
+            text = write(sections, openmetrics=False)
             om: bytes | Callable[[], bytes] = _openmetrics_later(sections)
         except Exception as exc:  # noqa: BLE001 - never serve stale bytes silently
             failed = True
@@ -317,8 +262,9 @@ class Renderer:
             self._lines = None
             families = self._self_metrics(store)
             count = sum(len(f.samples) for f in families)
-            text = write_exposition(families, self._prefixes, openmetrics=False)
-            om = write_exposition(families, self._prefixes, openmetrics=True)  # small: at once
+            own = [(fam, body(fam, self._prefixes)) for fam in families]
+            text = write(own, openmetrics=False)
+            om = write(own, openmetrics=True)  # small: at once
         else:
             if self.last_error:
                 log.info("render recovered")
@@ -331,4 +277,13 @@ class Renderer:
 def _openmetrics_later(sections: list[tuple[Family, str]]) -> Callable[[], bytes]:
     """OpenMetrics bytes of these families, rendered when first served: the sample lines are the
     text format's, only the headers differ."""
-    return lambda: encode("".join([header(fam, True) + lines for fam, lines in sections]) + "# EOF\n")
+    return lambda: write(sections, openmetrics=True)
+
+
+def gpu_info(store: Store) -> Frames:
+    """One ``gpu_info`` series per GPU identity (the first source that names it)."""
+    return {dev.id: {("gpu_info", (("driver", dev.driver), ("model", dev.model),
+                                   ("pci_bus_id", dev.pci_bus_id), ("serial", dev.serial),
+                                   ("simulated", "true" if dev.simulated else "false"),
+                                   ("source", src))): 1.0}
+            for src, dev in store.info_devices()}

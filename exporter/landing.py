@@ -14,7 +14,7 @@ import html
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .model import IDENTITY_WIDTH, DeviceId
+from .model import DeviceId
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -62,11 +62,10 @@ def _num(value: float, unit: str = "") -> str:
 def _indicators(daemon: Daemon) -> dict[DeviceId, dict[str, list[tuple[dict[str, str], float]]]]:
     """The indicators' latest output per device: name -> [(own labels, value)]."""
     out: dict[DeviceId, dict[str, list[tuple[dict[str, str], float]]]] = {}
-    for name, labels, value in daemon.extra_series(daemon.store):
-        if len(labels) < IDENTITY_WIDTH:
-            continue
-        dev = (labels[0][1], labels[1][1], labels[2][1])
-        out.setdefault(dev, {}).setdefault(name, []).append((dict(labels[IDENTITY_WIDTH:]), value))
+    for dev, frame in daemon.extra_series(daemon.store).items():
+        mine = out[dev] = {}
+        for (name, extra), value in frame.items():
+            mine.setdefault(name, []).append((dict(extra), value))
     return out
 
 
@@ -75,10 +74,10 @@ def _inputs(daemon: Daemon) -> dict[DeviceId, dict[str, float]]:
     wanted = {name for name, _ in EVIDENCE_INPUTS}
     out: dict[DeviceId, dict[str, float]] = {}
     for st in daemon.store.sources.values():
-        for (name, labels), value in st.series.items():
-            if name in wanted and len(labels) == IDENTITY_WIDTH:
-                dev = (labels[0][1], labels[1][1], labels[2][1])
-                out.setdefault(dev, {})[name] = value
+        for dev, frame in st.frames.items():
+            for (name, extra), value in frame.items():
+                if name in wanted and not extra:
+                    out.setdefault(dev, {})[name] = value
     return out
 
 

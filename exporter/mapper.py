@@ -11,13 +11,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .model import Device, Labels, PollResult, SeriesKey, identity_labels
+from .model import Device, DeviceId, Extra, Frames, Labels, PollResult, SeriesId
 from .profiling_guard import AVAILABLE, Held, apply_guard
 
 if TYPE_CHECKING:
     from .mapping import MappingSet, ProfilingGuard, Rule
 
-device_labels = identity_labels
+# a series while one poll is mapped: (GPU, series within the GPU's frame); grouped per GPU at the end
+Key = tuple[DeviceId, SeriesId]
 
 
 @dataclass(slots=True)
@@ -31,7 +32,7 @@ class _RawState:
 
 @dataclass
 class MapResult:
-    series: dict[SeriesKey, float] = field(default_factory=dict)
+    frames: Frames = field(default_factory=dict)  # per GPU, its canonical series
     malformed: int = 0
 
 
@@ -59,10 +60,10 @@ class Mapper:
         # (device key, raw field, raw labels) -> (device, plan): the rules with their series keys,
         # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
         self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
-        self._labels: dict[Labels, Labels] = {}  # identity label tuples, interned
+        self._ids: dict[DeviceId, DeviceId] = {}  # one interned id per GPU: frames grouped by identity
         self._lookups: dict[tuple, dict[float, float]] = {}  # a rule's value table -> its lookup dict
         self._raw: dict[tuple, _RawState] = {}
-        self._totals: dict[SeriesKey, tuple[float, int]] = {}  # (total, poll last seen)
+        self._totals: dict[Key, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
         # derived metrics in dependency order, operands parsed once: (name, op, scale, a, b)
         self._derived = [(name, mdef.derive.op, mdef.derive.scale, *mdef.derive.operands)
@@ -76,8 +77,8 @@ class Mapper:
         # candidates per series: (order, combine, value) for gauges -- one tuple, or a list once
         # a second entry feeds the same series -- and a list of (order, combine, delta or None,
         # initial total) for counters
-        gauges: dict[SeriesKey, tuple[int, str, float] | list[tuple[int, str, float]]] = {}
-        counters: dict[SeriesKey, list[tuple[int, str, float | None, float]]] = {}
+        gauges: dict[Key, tuple[int, str, float] | list[tuple[int, str, float]]] = {}
+        counters: dict[Key, list[tuple[int, str, float | None, float]]] = {}
         plans = self._plans
         isfinite = math.isfinite
         malformed = 0
@@ -148,20 +149,29 @@ class Mapper:
                 else:
                     have.append((rule.order, rule.combine, value))
         out.malformed = malformed
-        available = apply_guard(held, blanks, devices, gauges, self._guard_of, self._base,
+        available = apply_guard(held, blanks, devices, gauges, self._guard_of,
                                 sample.errors, _combine) if held or blanks else None
-        series = out.series
-        for key, cands in gauges.items():
-            series[key] = cands[2] if type(cands) is tuple else _combine(cands)  # type: ignore[arg-type]
+        frames = out.frames
+        frame: dict[SeriesId, float] = {}
+        at: DeviceId | None = None
+        for (dev_id, sid), cands in gauges.items():
+            if dev_id is not at:  # readings come device by device: one frame lookup per run
+                at = dev_id
+                frame = frames.get(dev_id)  # type: ignore[assignment]
+                if frame is None:
+                    frame = frames[dev_id] = {}
+            frame[sid] = cands[2] if type(cands) is tuple else _combine(cands)  # type: ignore[arg-type]
         if available and AVAILABLE in self.mappings.schema.metrics:
-            for base, value in available.items():
-                series[(AVAILABLE, base)] = value
+            for dev_id, value in available.items():
+                frames.setdefault(dev_id, {})[(AVAILABLE, ())] = value
         for key, cands in counters.items():
             total = self._total(key, cands)
             if total is not None:
-                series[key] = total
+                frames.setdefault(key[0], {})[key[1]] = total
         self._expire(devices)
-        self._derive(series)
+        if self._derived:
+            for frame in frames.values():
+                self._derive(frame)
         return out
 
     def _compile(self, r, dev: Device) -> tuple | None:
@@ -170,15 +180,14 @@ class Mapper:
         plan: tuple | None = None
         if rules:
             raw_labels = dict(r.labels) if r.labels else {}
-            # one label tuple per device identity, shared by every plan and series key of it
-            base = self._base(dev)
+            dev_id = self._ids.setdefault(dev.id, dev.id)
             steps = []
             for rule in rules:
                 extra = dict(rule.fixed)
                 for raw_name, canon in rule.label_map:
                     if raw_name in raw_labels:
                         extra[canon] = raw_labels[raw_name]
-                key: SeriesKey = (rule.series, base + tuple(sorted(extra.items())) if extra else base)
+                key: Key = (dev_id, (rule.series, tuple(sorted(extra.items())) if extra else ()))
                 simple = not (rule.invalid or rule.values or rule.is_counter or rule.rate
                               or rule.valid or rule.clamp or rule.profiling)
                 lookup = None
@@ -192,20 +201,15 @@ class Mapper:
             plan = tuple(steps)
         if len(self._plans) >= MAX_STATE:
             self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
-            self._labels.clear()
+            self._ids.clear()
         self._plans[(r.device, r.field, r.labels)] = (dev, plan)
         return plan
-
-    def _base(self, dev: Device) -> Labels:
-        """The device's identity labels, one interned tuple per identity."""
-        base = device_labels(dev)
-        return self._labels.setdefault(base, base)
 
     def _guard_of(self, dev: Device) -> ProfilingGuard | None:
         cm = self.mappings.get(dev.mapping)
         return cm.profiling_guard if cm is not None else None
 
-    def _total(self, key: SeriesKey, cands: list[tuple[int, str, float | None, float]]) -> float | None:
+    def _total(self, key: Key, cands: list[tuple[int, str, float | None, float]]) -> float | None:
         cands.sort(key=lambda c: c[0])
         if cands[0][1] == "sum":
             used = cands
@@ -261,7 +265,8 @@ class Mapper:
             return
         if any(key[0] not in devices for key in self._plans):
             self._plans = {k: v for k, v in self._plans.items() if k[0] in devices}
-            self._labels = {}  # rebuilt on sight
+            live = {dev.id for dev in devices.values()}  # kept plans keep their interned ids
+            self._ids = {k: v for k, v in self._ids.items() if k in live}
         horizon = self._poll if over else self._poll - STATE_TTL_POLLS
         stale = [k for k, st in self._raw.items() if st.seen < horizon]
         for k in stale:
@@ -284,11 +289,10 @@ class Mapper:
         if raw:
             self._raw = dict(prev._raw)
 
-    def _derive(self, series: dict[SeriesKey, float]) -> None:
-        if not self._derived:
-            return
+    def _derive(self, series: dict[SeriesId, float]) -> None:
+        """Derived metrics of one GPU's frame (their operands are series of the same GPU)."""
         names = self._operand_names
-        by_metric: dict[str, list[tuple[Labels, float]]] = {}
+        by_metric: dict[str, list[tuple[Extra, float]]] = {}
         for (name, labels), v in series.items():
             if name in names:
                 by_metric.setdefault(name, []).append((labels, v))
@@ -297,7 +301,7 @@ class Mapper:
             if not a_vals:
                 continue
             b_vals = _select(by_metric.get(b_name, ()), b_sel)
-            new: list[tuple[Labels, float]] = []
+            new: list[tuple[Extra, float]] = []
             for k, av in a_vals.items():
                 bv = b_vals.get(k)
                 if bv is None or (name, k) in series:

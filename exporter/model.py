@@ -1,9 +1,10 @@
 """The exporter's shared vocabulary, at the bottom of the import graph.
 
 Everything here is plain data: what a source reports (``Device``, ``Reading``, ``PollResult``),
-how a canonical series is keyed (``Labels``, ``SeriesKey``), and how a GPU is named across the
-pipeline (``DeviceId``).  Sources produce these types; mapping, store, indicators, enrichers and
-exposition consume them.  This module imports nothing from the exporter.
+how a GPU is named across the pipeline (``DeviceId``), and how its canonical series travel from
+the mapper to the renderer: ``Frames``, per GPU the series by ``SeriesId`` (name and the labels
+beyond the GPU's identity).  Only the renderer turns a ``DeviceId`` into ``vendor``/``gpu``/
+``uuid`` labels (``Sample`` is what it renders).  This module imports nothing from the exporter.
 """
 
 from __future__ import annotations
@@ -11,24 +12,19 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Labels = tuple[tuple[str, str], ...]
-SeriesKey = tuple[str, Labels]  # (series name, ((label, value), ...)), identity labels first
-DeviceId = tuple[str, str, str]  # (vendor, gpu, uuid)
+DeviceId = tuple[str, str, str]  # (vendor, gpu, uuid): the one id of a GPU past its source
+Extra = Labels  # a series' labels beyond the GPU's identity, sorted by name (() for none)
+SeriesId = tuple[str, Extra]  # (series name, extra labels): a series within one GPU's frame
+Frame = dict[SeriesId, float]  # one GPU's series
+Frames = dict[DeviceId, Frame]  # per GPU: what the mapper returns, the store keeps, the engine reads
 
 # Every canonical per-GPU series starts with these three labels, in this order.
 IDENTITY_LABELS = ("vendor", "gpu", "uuid")
 IDENTITY_WIDTH = len(IDENTITY_LABELS)
 _EXACT = 1 << 1000  # an int within this converts to a finite float
-# canonical metrics a fast poll may refresh between full polls: the contention indicators' inputs
-# (a source's poll_fast returns what feeds them; the runner keeps only these from it)
-FAST_METRICS = frozenset({
-    "gpu_compute_utilization_percent", "gpu_compute_occupancy_percent", "gpu_sm_active_percent",
-    "gpu_tensor_utilization_percent", "gpu_memory_bandwidth_utilization_percent",
-    "gpu_l2_cache_miss_rate_percent",
-    # whether the profiling values above are values (exporter/profiling_guard.py): refreshed with them
-    "gpu_profiling_available",
-})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +55,22 @@ class Device:
         return (self.vendor, self.index, self.uuid)
 
 
-def identity_labels(dev: Device) -> Labels:
-    """The leading labels of every series of ``dev``: vendor, gpu, uuid."""
-    return (("vendor", dev.vendor), ("gpu", dev.index), ("uuid", dev.uuid))
+def identity_labels(device_id: DeviceId) -> Labels:
+    """The leading labels of every rendered series of a GPU: vendor, gpu, uuid."""
+    return (("vendor", device_id[0]), ("gpu", device_id[1]), ("uuid", device_id[2]))
 
 
-def device_id_of(labels: Labels) -> DeviceId:
-    """The ``DeviceId`` named by a canonical label tuple (its first three labels)."""
-    return (labels[0][1], labels[1][1], labels[2][1])
+class Sample(NamedTuple):
+    """One rendered series: its name, all its labels (identity first) and its value."""
+
+    name: str
+    labels: Labels
+    value: float
+
+
+def frame_count(frames: Frames) -> int:
+    """How many series ``frames`` holds."""
+    return sum(map(len, frames.values()))
 
 
 @dataclass(slots=True)

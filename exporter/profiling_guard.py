@@ -24,32 +24,32 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from .model import Device, Labels, SeriesKey
+from .model import Device, DeviceId, SeriesId
 
 AVAILABLE = "gpu_profiling_available"
 REASON = "profiling_unavailable"
 
-# one held-back profiling value: (series key, rule order, combine, value)
-Held = tuple[SeriesKey, int, str, float]
+# one held-back profiling value: ((GPU, series), rule order, combine, value)
+Held = tuple[tuple[DeviceId, SeriesId], int, str, float]
 
 
 def apply_guard(held: dict[str, list[Held]], blanks: dict[str, int], devices: dict[str, Device],
-                gauges: dict, guard_of: Callable[[Device], object | None],
-                base_of: Callable[[Device], Labels], errors: Counter[str],
-                combine: Callable[[list[tuple[int, str, float]]], float]) -> dict[Labels, float]:
-    """Move the kept profiling values into ``gauges``; return the availability per GPU labels."""
-    available: dict[Labels, float] = {}
+                gauges: dict, guard_of: Callable[[Device], object | None], errors: Counter[str],
+                combine: Callable[[list[tuple[int, str, float]]], float]) -> dict[DeviceId, float]:
+    """Move the kept profiling values into ``gauges`` (keyed by (GPU, series)); return the
+    availability per GPU."""
+    available: dict[DeviceId, float] = {}
     for key in held.keys() | blanks.keys():
         dev = devices.get(key)
         if dev is None:
             continue
         values = held.get(key, ())
         blank = blanks.get(key, 0)
-        base = base_of(dev)
+        dev_id = dev.id
         guard = guard_of(dev)
         dropped = not values
         if values and guard is not None and all(v[3] == 0.0 for v in values):
-            have = gauges.get((guard.busy_metric, base))  # type: ignore[attr-defined]
+            have = gauges.get((dev_id, (guard.busy_metric, ())))  # type: ignore[attr-defined]
             if have is not None:
                 busy = have[2] if type(have) is tuple else combine(list(have))
                 dropped = busy >= guard.busy_above  # type: ignore[attr-defined]
@@ -67,5 +67,5 @@ def apply_guard(held: dict[str, list[Held]], blanks: dict[str, int], devices: di
                     have.append(cand)
         if blank:
             errors[REASON] += blank
-        available[base] = 0.0 if dropped else 1.0
+        available[dev_id] = 0.0 if dropped else 1.0
     return available

@@ -20,7 +20,7 @@ from . import cpustats
 from .collector_policy import missing_backend_state
 from .mapper import Mapper
 from .mapping import MappingSet
-from .model import FAST_METRICS
+from .model import Frames
 from .periodic import Ticker
 from .pipeline import Cycle, poll_and_map
 from .sources.base import PollFailed, Source, SourceUnavailable, abilities_of
@@ -32,6 +32,26 @@ from .worker import Worker
 log = logging.getLogger("unified_gpu_exporter")
 
 REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
+
+def fast_frames(frames: Frames, fast: frozenset[str]) -> Frames:
+    """Only the series of ``fast`` metrics, per GPU: counters and other gauges keep their
+    full-poll values (a second mapper's counter totals must never replace the full poll's)."""
+    out: Frames = {}
+    for dev_id, frame in frames.items():
+        kept = {sid: v for sid, v in frame.items() if sid[0] in fast}
+        if kept:
+            out[dev_id] = kept
+    return out
+
+
+def overlay(under: Frames, over: Frames) -> Frames:
+    """A new ``Frames``: ``under`` with ``over``'s values on top (neither is changed)."""
+    out = dict(under)
+    for dev_id, frame in over.items():
+        have = out.get(dev_id)
+        out[dev_id] = {**have, **frame} if have else frame
+    return out
+
 
 @dataclass
 class SourceRunner:
@@ -94,7 +114,7 @@ class SourceRunner:
         sample, devices, result = cycle.sample, cycle.devices, cycle.result
         st.devices = devices
         st.device_up = {k: sample.device_up.get(k, True) for k in devices}
-        st.series = st.polled = result.series
+        st.frames = result.frames
         st.fast = {}
         st.self_samples = sample.self_samples
         st.errors.update(sample.errors)
@@ -173,7 +193,7 @@ class SourceRunner:
 
     def _fast_cycle(self, mappings: MappingSet) -> Cycle:
         assert self.source is not None and self.store is not None and self.fast_mapper is not None
-        fields = mappings.raw_fields(FAST_METRICS)  # raw fields that feed a FAST_METRICS series
+        fields = mappings.raw_fields(mappings.schema.fast_metrics)  # raw fields feeding a `fast: true` metric
 
         def keep(r: Any, devices: dict) -> bool:  # map only what can end up in the fast overlay
             d = devices.get(r.device)
@@ -211,12 +231,12 @@ class SourceRunner:
             self.state.errors.update(cycle.sample.errors)
             # only the indicator inputs: counters and other gauges keep their full-poll values
             # (a second mapper's counter totals must never replace the full poll's)
-            fast = {k: v for k, v in cycle.result.series.items() if k[0] in FAST_METRICS}
+            fast = fast_frames(cycle.result.frames, mappings.schema.fast_metrics)
             st = self.state
-            if fast and st.polled is not None:  # replaced, never mutated
+            if fast:  # replaced, never mutated
                 # the indicator feed reads them on top of the full poll's; the exposition keeps
                 # the full poll's values (it is rendered once per full poll)
-                st.fast = {**st.fast, **fast}
+                st.fast = overlay(st.fast, fast)
 
     async def close(self, timeout: float = 1.0) -> None:
         """Close the source on its worker (skipped while a call hangs) and end the worker."""

@@ -77,6 +77,8 @@ class MetricDef(BaseModel):
     # fed to the indicators but never served (co-tenancy evidence collected count-only: the
     # per-client values a count is made of carry pids, which a default install does not export)
     internal: bool = False
+    # refreshed by fast polls between full polls (an input of the contention indicators)
+    fast: bool = False
 
     @field_validator("labels", "optional_labels")
     @classmethod
@@ -97,6 +99,11 @@ class Schema(BaseModel):
     device_labels: list[str]
     instance_labels: list[str] = []
     metrics: dict[str, MetricDef]
+
+    @cached_property
+    def fast_metrics(self) -> frozenset[str]:
+        """The metrics a fast poll refreshes (``fast: true``)."""
+        return frozenset(name for name, m in self.metrics.items() if m.fast)
 
     @model_validator(mode="after")
     def _check(self) -> Schema:

@@ -1,15 +1,15 @@
 """Exposition lines of the canonical series, kept from one render cycle to the next.
 
-Series keys repeat every poll, so everything about a series except its value is worked out once
-and kept: its family (or that the filter or schema drops it), its escaped
-``name{label="value",...} `` prefix with the device and static labels added, its histogram sort
-key, and its last value with the line that value gave.  A cycle then costs one dictionary lookup
-per series, and a new line only where the value changed.
+The renderer's input is ``Frames``: per GPU (``DeviceId``), its series by ``SeriesId`` (name and
+the labels beyond the GPU's identity).  This is the one place a GPU's identity becomes its
+``vendor``/``gpu``/``uuid`` labels.  Series repeat every poll, so everything about a series
+except its value is worked out once and kept: its family (or that the filter or schema drops
+it), its escaped ``name{label="value",...} `` prefix with the identity, device and static labels
+added, its histogram sort key, and its last value with the line that value gave.  A cycle then
+costs one dictionary lookup per series, and a new line only where the value changed.
 
-The output is byte for byte what ``Renderer.build`` + ``textformat.render`` give
-(tests/test_exposition_lines.py compares both over changing cycles).  Bounded: entries of series
-not seen in the last render are dropped once they outnumber the live ones, and everything is
-dropped when the schema, the filter or the static labels change.
+Bounded: entries of series not seen in the last render are dropped once they outnumber the
+live ones, and everything is dropped when the schema, the filter or the static labels change.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter
 from typing import Any
 
-from .model import Labels
+from .model import DeviceId, Extra, Frames, Labels, Sample, SeriesId, identity_labels
 from .schema import Schema
 from .seriesfilter import SeriesFilter
 from .textformat import format_value, series_prefix
@@ -33,38 +33,39 @@ _copysign = math.copysign
 _float_repr = float.__repr__
 _by_order = itemgetter(0)
 
-SeriesKey = tuple[str, Labels]
-DeviceLabels = Labels | Callable[[Labels], Labels]
-Order = Callable[[tuple[str, Labels, float]], tuple]
+# what pod attribution adds to one GPU's series: fixed labels, or a labeler of the series' extra
+DeviceLabels = Labels | Callable[[Extra], Labels]
+Order = Callable[[Sample], tuple]
 
 
 class SeriesLines:
-    """Per series key: family, prefix, sort key, last value and line (see the module doc)."""
+    """Per GPU and series: family, prefix, sort key, last value and line (see the module doc)."""
 
     def __init__(self, schema: Schema, histogram_parts: dict[str, str], order: Order) -> None:
         self.schema = schema
         self._parts = histogram_parts  # x_bucket / x_sum / x_count -> x
         self._order = order  # the sort key of a histogram sample
-        self._entries: dict[SeriesKey, list[Any]] = {}
+        self._entries: dict[DeviceId, dict[SeriesId, list[Any]]] = {}
+        self._size = 0  # entries over all GPUs
         self._out: dict[str, list] = {}  # family -> this cycle's lines (emptied every cycle)
         self._filter: SeriesFilter | None = None
         self._static: Labels = ()
         self._generation = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size
 
     def clear(self) -> None:
         self._entries = {}
+        self._size = 0
         self._out = {}
 
-    def collect(self, sources: Iterable[Mapping[SeriesKey, float]],
-                first: Iterable[tuple[str, Labels, float]], extra: Iterable[tuple[str, Labels, float]],
-                static_labels: Labels, per_device: Mapping[tuple[str, str, str], DeviceLabels] | None,
+    def collect(self, first: Frames, sources: Iterable[Frames], extra: Iterable[Frames],
+                static_labels: Labels, per_device: Mapping[DeviceId, DeviceLabels] | None,
                 series_filter: SeriesFilter | None) -> tuple[dict[str, list], int]:
-        """Lines per family of ``first``, then every source's series (a key already served by an
-        earlier source is skipped), then ``extra`` (histogram families sorted by bucket); and how
-        many lines in all.  The lists are reused: join them before the next call."""
+        """Lines per family of ``first``, then every source's frames (a series already served by
+        an earlier source is skipped), then ``extra`` (histogram families sorted by bucket); and
+        how many lines in all.  The lists are reused: join them before the next call."""
         if series_filter is not None:
             static_labels = series_filter.extra(static_labels)
         if series_filter is not self._filter or static_labels != self._static:
@@ -72,57 +73,72 @@ class SeriesLines:
             self._filter, self._static = series_filter, static_labels
         self._generation = gen = self._generation + 1
         entries = self._entries
-        get = entries.get
         for out in self._out.values():
             out.clear()
         new = self._new
         allow = series_filter is not None and series_filter.allow is not None
 
-        def run(items: Iterable[tuple[SeriesKey, float]], dedup: bool) -> None:
-            for key, value in items:
+        def run(frames: Frames, dedup: bool) -> None:
+            for dev_id, frame in frames.items():
                 added: Labels = ()
+                labeler = None
                 if per_device:
-                    labels = key[1]
-                    dev = per_device.get((labels[0][1], labels[1][1], labels[2][1]))
+                    dev = per_device.get(dev_id)
                     if dev:
                         if callable(dev):  # pod attribution: the labels depend on the series
-                            dev = dev(labels)
-                        if dev and allow:
-                            dev = series_filter.extra(dev)  # type: ignore[union-attr]
-                        if dev:
-                            added = dev
-                e = get(key)
-                if e is None or (e[_ADDED] is not added and e[_ADDED] != added):
-                    if len(entries) >= MAX_ENTRIES:
-                        entries.clear()
-                    e = entries[key] = new(key, added, static_labels, series_filter)
-                e[_USED] = gen
-                family = e[_FAMILY]
-                if family is None:
-                    continue
-                if dedup:
-                    if e[_SEEN] == gen:
+                            labeler = dev
+                        else:
+                            if allow:
+                                dev = series_filter.extra(dev)  # type: ignore[union-attr]
+                            if dev:
+                                added = dev
+                mine = entries.get(dev_id)
+                if mine is None:
+                    mine = entries[dev_id] = {}
+                get = mine.get
+                for sid, value in frame.items():
+                    if labeler is not None:
+                        added = labeler(sid[1]) or ()
+                        if added and allow:
+                            added = series_filter.extra(added)  # type: ignore[union-attr]
+                    e = get(sid)
+                    if e is None or (e[_ADDED] is not added and e[_ADDED] != added):
+                        if self._size >= MAX_ENTRIES:
+                            entries.clear()
+                            mine = entries[dev_id] = {}
+                            get = mine.get
+                            self._size = 0
+                        if e is None:
+                            self._size += 1
+                        e = mine[sid] = new(dev_id, sid, added, static_labels, series_filter)
+                    e[_USED] = gen
+                    family = e[_FAMILY]
+                    if family is None:
                         continue
-                    e[_SEEN] = gen
-                last = e[_VALUE]
-                if value == last and (value or _copysign(1.0, value) == _copysign(1.0, last)):
-                    line = e[_LINE]
-                else:
-                    if value.__class__ is float and value - value == 0.0:  # finite
-                        text = _float_repr(value)
+                    if dedup:
+                        if e[_SEEN] == gen:
+                            continue
+                        e[_SEEN] = gen
+                    last = e[_VALUE]
+                    if value == last and (value or _copysign(1.0, value) == _copysign(1.0, last)):
+                        line = e[_LINE]
                     else:
-                        text = format_value(value)
-                    line = e[_LINE] = e[_PREFIX] + text + "\n"
-                    e[_VALUE] = value
-                order = e[_ORDER]
-                e[_OUT].append(line if order is None else (order, line))
+                        if value.__class__ is float and value - value == 0.0:  # finite
+                            text = _float_repr(value)
+                        else:
+                            text = format_value(value)
+                        line = e[_LINE] = e[_PREFIX] + text + "\n"
+                        e[_VALUE] = value
+                    order = e[_ORDER]
+                    e[_OUT].append(line if order is None else (order, line))
 
-        run((((name, labels), value) for name, labels, value in first), False)
-        sources = [series for series in sources if series]
-        dedup = len(sources) > 1  # keys are unique within one source
-        for series in sources:
-            run(series.items(), dedup)
-        run((((name, labels), value) for name, labels, value in extra), False)
+        run(first, False)
+        sources = [frames for frames in sources if frames]
+        dedup = len(sources) > 1  # series are unique within one source
+        for frames in sources:
+            run(frames, dedup)
+        for frames in extra:
+            run(frames, False)
         lines: dict[str, list] = {}
         count = 0
         for family, out in self._out.items():
@@ -132,13 +148,20 @@ class SeriesLines:
                     out.sort(key=_by_order)
                     out = [line for _, line in out]
                 lines[family] = out
-        if len(entries) > 2 * count + 1024:  # series gone since earlier cycles: forget them
-            self._entries = {k: e for k, e in entries.items() if e[_USED] == gen}
+        if self._size > 2 * count + 1024:  # series gone since earlier cycles: forget them
+            kept = {}
+            for dev_id, mine in entries.items():
+                live = {k: e for k, e in mine.items() if e[_USED] == gen}
+                if live:
+                    kept[dev_id] = live
+            self._entries = kept
+            self._size = sum(map(len, kept.values()))
         return lines, count
 
-    def _new(self, key: SeriesKey, added: Labels, static_labels: Labels,
+    def _new(self, dev_id: DeviceId, sid: SeriesId, added: Labels, static_labels: Labels,
              series_filter: SeriesFilter | None) -> list[Any]:
-        name, labels = key
+        name, extra = sid
+        labels = identity_labels(dev_id) + extra
         family = self._parts.get(name, name)
         e: list[Any] = [None, "", None, added, _NAN, "", 0, 0, None]
         if series_filter is not None and not (series_filter.family(family)
@@ -155,7 +178,7 @@ class SeriesLines:
         e[_OUT] = out
         e[_PREFIX] = series_prefix(name, labels)
         if mdef.type == "histogram":
-            e[_ORDER] = self._order((name, labels, 0.0))
+            e[_ORDER] = self._order(Sample(name, labels, 0.0))
         return e
 
 

@@ -1,7 +1,8 @@
-"""Latest state of every source: its devices, canonical series and health.
+"""Latest state of every source: its devices, canonical series (frames per GPU) and health.
 
-Each poll replaces a source's series as a whole, so a value that a source stops reporting (lost
-GPU, failed upstream, timed-out poll) disappears instead of being served stale.
+Each full poll replaces a source's frames as a whole, so a value that a source stops reporting
+(lost GPU, failed upstream, timed-out poll) disappears instead of being served stale.  Fast polls
+lay their values on top (``fast``), for the indicators only.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from .model import Device, SeriesKey
+from .model import Device, Frames, frame_count
 
 
 @dataclass
@@ -31,22 +32,31 @@ class SourceState:
     errors: Counter[str] = field(default_factory=Counter)
     devices: dict[str, Device] = field(default_factory=dict)
     device_up: dict[str, bool] = field(default_factory=dict)
-    series: dict[SeriesKey, float] = field(default_factory=dict)
-    # ``polled`` is the ``series`` of the last full poll (None for a state set up otherwise: a
-    # test's, a reload's carried one) and ``fast`` what fast polls refreshed since, for the
-    # indicators only: the feed re-reads the full poll once per poll and lays ``fast`` on top,
-    # the exposition shows the full poll's values.  All three are replaced, never mutated.
-    polled: dict[SeriesKey, float] | None = None
-    fast: dict[SeriesKey, float] = field(default_factory=dict)
+    # the last full poll's series per GPU (what the exposition shows), and what fast polls
+    # refreshed since (for the indicators only, laid on top of ``frames``; emptied by each full
+    # poll).  Both are replaced, never mutated: readers keep the objects they were handed.
+    frames: Frames = field(default_factory=dict)
+    fast: Frames = field(default_factory=dict)
     # the last full poll's PollResult.self_samples (the exposition exports the declared ones)
     self_samples: list[tuple[str, tuple[tuple[str, str], ...], float]] = field(default_factory=list)
 
     def clear(self) -> None:
-        self.series = {}
-        self.polled = None
+        self.frames = {}
         self.fast = {}
         self.self_samples = []
         self.up = False
+
+    def series_count(self) -> int:
+        """How many canonical series the last full poll gave."""
+        return frame_count(self.frames)
+
+    def carry_from(self, prev: SourceState) -> None:
+        """Serve what ``prev`` (the same source before a reload) had until this one polls: its
+        devices, frames, health and counters (the error counts are copied, not shared)."""
+        self.devices, self.device_up, self.frames = prev.devices, prev.device_up, prev.frames
+        self.errors = Counter(prev.errors)
+        self.up, self.state, self.reason, self.was_up = prev.up, prev.state, prev.reason, prev.was_up
+        self.polls, self.last_success, self.last_duration = prev.polls, prev.last_success, prev.last_duration
 
 
 class Store:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .mapper import Mapper
 from .mapping import MappingSet
+from .model import Frames, Labels, Sample, identity_labels
 from .pipeline import poll_and_map
 from .schema import default_mappings_dir, load_schema
 from .sources.base import Source, abilities_of
@@ -52,10 +53,32 @@ def map_source_once(source: Source, cycles: int = 2, interval: float = 1.0,
         if not opened:
             source.close()
     assert result is not None
-    return {(name, frozenset(labels)): v for (name, labels), v in result.series.items()}
+    return {(name, frozenset(labels)): v for (name, labels), v in flat(result.frames).items()}
+
+
+def flat(frames: Frames) -> dict[tuple[str, Labels], float]:
+    """``frames`` as one dict, keyed by (name, all labels: identity first, then the extra ones),
+    the way the exposition names each series (for assertions)."""
+    return {(name, identity_labels(dev_id) + extra): v
+            for dev_id, frame in frames.items() for (name, extra), v in frame.items()}
+
+
+def frames_of(series: dict[tuple[str, Labels], float]) -> Frames:
+    """The inverse of ``flat``: series keyed by (name, labels with vendor, gpu, uuid first)."""
+    out: Frames = {}
+    for (name, labels), v in series.items():
+        dev_id = (labels[0][1], labels[1][1], labels[2][1])
+        out.setdefault(dev_id, {})[(name, tuple(sorted(labels[3:])))] = v
+    return out
 
 
 def values_of(series: Series, metric: str, **labels: str) -> list[float]:
     """Values of every series of ``metric`` whose labels include ``labels``."""
     want = set(labels.items())
     return [v for (name, lbls), v in series.items() if name == metric and want <= lbls]
+
+
+def samples(frames: Frames) -> list[Sample]:
+    """``frames`` as rendered samples (name, all labels: identity first, value), GPU after GPU."""
+    return [Sample(name, identity_labels(dev_id) + extra, v)
+            for dev_id, frame in frames.items() for (name, extra), v in frame.items()]

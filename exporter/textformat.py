@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .model import Labels
+from .model import Labels, Sample
 
 MAX_CACHED = 500_000  # prefixes; cleared when exceeded (label churn, e.g. per-process series)
 
@@ -25,7 +25,7 @@ class Family:
     type: str            # gauge | counter | histogram
     help: str
     unit: str = ""
-    samples: list[tuple[str, Labels, float]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # (name, labels, value); plain tuples do
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -131,8 +131,10 @@ def encode(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:
-    out = [header(fam, openmetrics) + body(fam, cache) for fam in families]
+def write(sections: list[tuple[Family, str]], openmetrics: bool) -> bytes:
+    """The exposition of (family, its sample lines) in order: each family's header, then its
+    lines (the same in both formats); OpenMetrics ends with ``# EOF``."""
+    out = [header(fam, openmetrics) + lines for fam, lines in sections]
     if openmetrics:
         out.append("# EOF\n")
     return encode("".join(out))

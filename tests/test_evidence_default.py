@@ -13,7 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
+from exporter.testing import flat
 from tests.e2e_util import ProcessSet, Server, free_port, http_get, wait_until
+from tests.engine_frames import TextEngine
 from tests.fakes import pynvml_fake as pf
 
 
@@ -173,7 +175,7 @@ def _engine_inputs(series):
 
 
 def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
-    from exporter.indicators import IndicatorConfig, IndicatorEngine
+    from exporter.indicators import IndicatorConfig
     from exporter.mapper import Mapper
     from exporter.pipeline import poll_and_map
     from exporter.sources.drm_fdinfo import DrmFdinfoSource
@@ -193,8 +195,8 @@ def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     advance({pid: 600_000_000 for pid in busy})  # 60 % of one second each
     cycle = poll_and_map(src.poll, store, state, mapper, now=1001.0)
     src.close()
-    series = dict(cycle.result.series)
-    engine = IndicatorEngine(IndicatorConfig(), None, 0.5)
+    series = flat(cycle.result.frames)
+    engine = TextEngine(IndicatorConfig(), None, 0.5)
     inputs = {**_engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
               "gpu_memory_bandwidth_utilization_percent": 95.0}
     out = engine.update(1.0, {("amd", "1", ""): inputs})

@@ -112,20 +112,22 @@ def test_accepted_static_labels_keep_the_exposition_valid(tmp_path):
 def test_enrichment_label_never_duplicates_a_series_own_label():
     """A cloud ``region`` label (added to every series like a static one) beside a process's
     memory ``region``: the series keeps its own, and the exposition stays parsable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     from exporter.exposition import Renderer
     from exporter.schema import default_mappings_dir, load_schema
     from exporter.store import Store
 
     schema = load_schema(default_mappings_dir() / "canonical.yaml")
     r = Renderer(schema)
-    series = [("gpu_process_memory_bytes", (("vendor", "amd"), ("gpu", "0"), ("uuid", "u"), ("pid", "7"),
-                                            ("process", "p"), ("region", "vram")), 5.0)]
+    series = {("amd", "0", "u"): {("gpu_process_memory_bytes", (("pid", "7"), ("process", "p"),
+                                                                   ("region", "vram"))): 5.0}}
     static = (("cluster", "c1"), ("region", "eu-west-1"))
-    text = r.render(Store(), series, static).text.decode()
+    text = r.render(Store(), [series], static).text.decode()
     line = next(x for x in text.splitlines() if x.startswith("gpu_process_memory_bytes{"))
     assert line.count("region=") == 1 and 'region="vram"' in line and 'cluster="c1"' in line
-    fams = [f for f in r.build(Store(), series, static) if f.name == "gpu_process_memory_bytes"]
-    assert [dict(s[1])["region"] for s in fams[0].samples] == ["vram"]
+    fams = [f for f in text_string_to_metric_families(text) if f.name == "gpu_process_memory_bytes"]
+    assert [s.labels["region"] for s in fams[0].samples] == ["vram"]
 
 
 @pytest.mark.parametrize("collector,option", [("amdgpu", "pcie_bw_interval"), ("nvml", "gpm_min_window_s")])

@@ -29,9 +29,9 @@ def _cycle(mapper: Mapper, feed: IndicatorFeed, renderer: Renderer, uuids: list[
     devices = {d.key: d for d in sample.devices}
     result = mapper.map(sample, devices)
     store = Store()
-    store.add(SourceState("upstream", up=True, state="up", devices=devices, series=result.series))
+    store.add(SourceState("upstream", up=True, state="up", devices=devices, frames=result.frames))
     feed.update(now, store)
-    renderer.render(store, feed.latest)
+    renderer.render(store, [feed.latest])
 
 
 def test_memory_returns_to_baseline_after_identity_storm():

@@ -17,7 +17,8 @@ from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.context import SourceContext
 from exporter.sources.profiles import ProfilesSource
 from exporter.store import SourceState, Store
-from exporter.textformat import Counts, Family, PrefixCache, render
+from exporter.testing import flat, frames_of
+from exporter.textformat import Counts, Family, PrefixCache, body, write
 
 # the 130-byte reproduction: a Kineto kernel named by a lone surrogate escape
 SURROGATE_KINETO = ('{"traceEvents":[{"ph":"X","cat":"kernel","name":"\\ud800","pid":0,"tid":7,'
@@ -40,7 +41,7 @@ def test_writer_replaces_lone_surrogates_and_counts_them():
     before = Counts.invalid_utf8
     fam = Family("gpu_x", "gauge", "help \udcff", "", [("gpu_x", (("kernel", "\ud800"),), 1.0)])
     for om in (False, True):
-        out = render([fam], PrefixCache(), openmetrics=om)
+        out = write([(fam, body(fam, PrefixCache()))], openmetrics=om)
         text = out.decode("utf-8")  # strict: valid UTF-8 throughout
         assert 'kernel="\ufffd' in text
     assert Counts.invalid_utf8 > before
@@ -55,7 +56,7 @@ def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
         sample = src.poll()
         sample.monotonic = time.monotonic()
         devices = {d.key: d for d in sample.devices}
-        series = Mapper(mappings).map(sample, devices).series
+        series = flat(Mapper(mappings).map(sample, devices).frames)
     finally:
         src.close()
     assert series
@@ -63,7 +64,7 @@ def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
         for _, v in labels:
             v.encode("utf-8")  # every label value valid UTF-8 where it entered
     store = Store()
-    st = SourceState("profiles", up=True, state="up", series=series)
+    st = SourceState("profiles", up=True, state="up", frames=frames_of(series))
     store.add(st)
     rendered = Renderer(schema).render(store)
     assert not rendered.failed
@@ -75,8 +76,8 @@ def test_render_failure_is_visible_not_stale(schema, caplog):
     store = Store()
     # a label value that is not a string makes the writer fail: stand-in for any render bug
     store.add(SourceState("nvml", up=True, state="up",
-                          series={("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
-                                                               ("uuid", None))): 1.0}))
+                          frames=frames_of({("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
+                                                                         ("uuid", None))): 1.0})))
     r = Renderer(schema)
     with caplog.at_level("ERROR", logger="unified_gpu_exporter"):
         first = r.render(store)
@@ -96,8 +97,8 @@ def test_readyz_not_ready_after_render_failure(schema):
     daemon = Daemon(Settings())
     daemon.renderer = Renderer(schema)
     daemon.store.add(SourceState("nvml", up=True, state="up",
-                                 series={("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
-                                                                      ("uuid", None))): 1.0}))
+                                 frames=frames_of({("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
+                                                                                ("uuid", None))): 1.0})))
     import asyncio
 
     async def go():

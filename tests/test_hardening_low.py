@@ -14,6 +14,7 @@ from exporter.mapping import MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.server import _wants_openmetrics
 from exporter.sources.base import Device, PollResult
+from exporter.testing import flat
 from exporter.yamlfile import ConfigError
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -64,7 +65,7 @@ def test_negative_clock_is_malformed_not_exported(schema):
     sample.add("k", "clock.sm", -5.0)
     sample.add("k", "clock.graphics", 1410.0)
     out = mapper.map(sample, {"k": dev})
-    clocks = {dict(ls).get("domain"): v for (n, ls), v in out.series.items() if n == "gpu_clock_mhz"}
+    clocks = {dict(ls).get("domain"): v for (n, ls), v in flat(out.frames).items() if n == "gpu_clock_mhz"}
     assert clocks == {"graphics": 1410.0}
     assert out.malformed == 1
 

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 from exporter.daemon import Daemon
+from exporter.testing import flat
 from tests.test_daemon import mappings_dir, settings, test_collectors  # noqa: F401 - fixtures
 
 
@@ -172,7 +173,7 @@ async def test_counter_never_goes_back_across_reload(mappings_dir, tmp_path, tes
 
     def energy() -> float:
         st = daemon.store.sources["good"]
-        return next(v for (n, _), v in st.series.items() if n == "gpu_energy_joules_total")
+        return next(v for (n, _), v in flat(st.frames).items() if n == "gpu_energy_joules_total")
     try:
         while daemon.store.sources["good"].polls < 4:
             await asyncio.sleep(0.02)

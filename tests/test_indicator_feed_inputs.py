@@ -1,7 +1,7 @@
 """The indicator feed hands the engine only the series it reads (``ENGINE_INPUTS``), re-reads a
 source's full poll once per poll and applies fast-poll values on top.  Whatever it skips must not
-change a single output value: each test runs a second engine fed the old way (every series of the
-device, every update) and compares."""
+change a single output value: the test runs a second engine fed each device's whole frame (the
+full poll's with the fast values laid over it, every series, every update) and compares."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import random
 
 from exporter.indicator_feed import ENGINE_INPUTS, IndicatorFeed
 from exporter.indicators import IndicatorConfig, IndicatorEngine
-from exporter.model import IDENTITY_WIDTH, Device, device_id_of, identity_labels
+from exporter.model import Device, identity_labels
 from exporter.store import SourceState, Store
-from exporter.testing import load_mappings
+from exporter.testing import frames_of, load_mappings, samples
 
 DEVICES = [Device(key=f"k{i}", vendor="nvidia", index=str(i), mapping="nvml", uuid=f"GPU-{i}", model="H100 80GB HBM3")
            for i in range(3)]
@@ -25,7 +25,7 @@ def _all_series(rng: random.Random, phase: int) -> dict:
     families the engine reads, with values that move the engine through its states."""
     out = {}
     for dev in DEVICES:
-        head = identity_labels(dev)
+        head = identity_labels(dev.id)
         busy = phase % 40 >= 10
         for name in METRICS:
             out[(name, head)] = rng.uniform(0, 100)
@@ -43,27 +43,6 @@ def _all_series(rng: random.Random, phase: int) -> dict:
     return out
 
 
-def _direct(series: dict) -> dict:
-    """What the feed used to hand the engine: every series of every device, keyed by name or
-    (name, extra labels), artefact values standing in by plain name."""
-    devices: dict = {}
-    imported = []
-    for (name, labels), value in series.items():
-        extra = labels[IDENTITY_WIDTH:]
-        dev = devices.setdefault(device_id_of(labels), {})
-        dev[(name, extra) if extra else name] = value
-        if extra and {k for k, _ in extra} <= {"source", "trace_id"}:
-            imported.append((device_id_of(labels), name, value))
-    for dev_id, name, value in imported:
-        devices[dev_id].setdefault(name, value)
-    return devices
-
-
-def _labelled(dev_id, samples):
-    dl = (("vendor", dev_id[0]), ("gpu", dev_id[1]), ("uuid", dev_id[2]))
-    return sorted((name, dl + tuple(sorted(extra.items())), value) for name, extra, value in samples)
-
-
 def test_engine_inputs_cover_what_the_engine_reads_and_outputs_do_not_change():
     rng = random.Random(7)
     config = IndicatorConfig()
@@ -77,24 +56,23 @@ def test_engine_inputs_cover_what_the_engine_reads_and_outputs_do_not_change():
     compared = 0
     for step in range(160):
         now = 1000.0 + step * 0.25
-        if step % 4 == 0:  # a full poll: new series, overlay emptied (as the runner does)
+        if step % 4 == 0:  # a full poll: new frames, overlay emptied (as the runner does)
             polled = _all_series(rng, step // 4)
-            state.series = state.polled = polled
+            state.frames = frames_of(polled)
             state.fast = {}
-        else:  # a fast poll refreshes the indicator inputs only
-            fast = {k: rng.uniform(0, 100) for k in state.polled
-                    if k[0] in ("gpu_compute_occupancy_percent", "gpu_memory_bandwidth_utilization_percent")
-                    and len(k[1]) == IDENTITY_WIDTH}
-            state.fast = {**state.fast, **fast}
-            state.series = state.polled  # the runner leaves series to the full poll
-        got = sorted(feed.update(now, store))
-        want = []
-        for dev_id, series in _direct({**state.polled, **state.fast}).items():
-            want += _labelled(dev_id, reference.update(now, {dev_id: series}))
-        assert got == sorted(want), f"step {step}"
-        compared += len(got)
+            fast: dict = {}
+        else:  # a fast poll refreshes the indicator inputs only (a new overlay, as the runner does)
+            fast = {**fast, **{k: rng.uniform(0, 100) for k in polled
+                               if k[0] in ("gpu_compute_occupancy_percent", "gpu_memory_bandwidth_utilization_percent")
+                               and len(k[1]) == 3}}
+            state.fast = frames_of(fast)
+        got = feed.update(now, store)
+        whole = frames_of({**polled, **fast})
+        want = {dev_id: reference.update(now, {dev_id: frame})[dev_id] for dev_id, frame in whole.items()}
+        assert repr(sorted(got.items())) == repr(sorted(want.items())), f"step {step}"
+        compared += sum(map(len, got.values()))
     assert compared > 1000
-    states = {v for name, labels, v in feed.latest if name == "gpu_memory_state_info"}
+    states = {v for name, labels, v in samples(feed.latest) if name == "gpu_memory_state_info"}
     assert states  # the engine did run on these devices
 
 
@@ -102,18 +80,18 @@ def test_engine_inputs_name_only_canonical_metrics():
     assert ENGINE_INPUTS <= set(METRICS)
 
 
-def test_a_source_without_a_full_poll_record_is_read_from_series_each_time():
-    """States built by hand (tests, a reload's carried state) have no ``polled``: the feed reads
-    ``series`` at every update, so a changed value is seen at once."""
+def test_frames_replaced_by_hand_are_read_again_at_once():
+    """States built by hand (tests, a reload's carried state) replace ``frames`` without a poll:
+    the feed reads the new frames at the next update, so a changed value is seen at once."""
     dev = DEVICES[0]
-    head = identity_labels(dev)
+    head = identity_labels(dev.id)
     store = Store()
-    st = SourceState("nvml", up=True, state="up", devices={dev.key: dev},
-                     series={("gpu_process_utilization_percent", head + (("pid", "1"), ("process", "a"))): 80.0})
+    series = {("gpu_process_utilization_percent", head + (("pid", "1"), ("process", "a"))): 80.0}
+    st = SourceState("nvml", up=True, state="up", devices={dev.key: dev}, frames=frames_of(series))
     store.add(st)
     feed = IndicatorFeed(IndicatorConfig(), None, 1.0)
-    clients = [v for n, _, v in feed.update(1000.0, store) if n == "gpu_active_clients"]
+    clients = [v for n, _, v in samples(feed.update(1000.0, store)) if n == "gpu_active_clients"]
     assert clients == [1.0]
-    st.series = {**st.series, ("gpu_process_utilization_percent", head + (("pid", "2"), ("process", "b"))): 70.0}
-    clients = [v for n, _, v in feed.update(1001.0, store) if n == "gpu_active_clients"]
+    st.frames = frames_of({**series, ("gpu_process_utilization_percent", head + (("pid", "2"), ("process", "b"))): 70.0})
+    clients = [v for n, _, v in samples(feed.update(1001.0, store)) if n == "gpu_active_clients"]
     assert clients == [2.0]

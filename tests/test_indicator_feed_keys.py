@@ -1,4 +1,4 @@
-"""The indicator feed hands the engine structured series keys: label values reach it unaltered."""
+"""The indicator feed hands the engine structured series ids: label values reach it unaltered."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ from exporter.indicators import IndicatorConfig
 from exporter.indicators.series import SeriesIndex
 from exporter.model import Device, identity_labels
 from exporter.store import SourceState, Store
+from exporter.testing import frames_of, samples
 
 NAMES = ['say "hi"', "C:\\train\\run.py", 'both \\" and "\\', "plain"]
 
 
 def _store(process: str, reason: str) -> Store:
     dev = Device(key="k0", vendor="nvidia", index="0", mapping="nvml", uuid="GPU-0", model="A10")
-    head = identity_labels(dev)
+    head = identity_labels(dev.id)
     series = {
         ("gpu_compute_utilization_percent", head): 80.0,
         ("gpu_process_utilization_percent", head + (("pid", "4242"), ("process", process))): 75.0,
         ("gpu_throttle_active", head + (("reason", reason),)): 1.0,
     }
     store = Store()
-    store.add(SourceState("nvml", up=True, state="up", devices={"k0": dev}, series=series))
+    store.add(SourceState("nvml", up=True, state="up", devices={"k0": dev}, frames=frames_of(series)))
     return store
 
 
@@ -31,7 +32,7 @@ def test_process_names_with_quotes_and_backslashes_reach_the_output_unchanged(na
     feed = IndicatorFeed(IndicatorConfig(), None, 1.0)
     out = []
     for i in range(3):
-        out = feed.update(1000.0 + i, _store(name, "thermal"))
+        out = samples(feed.update(1000.0 + i, _store(name, "thermal")))
     top = [dict(labels)["process"] for series, labels, _ in out if series == "gpu_top_process_info"]
     assert top == [name]
     clients = [v for series, _, v in out if series == "gpu_active_clients"]
@@ -47,7 +48,3 @@ def test_structured_keys_classify_labels_with_quotes_and_backslashes(reason):
     assert got.processes == {("", "7"): 50.0}
     assert got.top_process(5.0) == reason
 
-
-def test_string_keys_are_still_parsed_with_prometheus_escaping():
-    got = SeriesIndex().gather({'gpu_throttle_active{reason="a\\"b\\\\c"}': 1.0})
-    assert got.throttle == {'a"b\\c': True}

@@ -23,10 +23,11 @@ from exporter.indicators.config import (
 from exporter.indicators.contention import bandwidth_drop_under_load, compute_signal
 from exporter.indicators.cost import match_price
 from exporter.indicators.rootcause import RootCauseInputs, classify, dominant_cause
-from exporter.indicators.series import SeriesIndex, parse_key
+from exporter.indicators.series import SeriesIndex
 from exporter.indicators.state import decide
 from exporter.indicators.variability import bimodality_coefficient, tail_to_body, window_stats
 from exporter.indicators.window import RingWindow, capacity_for, coefficient_of_variation, quantile_sorted
+from tests.engine_frames import frame, parse_key
 
 # ---------------------------------------------------------------------------------- window
 
@@ -318,7 +319,7 @@ def test_series_index_gathers_labelled_signals():
     }
     idx = SeriesIndex()
     for _ in range(2):  # second pass is served from the cache
-        got = idx.gather(series)
+        got = idx.gather(frame(series))
         assert got.throttle == {"hw_thermal": False, "thermal": True}
         assert got.interconnect_bytes == 150.0
         assert got.interconnect_series == 2

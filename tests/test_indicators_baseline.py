@@ -13,6 +13,7 @@ from exporter.baseline_file import STATE_FILE, BaselineFile, atomic_write
 from exporter.indicators import IndicatorConfig, IndicatorEngine
 from exporter.indicators.baseline import FORMAT, VERSION, BaselineStore
 from exporter.indicators.robust import DeviationTracker, RobustBaseline, mad_sigma, median
+from tests.engine_frames import TextEngine
 
 DEV = ("nvidia", "0", "GPU-8f3a")
 FAST = {"bin_seconds": 1.0, "warmup_bins": 5, "persistence_seconds": 1.0, "compare_seconds": 0.5}
@@ -22,7 +23,7 @@ def _series(out, name, **labels):
     return [v for n, lab, v in out if n == name and all(lab.get(k) == x for k, x in labels.items())]
 
 
-def _learn(engine: IndicatorEngine, samples: int, bandwidth: float, t0: float = 0.0) -> float:
+def _learn(engine: TextEngine, samples: int, bandwidth: float, t0: float = 0.0) -> float:
     t = t0
     for i in range(samples):
         t = t0 + i * 0.1
@@ -73,7 +74,7 @@ def test_tracker_needs_the_persistence_window_both_ways():
 def test_healthy_noisy_gpu_has_under_one_deviation_episode_per_hour():
     """Two hours of a healthy GPU with 8 % noise per sample and 1-in-200 outlier dips, at the
     defaults (1 min bins, 30 s comparison median, 60 s persistence)."""
-    engine = IndicatorEngine(IndicatorConfig(), None, poll_interval=0.5)
+    engine = TextEngine(IndicatorConfig(), None, poll_interval=0.5)
     rng = random.Random(7)
     episodes, was = 0, 0.0
     for i in range(int(2 * 3600 / 0.5)):
@@ -93,7 +94,7 @@ def test_healthy_noisy_gpu_has_under_one_deviation_episode_per_hour():
 def test_thirty_percent_decline_over_six_hours_is_flagged_before_minus_35():
     """A day at 1800 GB/s, then -30 % linearly over 6 h and on to -40 %: the fast reference
     follows the drift, the long reference (hourly medians) does not."""
-    engine = IndicatorEngine(IndicatorConfig(), None, poll_interval=5.0)
+    engine = TextEngine(IndicatorConfig(), None, poll_interval=5.0)
     rng = random.Random(3)
     t = 0.0
     flagged_at = None
@@ -118,7 +119,7 @@ def test_neighbour_leaving_does_not_make_the_gpu_look_degraded():
     """A contended stretch is not learned, so its end does not read as a drop or a deviation."""
     two = {'gpu_process_utilization_percent{pid="1",process="a"}': 50.0,
            'gpu_process_utilization_percent{pid="2",process="b"}': 50.0}
-    engine = IndicatorEngine(IndicatorConfig.model_validate({"baseline": FAST}), None, poll_interval=0.1)
+    engine = TextEngine(IndicatorConfig.model_validate({"baseline": FAST}), None, poll_interval=0.1)
     t = 0.0
     for i in range(300):  # 30 s healthy at 1800
         t = i * 0.1
@@ -142,11 +143,11 @@ def test_neighbour_leaving_does_not_make_the_gpu_look_degraded():
 # ---------------------------------------------------------------------------- persistence
 
 
-def _engine(cfg: IndicatorConfig, state_dir) -> IndicatorEngine:
+def _engine(cfg: IndicatorConfig, state_dir) -> TextEngine:
     """An engine as the daemon's feed makes one: baselines restored from the state file."""
     store = BaselineStore()
     BaselineFile(state_dir).load(store)
-    return IndicatorEngine(cfg, store, poll_interval=0.1)
+    return TextEngine(cfg, store, poll_interval=0.1)
 
 
 def _save(engine: IndicatorEngine, state_dir) -> bool:
@@ -292,7 +293,7 @@ def test_saved_values_round_trip_exactly_and_unseen_devices_are_kept(tmp_path):
 
 def test_a_lasting_deviation_is_accepted_as_the_new_normal_after_relearn_after_seconds():
     cfg = IndicatorConfig.model_validate({"baseline": {**FAST, "relearn_after_seconds": 5.0}})
-    engine = IndicatorEngine(cfg, None, poll_interval=0.1)
+    engine = TextEngine(cfg, None, poll_interval=0.1)
     t = _learn(engine, 100, 1800.0)
     flags = []
     for i in range(1, 200):
@@ -332,7 +333,7 @@ def test_slow_decline_with_two_hours_of_history_is_flagged_and_drops_under_load_
     """Issue 24: with only 2 h of history a -30 % decline over 6 h is flagged (against the
     protected level, the best hourly median) before -30 %, and the seed's bandwidth-drop rule
     (30 % below baseline under load) holds within an hour of reaching -30 % (-35 % at 5 %/h)."""
-    flagged, dropped, out = _decline_after(2.0, IndicatorEngine(IndicatorConfig(), None, poll_interval=5.0))
+    flagged, dropped, out = _decline_after(2.0, TextEngine(IndicatorConfig(), None, poll_interval=5.0))
     assert flagged is not None and flagged < 0.30, flagged
     assert dropped is not None and dropped <= 0.35, dropped
     assert _series(out, "gpu_baseline_long_mean", metric="bandwidth")[0] == pytest.approx(1800.0, rel=0.02)
@@ -340,7 +341,7 @@ def test_slow_decline_with_two_hours_of_history_is_flagged_and_drops_under_load_
 
 def test_relearning_a_deviation_is_counted_and_logged(caplog):
     cfg = IndicatorConfig.model_validate({"baseline": {"relearn_after_seconds": 1800}})
-    engine = IndicatorEngine(cfg, None, poll_interval=5.0)
+    engine = TextEngine(cfg, None, poll_interval=5.0)
     flagged, _, _ = _decline_after(2.0, engine)
     assert flagged is not None
     t = 2 * 3600 + 9 * 3600

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.indicators import IndicatorConfig, IndicatorEngine
+from exporter.indicators import IndicatorConfig
 from exporter.schema import load_schema
+from tests.engine_frames import TextEngine
 
 DEV = ("nvidia", "0", "GPU-8f3a")
 DEV2 = ("amd", "1", "")
@@ -61,7 +62,7 @@ def run(engine, t0, seconds, series, dev=DEV):
 
 
 def test_three_second_episode_between_15s_scrapes_is_visible_in_the_counter():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     engine.set_device_info(DEV, model="NVIDIA H100 80GB HBM3", vendor="nvidia")
     healthy = {"gpu_memory_bandwidth_utilization_percent": 60.0, "gpu_compute_occupancy_percent": 70.0}
     contended = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 35.0,
@@ -88,7 +89,7 @@ def test_three_second_episode_between_15s_scrapes_is_visible_in_the_counter():
 def test_contention_cost_counts_only_contended_time():
     prices = {"prices": [{"vendor": "nvidia", "model": "*H100*", "dollars_per_hour": 2.0}]}
     # no client hold-over: the second tenant's last 3 s would count (tested on its own)
-    engine = IndicatorEngine(cfg(cost=prices, state={"client_holdover_seconds": 0}), None, POLL)
+    engine = TextEngine(cfg(cost=prices, state={"client_holdover_seconds": 0}), None, POLL)
     engine.set_device_info(DEV, model="NVIDIA H100 80GB HBM3", vendor="nvidia")
     alone = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 40.0, **ONE}
     contended = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 30.0, **TWO}
@@ -109,7 +110,7 @@ def test_contention_cost_counts_only_contended_time():
 
 def test_surcharge_per_ten_percent_of_loss():
     prices = {"prices": [{"dollars_per_hour": 4.0}], "surcharge_dollars": 0.20}
-    engine = IndicatorEngine(cfg(cost=prices), None, POLL)
+    engine = TextEngine(cfg(cost=prices), None, POLL)
     engine.set_device_info(DEV, model="x")
     alone = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 40.0, **ONE}
     t, _ = run(engine, 0.0, 60.0, alone)
@@ -120,7 +121,7 @@ def test_surcharge_per_ten_percent_of_loss():
 
 
 def test_busiest_process_names_the_workload_of_last_resort():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {"gpu_compute_utilization_percent": 90.0, **TWO,
                                     'gpu_process_utilization_percent{pid="other",process="other"}': 99.0}})
     assert one(out, "gpu_top_process_info", process="train") == 1.0
@@ -136,7 +137,7 @@ def test_busiest_process_names_the_workload_of_last_resort():
 def test_throughput_drop_without_process_data_is_contended_then_unconfirmed():
     """GPM only: a second tenant (or a new job) halves occupancy.  Contended after the
     persistence window; after drop_confirm_seconds without per-process data, unknown."""
-    engine = IndicatorEngine(cfg(state={"drop_confirm_seconds": 60.0}), None, POLL)
+    engine = TextEngine(cfg(state={"drop_confirm_seconds": 60.0}), None, POLL)
     alone = {"gpu_compute_utilization_percent": 99.0, "gpu_memory_bandwidth_utilization_percent": 92.0,
              "gpu_compute_occupancy_percent": 40.0}
     t, out = run(engine, 0.0, 20.0, alone)
@@ -160,7 +161,7 @@ def test_throughput_drop_without_process_data_is_contended_then_unconfirmed():
 
 
 def test_unpriced_gpu_has_no_cost_series():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {"gpu_memory_bandwidth_utilization_percent": 92.0,
                                     "gpu_compute_occupancy_percent": 35.0}})
     assert absent(out, "gpu_price_dollars_per_hour")
@@ -168,7 +169,7 @@ def test_unpriced_gpu_has_no_cost_series():
 
 
 def test_basis_falls_back_and_old_counter_keeps_going():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     t, out = run(engine, 0.0, 1.0, {"gpu_memory_bandwidth_utilization_percent": 95.0,
                                     "gpu_compute_occupancy_percent": 20.0, **TWO})
     assert one(out, "gpu_memory_contention", basis="occupancy") == 1.0
@@ -183,7 +184,7 @@ def test_basis_falls_back_and_old_counter_keeps_going():
 
 
 def test_a_stalled_poll_is_credited_at_most_two_intervals():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     s = {"gpu_memory_bandwidth_utilization_percent": 95.0, "gpu_compute_occupancy_percent": 20.0, **TWO}
     engine.update(0.0, {DEV: s})
     out = engine.update(5.0, {DEV: s})  # the daemon was stuck for 5 s
@@ -191,7 +192,7 @@ def test_a_stalled_poll_is_credited_at_most_two_intervals():
 
 
 def test_missing_inputs_mean_no_series_and_unknown_cause():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {'gpu_temperature_celsius{sensor="gpu"}': 60.0}})
     assert sorted({n for n, _, _ in out}) == ["gpu_contention_cause_info", "gpu_contention_evidence_info",
                                                "gpu_memory_state", "gpu_memory_state_info"]
@@ -202,12 +203,12 @@ def test_missing_inputs_mean_no_series_and_unknown_cause():
 
 
 def test_disabled_engine_returns_nothing():
-    engine = IndicatorEngine(cfg(enabled=False), None, POLL)
+    engine = TextEngine(cfg(enabled=False), None, POLL)
     assert engine.update(1.0, {DEV: {"gpu_memory_bandwidth_utilization_percent": 95.0}}) == []
 
 
 def test_devices_are_independent_and_absent_devices_emit_nothing():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     out = engine.update(1.0, {
         DEV: {"gpu_memory_bandwidth_utilization_percent": 95.0, "gpu_compute_occupancy_percent": 20.0, **TWO},
         DEV2: {"gpu_memory_bandwidth_utilization_percent": 50.0, "gpu_compute_utilization_percent": 20.0},
@@ -225,7 +226,7 @@ def test_devices_are_independent_and_absent_devices_emit_nothing():
 
 
 def test_variability_of_fast_samples_over_the_window():
-    engine = IndicatorEngine(cfg(variability={"recompute_seconds": 0}), None, POLL)
+    engine = TextEngine(cfg(variability={"recompute_seconds": 0}), None, POLL)
     # 120 s of 100 ms samples; only the last 60 s count: 85 % at 10, 15 % at 25 (seed's shape)
     def series(i):
         if i <= 600:
@@ -241,14 +242,14 @@ def test_variability_of_fast_samples_over_the_window():
 
 
 def test_clean_signal_is_not_flagged():
-    engine = IndicatorEngine(cfg(variability={"recompute_seconds": 0}), None, POLL)
+    engine = TextEngine(cfg(variability={"recompute_seconds": 0}), None, POLL)
     _, out = run(engine, 0.0, 60.0, lambda i: {"gpu_memory_bandwidth_gbps": 1800.0 + (10 if i % 2 else -10)})
     assert one(out, "gpu_metric_cov", metric="bandwidth") == pytest.approx(10 / 1800)
     assert one(out, "gpu_metric_heavy_tail", metric="bandwidth") == 0.0
 
 
 def test_statistics_are_recomputed_at_the_configured_cadence():
-    engine = IndicatorEngine(cfg(variability={"recompute_seconds": 1.0}), None, POLL)
+    engine = TextEngine(cfg(variability={"recompute_seconds": 1.0}), None, POLL)
     run(engine, 0.0, 2.0, {"gpu_compute_utilization_percent": 50.0})
     # 2.05 s: last recompute at 2.0 s, the new value is not in the statistics yet
     out = engine.update(2.05, {DEV: {"gpu_compute_utilization_percent": 100.0}})
@@ -261,7 +262,7 @@ def test_statistics_are_recomputed_at_the_configured_cadence():
 
 
 def test_seed_bandwidth_drop_from_1800_to_1100_at_95_percent_utilization():
-    engine = IndicatorEngine(cfg(baseline=FAST), None, POLL)
+    engine = TextEngine(cfg(baseline=FAST), None, POLL)
     loaded = lambda bw: lambda i: {  # noqa: E731
         "gpu_compute_utilization_percent": 95.0,
         "gpu_memory_bandwidth_gbps": bw + (30.0 if (i // 20) % 2 else -30.0),
@@ -291,7 +292,7 @@ def test_seed_bandwidth_drop_from_1800_to_1100_at_95_percent_utilization():
 
 
 def test_idle_gpu_is_not_a_deviation_and_does_not_teach_the_baseline():
-    engine = IndicatorEngine(cfg(baseline=FAST), None, POLL)
+    engine = TextEngine(cfg(baseline=FAST), None, POLL)
     t, _ = run(engine, 0.0, 5.0, {"gpu_compute_utilization_percent": 95.0, "gpu_memory_bandwidth_gbps": 1800.0})
     learned = engine.baseline(DEV, "bandwidth").learned_seconds
     t, out = run(engine, t, 5.0, {"gpu_compute_utilization_percent": 3.0, "gpu_memory_bandwidth_gbps": 5.0})
@@ -305,7 +306,7 @@ def test_idle_gpu_is_not_a_deviation_and_does_not_teach_the_baseline():
 
 
 def test_bandwidth_utilization_is_the_baseline_where_no_gbps_is_reported():
-    engine = IndicatorEngine(cfg(baseline=FAST), None, POLL)
+    engine = TextEngine(cfg(baseline=FAST), None, POLL)
     t, _ = run(engine, 0.0, 6.0, {"gpu_compute_utilization_percent": 95.0,
                                   "gpu_memory_bandwidth_utilization_percent": 90.0, **ONE})
     _, out = run(engine, t, 1.0, {"gpu_compute_utilization_percent": 95.0,
@@ -320,7 +321,7 @@ def test_bandwidth_utilization_is_the_baseline_where_no_gbps_is_reported():
 
 def test_seed_multi_tenant_case_is_memory_pressure():
     """1500 + 1400 GB/s isolated, 1700 GB/s combined, L2 miss 8 % -> 35 %, controller at 65 %."""
-    engine = IndicatorEngine(cfg(baseline=FAST), None, POLL)
+    engine = TextEngine(cfg(baseline=FAST), None, POLL)
     isolated = lambda i: {  # noqa: E731  model A and model B alternate, each alone on the GPU
         "gpu_compute_utilization_percent": 95.0,
         "gpu_compute_occupancy_percent": 60.0,
@@ -356,7 +357,7 @@ def test_seed_multi_tenant_case_is_memory_pressure():
 
 
 def test_seed_two_dense_kernels_on_a_2tb_part_are_bandwidth_saturation():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     peak = 2000.0
     demand = 1900.0 + 1900.0
     achieved = min(demand, peak)
@@ -375,7 +376,7 @@ def test_seed_two_dense_kernels_on_a_2tb_part_are_bandwidth_saturation():
 
 
 def test_throttle_reasons_from_canonical_series():
-    engine = IndicatorEngine(cfg(), None, POLL)
+    engine = TextEngine(cfg(), None, POLL)
     out = engine.update(1.0, {DEV: {
         "gpu_memory_bandwidth_utilization_percent": 92.0,
         "gpu_compute_occupancy_percent": 30.0,
@@ -391,7 +392,7 @@ def test_throttle_reasons_from_canonical_series():
 
 def test_coherency_from_interconnect_counters():
     """Seed: peer-to-peer throughput 150 -> 95 GB/s while the links stay busy."""
-    engine = IndicatorEngine(cfg(baseline=FAST), None, POLL)
+    engine = TextEngine(cfg(baseline=FAST), None, POLL)
     counters = {"tx": 0.0, "rx": 0.0}
 
     def links(rate_gbps: float, util: float):
@@ -421,7 +422,7 @@ def test_coherency_from_interconnect_counters():
 def test_every_emitted_name_and_label_is_in_the_canonical_schema():
     schema = load_schema(Path(__file__).resolve().parent.parent / "mappings" / "canonical.yaml").metrics
     prices = {"prices": [{"dollars_per_hour": 1.0}]}
-    engine = IndicatorEngine(cfg(cost=prices, baseline={**FAST, "long_bin_bins": 2, "long_warmup_bins": 1},
+    engine = TextEngine(cfg(cost=prices, baseline={**FAST, "long_bin_bins": 2, "long_warmup_bins": 1},
                                  state={"reference_bin_seconds": 1.0}), None, POLL)
     engine.set_device_info(DEV, model="x")
     seen: dict[str, set[str]] = {}

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 
-from exporter.indicators import IndicatorConfig, IndicatorEngine
+from exporter.indicators import IndicatorConfig
 from exporter.indicators.series import SeriesIndex
 from exporter.indicators.variability import window_stats
 from exporter.sources.context import SourceContext
+from tests.engine_frames import TextEngine, frame
 
 DEV = ("nvidia", "0", "GPU-0")
 
@@ -30,7 +31,7 @@ def _series(rng: random.Random) -> dict:
 
 def test_kept_labelled_keys_gather_what_a_fresh_index_gathers():
     rng = random.Random(5)
-    engine = IndicatorEngine(IndicatorConfig(), None, 0.25)
+    engine = TextEngine(IndicatorConfig(), None, 0.25)
     st = engine._state(DEV)
     keys = list(_series(rng))
     for i in range(300):
@@ -40,13 +41,13 @@ def test_kept_labelled_keys_gather_what_a_fresh_index_gathers():
         if i % 11 == 0:
             keys = keys[:-1] if len(keys) > 20 else list(values)  # a series goes, or all come back
         series = {k: values[k] for k in keys}
-        got = engine._gather(st, series)
-        want = SeriesIndex().gather(series)
+        got = engine._gather(st, frame(series))
+        want = SeriesIndex().gather(frame(series))
         assert repr(got) == repr(want), i
 
 
 def test_statistics_follow_the_window_bit_for_bit():
-    engine = IndicatorEngine(IndicatorConfig(), None, 0.25)
+    engine = TextEngine(IndicatorConfig(), None, 0.25)
     cfg = engine.config.variability
     now = 0.0
     # a constant 0.0 window, then -0.0 (equal, another bit pattern), then changing values
@@ -73,7 +74,7 @@ def test_fed_only_the_series_it_reads_the_engine_says_the_same():
     from exporter.pipeline import poll_and_map
     from exporter.simulate import SimulatorSource
     from exporter.store import SourceState, Store
-    from exporter.testing import FakeClock, load_mappings
+    from exporter.testing import FakeClock, flat, load_mappings
 
     mappings = load_mappings()
     for scenario in ("demo", "detection"):
@@ -85,14 +86,14 @@ def test_fed_only_the_series_it_reads_the_engine_says_the_same():
         store.add(state)
         # short baseline bins: every baseline (the interconnect's too) warms within the run
         cfg = IndicatorConfig.model_validate({"baseline": {"bin_seconds": 1.0, "warmup_bins": 3}})
-        every, only = IndicatorEngine(cfg, None, 0.25), IndicatorEngine(cfg, None, 0.25)
+        every, only = TextEngine(cfg, None, 0.25), TextEngine(cfg, None, 0.25)
         dropped = 0
         for i in range(400):
             clock.now = 5000.0 + i * 0.25
             cycle = poll_and_map(source.poll, store, state, mapper, now=clock.now)
             state.devices = cycle.devices
             per: dict = {}
-            for (name, labels), value in cycle.result.series.items():
+            for (name, labels), value in flat(cycle.result.frames).items():
                 dev = tuple(v for _, v in labels[:IDENTITY_WIDTH])
                 extra = labels[IDENTITY_WIDTH:]
                 per.setdefault(dev, {})[(name, extra) if extra else name] = value

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.indicators import IndicatorConfig, IndicatorEngine
+from exporter.indicators import IndicatorConfig
 from exporter.mapper import Mapper
 from exporter.pipeline import poll_and_map
 from exporter.simulate import SimulatorSource
 from exporter.sources.context import SourceContext
 from exporter.store import SourceState, Store
-from exporter.testing import FakeClock, load_mappings
+from exporter.testing import FakeClock, flat, load_mappings
+from tests.engine_frames import TextEngine
 
 FAST = 0.25
 
@@ -40,13 +41,13 @@ def run_phase(phase: str, seconds: float = 20.0) -> dict[tuple[str, str, str], l
     source.open()
     mapper, store, state = Mapper(mappings), Store(), SourceState("simulator")
     store.add(state)
-    engine = IndicatorEngine(IndicatorConfig(), None, FAST)
+    engine = TextEngine(IndicatorConfig(), None, FAST)
     last: dict[tuple[str, str, str], list] = {}
     for i in range(round(seconds / FAST)):
         clock.now = 5000.0 + i * FAST
         cycle = poll_and_map(source.poll, store, state, mapper, now=clock.now)
         state.devices = cycle.devices
-        per = series_by_device(cycle.result.series)
+        per = series_by_device(flat(cycle.result.frames))
         if i == 0:
             for device in per:
                 engine.set_device_info(device, vendor=device[0])
@@ -120,11 +121,10 @@ def test_every_vendor_reads_the_phase_state(phase, expected):
 
 
 def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_counters_alone():
-    """The simulator's fast poll is not a full poll: only raw fields feeding FAST_METRICS, and the
-    counters it integrates advance with full polls only."""
-    from exporter.model import FAST_METRICS
-
+    """The simulator's fast poll is not a full poll: only raw fields feeding the ``fast: true``
+    metrics (canonical.yaml), and the counters it integrates advance with full polls only."""
     mappings = load_mappings()
+    FAST_METRICS = mappings.schema.fast_metrics
     clock = FakeClock()
     source = SimulatorSource(SourceContext(options={"scenario": "demo", "phase": "bandwidth_saturation"}, mappings=mappings))
     source.clock = clock
@@ -136,8 +136,8 @@ def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_coun
     clock.now += 0.5
     fast = poll_and_map(source.poll_fast, store, state, fast_mapper, now=clock.now)
     assert fast.sample.readings and len(fast.sample.readings) < len(full.sample.readings) / 3
-    assert {name for name, _ in fast.result.series} <= FAST_METRICS
-    assert {name for name, _ in full.result.series} & FAST_METRICS == {name for name, _ in fast.result.series}
+    assert {name for name, _ in flat(fast.result.frames)} <= FAST_METRICS
+    assert {name for name, _ in flat(full.result.frames)} & FAST_METRICS == {name for name, _ in flat(fast.result.frames)}
     assert dict(next(iter(source._states)).counters) == counters
     clock.now += 0.5
     poll_and_map(source.poll, store, state, mapper, now=clock.now)

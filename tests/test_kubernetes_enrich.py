@@ -33,6 +33,7 @@ from exporter.enrich.kubernetes import (
 )
 from exporter.sources.base import Device
 from exporter.sources.context import SourceContext
+from exporter.testing import frames_of
 
 if os.environ.get("CI") == "true":  # under CI a missing package is a failure, not a skip
     import grpc
@@ -513,9 +514,9 @@ def test_renderer_puts_each_pods_labels_on_its_own_series(sock_dir, tmp_path):
     st = SourceState(name="nvml")
     st.devices = {shared.key: shared}
     h = head(shared)
-    st.series = {("gpu_memory_used_bytes", h): 1.0,
-                 ("gpu_process_memory_bytes", h + (("pid", "1001"), ("process", "python"))): 2.0,
-                 ("gpu_process_memory_bytes", h + (("pid", "1002"), ("process", "python"))): 3.0}
+    st.frames = frames_of({("gpu_memory_used_bytes", h): 1.0,
+                           ("gpu_process_memory_bytes", h + (("pid", "1001"), ("process", "python"))): 2.0,
+                           ("gpu_process_memory_bytes", h + (("pid", "1002"), ("process", "python"))): 3.0})
     store = Store()
     store.add(st)
     d = Daemon(Settings())
@@ -524,7 +525,7 @@ def test_renderer_puts_each_pods_labels_on_its_own_series(sock_dir, tmp_path):
     e.resolve_pids()              # the background task
     per_device, info = d._pod_labels(store)
     text = Renderer(load_schema(default_mappings_dir() / "canonical.yaml")).render(
-        store, info, (), per_device).text.decode()
+        store, [info], (), per_device).text.decode()
     lines = [ln for ln in text.splitlines() if ln.startswith(("gpu_process_memory_bytes{", "gpu_pod_info{",
                                                               "gpu_memory_used_bytes{"))]
     assert any('pid="1001"' in ln and 'pod="share-a"' in ln and 'workload="llm-train"' in ln for ln in lines)

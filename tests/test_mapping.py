@@ -11,6 +11,7 @@ from exporter.mapper import Mapper
 from exporter.mapping import MappingSet, load_mapping
 from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import Device, PollResult
+from exporter.testing import flat, frames_of
 from exporter.yamlfile import ConfigError
 
 DEV = Device(key="0000:01:00.0", vendor="nvidia", index="0", mapping="t", uuid="GPU-1")
@@ -32,7 +33,7 @@ def run(mapper: Mapper, t: float, *readings) -> dict:
     s = PollResult(monotonic=t)
     for r in readings:
         s.add(DEV.key, *r)
-    return mapper.map(s, {DEV.key: DEV}).series
+    return flat(mapper.map(s, {DEV.key: DEV}).frames)
 
 
 def test_scale_offset_and_fixed_labels(tmp_path, schema):
@@ -110,7 +111,7 @@ fields:
     s.add(DEV.key, "gpu_metrics.average_gfx_activity", 65535)
     s.add(DEV.key, "gpu_busy_percent", "N/A")
     res = m.map(s, {DEV.key: DEV})
-    assert res.series[key] == 40
+    assert flat(res.frames)[key] == 40
     assert res.malformed == 1 and s.errors["malformed_value"] == 1
 
 
@@ -220,7 +221,7 @@ fields:
     assert out[("gpu_kernel_execution_time_milliseconds_sum", DL + k)] == 4.5
     store = Store()
     st = SourceState("t")
-    st.series = out
+    st.frames = frames_of(out)
     store.add(st)
     text = Renderer(schema).render(store).text.decode()
     lines = [ln for ln in text.splitlines() if ln.startswith("gpu_kernel_execution_time_milliseconds")]

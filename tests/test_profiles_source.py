@@ -18,6 +18,7 @@ from exporter.schema import default_mappings_dir, load_schema
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
 from exporter.sources.profiles import ProfilesSource
+from exporter.testing import flat, frames_of
 
 ROCPROF_V1 = textwrap.dedent("""\
     "Index","KernelName","gpu-id","queue-id","pid","DispatchNs","BeginNs","EndNs","L2CacheHit","MemUnitStalled"
@@ -44,7 +45,7 @@ def _series(src: ProfilesSource, mappings) -> tuple[dict, object]:
     sample = src.poll()
     sample.monotonic = time.monotonic()
     devices = {d.key: d for d in sample.devices}
-    return Mapper(mappings).map(sample, devices).series, sample
+    return flat(Mapper(mappings).map(sample, devices).frames), sample
 
 
 def _get(series: dict, name: str, **labels) -> float:
@@ -265,7 +266,7 @@ def test_daemon_hook_groups_indicator_output_per_gpu(tmp_path, mappings):
         out = [("gpu_memory_contention", dl + (("basis", "occupancy"),), 1.0),
                ("gpu_metric_cov", dl + (("metric", "bandwidth"),), 0.2),
                ("gpu_memory_contention", other + (("basis", "utilization"),), 0.0)]
-        assert src.observe_indicator_output(100.0, out) == 1
+        assert src.observe_indicator_output(100.0, frames_of({(n, labels): v for n, labels, v in out})) == 1
         deadline = time.monotonic() + 10
         while src.trigger.stats["ok"] == 0 and time.monotonic() < deadline:
             time.sleep(0.02)

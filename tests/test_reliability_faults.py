@@ -22,6 +22,7 @@ from exporter.sources.base import Device, PollResult
 from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.nvml import NvmlSource
+from exporter.testing import samples
 from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
 from tests.fakes import pynvml_fake as pf
 from tests.fdinfo_trees import add_card as add_drm_card
@@ -490,7 +491,7 @@ async def test_mapper_and_store_state_stay_bounded_under_device_churn(tmp_path, 
         assert await daemon.poll_once(rt)
         if i % 100 == 99:
             rendered = await daemon.render()
-            sizes.append((mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.series),
+            sizes.append((mapper_state_size(rt.mapper), len(rt.state.devices), rt.state.series_count(),
                           len(rt.state.errors), rendered.series))
     await daemon._close_sources(daemon.runtimes)
     # live: 4 devices x (energy, busy rate, 2 link counters) = 16 counter states; state of series
@@ -520,7 +521,7 @@ async def test_flapping_cards_keep_every_internal_table_the_same_size(tmp_path):
         feed = daemon.feed
         eng = feed.engine
         return (mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.errors),
-                len(feed._keys), len(feed._known), len(eng._devices))
+                sum(len(cached[2]) for cached in feed._by_source.values()), len(feed._known), len(eng._devices))
 
     seen = []
     latest_sizes: list[int] = []
@@ -536,8 +537,9 @@ async def test_flapping_cards_keep_every_internal_table_the_same_size(tmp_path):
             daemon.feed.update(time.monotonic(), daemon.store)
             if i >= 8 and i % 8 == 0:
                 seen.append(sizes())
-                latest_sizes.append(len(daemon.feed.latest))
-                latest_keys.update((name, labels) for name, labels, _ in daemon.feed.latest)
+                latest = samples(daemon.feed.latest)
+                latest_sizes.append(len(latest))
+                latest_keys.update((name, labels) for name, labels, _ in latest)
     finally:
         await daemon._close_sources(daemon.runtimes)
     assert len(set(seen)) == 1, f"internal state grew while cards flapped: {seen[0]} -> {seen[-1]}"

@@ -32,7 +32,7 @@ from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.intel_sysfs import IntelSysfsSource
 from exporter.sources.upstream import FetchError, parse_exposition
 from exporter.store import SourceState, Store
-from exporter.testing import load_mappings
+from exporter.testing import flat, load_mappings
 from exporter.yamlfile import ConfigError
 from tests.amd_fixture_tree import arrange_mi300x_node
 from tests.fdinfo_trees import add_card as add_drm_card
@@ -178,7 +178,7 @@ def test_schema_shaped_mappings_load_or_fail_cleanly_and_map_any_value(tmp_path,
         for r in rules:
             s.add("k", r["raw"], v, (("link", "0"), ("pid", "1"), ("process", "p")))
         out = poll_and_map(lambda s=s: s, store, state, mapper).result
-        for (_name, _labels), value in out.series.items():
+        for (_name, _labels), value in flat(out.frames).items():
             assert value == value and abs(value) != float("inf"), (rules, values)
 
 
@@ -292,7 +292,7 @@ def _mapped(src_name: str, samples: list[PollResult]) -> None:
     store.add(state)
     for i, s in enumerate(samples):
         out = poll_and_map(lambda s=s: s, store, state, mapper, now=s.monotonic or 1000.0 + i).result
-        assert all(v == v and abs(v) != float("inf") for v in out.series.values())
+        assert all(v == v and abs(v) != float("inf") for v in flat(out.frames).values())
 
 
 @pytest.mark.parametrize("seed", range(12))

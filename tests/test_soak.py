@@ -85,7 +85,7 @@ async def test_soak_flapping_cards_state_stays_flat(tmp_path):
                         shutil.move(parked / mi300x_pci(c), devs[c])
                 assert await daemon.poll_once(rt)
                 daemon.feed.update(time.monotonic(), daemon.store)
-                seen.append((mapper_state_size(rt.mapper), len(rt.state.devices), len(daemon.feed._keys),
+                seen.append((mapper_state_size(rt.mapper), len(rt.state.devices), sum(len(c[2]) for c in daemon.feed._by_source.values()),
                              len(daemon.feed.engine._devices)))
     finally:
         await daemon._close_sources(daemon.runtimes)

@@ -15,8 +15,13 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 from prometheus_client.samples import Sample
 
-from exporter.textformat import Family, PrefixCache, format_value, render
+from exporter.textformat import Family, PrefixCache, body, format_value, write
 from tests.conftest import require_binary
+
+
+def render(families: list[Family], cache: PrefixCache, openmetrics: bool) -> bytes:
+    """The renderer's writer over these families: each family's sample lines, then ``write``."""
+    return write([(f, body(f, cache)) for f in families], openmetrics)
 
 FAMILIES = [
     Family("gpu_power_watts", "gauge", 'Power "draw" in W\\n with a backslash \\ and\nnewline', "watts", [

@@ -14,6 +14,7 @@ import pytest
 from exporter.mapper import Mapper
 from exporter.model import PollResult
 from exporter.sources.dcgm import DcgmSource
+from exporter.testing import flat
 from tests.fakes import pynvml_fake as pf
 from tests.reliability_util import ExporterProcess
 from tests.test_dcgm_source import fake_bindings
@@ -38,7 +39,7 @@ def map_polls(src, mappings, polls: int = 1) -> tuple[dict, PollResult]:
     finally:
         src.close()
     devices = {d.key: d for d in sample.devices}
-    return canon(Mapper(mappings).map(sample, devices).series), sample
+    return canon(flat(Mapper(mappings).map(sample, devices).frames)), sample
 
 
 def prof_lines(text: str, value: str) -> str:
@@ -122,7 +123,7 @@ def test_gpm_busy_gpu_with_zero_metrics(mappings) -> None:
         sample.monotonic = time.monotonic()
     finally:
         src.close()
-    got = canon(Mapper(mappings).map(sample, {d.key: d for d in sample.devices}).series)
+    got = canon(flat(Mapper(mappings).map(sample, {d.key: d for d in sample.devices}).frames))
     assert got[m("gpu_compute_utilization_percent")] == 100   # utilization.gpu
     assert not any(k[0] in PROF for k in got) and got[m("gpu_profiling_available")] == 0
     assert got[m("gpu_memory_bandwidth_utilization_percent")] == 11  # utilization.memory takes over

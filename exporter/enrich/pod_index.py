@@ -217,7 +217,7 @@ class SeriesLabeler:
 
     def __call__(self, labels: Labels) -> Labels:
         gi = None
-        for k, v in labels[3:]:
+        for k, v in labels:  # the extra labels (or all: identity names none of these)
             if k == "pod":
                 return ()  # already attributed (gpu_pod_info)
             if k == "pid" and v in self.by_pid:

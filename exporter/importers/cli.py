@@ -15,14 +15,12 @@ import re
 import sys
 from pathlib import Path
 
-from .. import process_metrics
-from ..exposition import SELF, Renderer
+from ..exposition import Renderer
 from ..mapper import Mapper
 from ..mapping import MappingSet
+from ..model import identity_labels
 from ..schema import default_mappings_dir, load_schema
 from ..store import SourceState, Store
-from ..textformat import PrefixCache
-from ..textformat import render as write_exposition
 from ..yamlfile import ConfigError
 from .convert import summary, to_sample
 from .detect import MAX_BYTES, import_file, valid_trace_id
@@ -44,8 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
-# family names of this command's own process_* metrics (a counter's family drops _total)
-_PROCESS_FAMILIES = {n.removesuffix("_total") for n in process_metrics.HELP} | set(process_metrics.HELP)
 _HISTOGRAM_PART = re.compile(r"_(bucket|count|sum)$")
 
 
@@ -88,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"companion: {c['path']}: {c['note']}", file=sys.stderr)
     for p in profiles:  # what each file gave; a file that gives nothing but identity is suspect
         names = sorted({_HISTOGRAM_PART.sub("", name)
-                        for name, _ in _map([p], args.top_kernels, allowed, mappings)[1].series})
+                        for frame in _map([p], args.top_kernels, allowed, mappings)[1].frames.values()
+                        for name, _ in frame})
         if names:
             print(f"imported: {p.path} ({p.tool}): {len(names)} metrics: {', '.join(names)}", file=sys.stderr)
         else:
@@ -107,19 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         out = {"profiles": [summary(p, args.top_kernels) for p in profiles], "rejected": rejected,
                "companions": companions, "traces": traces,
                "series": [{"name": name, "labels": dict(labels), "value": value}
-                          for (name, labels), value in sorted(result.series.items())]}
+                          for name, labels, value in sorted(
+                              (name, identity_labels(dev_id) + extra, value)
+                              for dev_id, frame in result.frames.items() for (name, extra), value in frame.items())]}
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         store = Store()
         st = SourceState("profiles", up=True, state="up")
-        st.devices, st.series = devices, result.series
+        st.devices, st.frames = devices, result.frames
         store.add(st)
-        # the imported series only: not the exporter's self-metrics nor this command's own
-        # process_* metrics (they collide with the textfile collector's in node_exporter)
-        families = [f for f in Renderer(schema).build(store)
-                    if not f.name.startswith(SELF) and f.name not in _PROCESS_FAMILIES]
-        if families:
-            sys.stdout.buffer.write(write_exposition(families, PrefixCache(), openmetrics=False))
+        # the daemon's renderer, for the imported series only: not the exporter's self-metrics
+        # nor this command's own process_* metrics (they collide with the textfile collector's
+        # in node_exporter)
+        renderer = Renderer(schema)
+        renderer.self_metrics = False
+        sys.stdout.buffer.write(renderer.render(store).text)
     sys.stdout.flush()
     return 1 if rejected else 0

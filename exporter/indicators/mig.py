@@ -36,19 +36,19 @@ def derive_gpu_state(device: StateVerdict, instances: list[Found]) -> tuple[Stat
 
 
 def instance_outputs(labels: Any, gi: str, profile: str, verdict: StateVerdict, clients: int | None,
-                     out: list[tuple[str, dict[str, str], float]]) -> None:
-    """The instance's gpu_memory_state, gpu_memory_state_info and gpu_active_clients."""
+                     out: dict[tuple[str, tuple], float]) -> None:
+    """The instance's gpu_memory_state, gpu_memory_state_info and gpu_active_clients (into the
+    device's output frame)."""
     base = (("gpu_instance", gi), ("mig_profile", profile))
     for name in STATES:
-        out.append(("gpu_memory_state", labels.many(*base, ("state", name)), 1.0 if name == verdict.state else 0.0))
-    out.append(("gpu_memory_state_info", labels.many(*base, ("reason", verdict.reason), ("state", verdict.state)),
-                1.0))
+        out[("gpu_memory_state", labels.many(*base, ("state", name)))] = 1.0 if name == verdict.state else 0.0
+    out[("gpu_memory_state_info", labels.many(*base, ("reason", verdict.reason), ("state", verdict.state)))] = 1.0
     if clients is not None:
-        out.append(("gpu_active_clients", labels.many(*base), float(clients)))
+        out[("gpu_active_clients", labels.many(*base))] = float(clients)
 
 
 def instance_verdicts(cfg: IndicatorConfig, labels: Any, labelled: LabelledSignals, held: dict[str, int],
-                  evidence: str, throttled: bool, out: list[tuple[str, dict[str, str], float]]) -> list[Found]:
+                  evidence: str, throttled: bool, out: dict[tuple[str, tuple], float]) -> list[Found]:
     """One state per MIG GPU instance (exported with gpu_instance, mig_profile)."""
     found = []
     for gi in sorted(labelled.instances):

@@ -1,27 +1,19 @@
-"""Reading the canonical series keys the engine receives.
+"""Reading the labelled series of one GPU's frame.
 
-A key is the series name (a series without labels beyond the GPU's identity) or, for a labelled
-series, ``(name, ((label, value), ...))``: the daemon's indicator feed hands structured keys, so
-a label value is never quoted and parsed back.  A hand-written ``name{label="v",...}`` string is
-also accepted (tests, tools) and parsed with Prometheus escaping.
-
-Per device, the engine only needs a few labelled families: throttle reasons, interconnect byte
-counters and interconnect utilization.  ``SeriesIndex`` classifies each key once and remembers
-the answer (keys repeat every poll), so a poll costs one dictionary lookup per key.
+The engine receives a frame per GPU: ``{(name, extra labels): value}`` (``model.SeriesId``).
+Per device it needs only a few labelled families: throttle reasons, interconnect counters and
+utilization, per-process and count-only clients, clocks, MIG instances.  ``SeriesIndex``
+classifies each series id once and remembers the answer (ids repeat every poll), so a poll costs
+one dictionary lookup per series.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..model import Labels
-
-InputKey = str | tuple[str, Labels]  # "name" or (name, extra labels)
-
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+from ..model import SeriesId
 
 THROTTLE = "gpu_throttle_active"
 IC_BYTES = "gpu_interconnect_bytes_total"
@@ -37,18 +29,6 @@ CLOCK_DOMAINS = ("sm", "graphics", "gfx")  # the compute clock, in order of pref
 # per MIG GPU instance (label gpu_instance): the load signals of one instance's state
 INSTANCE_SERIES = frozenset({"gpu_memory_bandwidth_utilization_percent", "gpu_compute_utilization_percent",
                              "gpu_compute_occupancy_percent", "gpu_sm_active_percent"})
-
-
-def parse_key(key: str) -> tuple[str, dict[str, str]]:
-    """Split ``name{a="x",b="y"}`` into ``("name", {"a": "x", "b": "y"})``."""
-    brace = key.find("{")
-    if brace < 0:
-        return key, {}
-    name = key[:brace]
-    body = key[brace + 1:key.rfind("}")] if key.endswith("}") else key[brace + 1:]
-    labels = {m.group(1): m.group(2).replace('\\"', '"').replace("\\\\", "\\")
-              for m in _LABEL.finditer(body)}
-    return name, labels
 
 
 @dataclass(slots=True)
@@ -106,16 +86,16 @@ class SeriesIndex:
     """Classifies series keys (cached) and gathers the labelled signals of one device."""
 
     def __init__(self, max_keys: int = 16384) -> None:
-        self._kind: dict[InputKey, tuple[str, Any] | None] = {}
+        self._kind: dict[SeriesId, tuple[str, Any] | None] = {}
         self._names: dict[tuple[str, str], str] = {}  # (instance, pid) -> process name of the keys seen
         self._max = max_keys
         self.epoch = 0  # bumped when the classification cache starts over
 
-    def _classify(self, key: InputKey) -> tuple[str, Any] | None:
-        if isinstance(key, str) and "{" not in key:
+    def _classify(self, key: SeriesId) -> tuple[str, Any] | None:
+        if not key[1]:
             kind = None  # no labels: not one of the labelled families
         else:
-            name, labels = (key[0], dict(key[1])) if isinstance(key, tuple) else parse_key(key)
+            name, labels = key[0], dict(key[1])
             if name == THROTTLE and "reason" in labels:
                 kind = (THROTTLE, labels["reason"])
             elif name in (IC_BYTES, IC_UTIL):
@@ -141,7 +121,7 @@ class SeriesIndex:
         self._kind[key] = kind
         return kind
 
-    def labelled(self, series: Mapping[InputKey, float]) -> LabelledKeys:
+    def labelled(self, series: Mapping[SeriesId, float]) -> LabelledKeys:
         """The keys of ``series`` in one of the labelled families, by family, in series order."""
         epoch = self.epoch
         out = self._labelled(series)
@@ -149,7 +129,7 @@ class SeriesIndex:
             out = self._labelled(series)
         return out
 
-    def _labelled(self, series: Mapping[InputKey, float]) -> LabelledKeys:
+    def _labelled(self, series: Mapping[SeriesId, float]) -> LabelledKeys:
         kinds = self._kind
         out = LabelledKeys([], [], [], [], [])
         for key in series:
@@ -171,7 +151,7 @@ class SeriesIndex:
                 out.other.append((key, family, reason))
         return out
 
-    def gather(self, series: Mapping[InputKey, float], labelled: LabelledKeys | None = None) -> LabelledSignals:
+    def gather(self, series: Mapping[SeriesId, float], labelled: LabelledKeys | None = None) -> LabelledSignals:
         """The labelled signals of one device; ``labelled``: ``self.labelled(series)`` when the
         caller kept it from an earlier poll with the same keys (and the same ``epoch``)."""
         if labelled is None:
@@ -221,8 +201,8 @@ class SeriesIndex:
 class LabelledKeys(NamedTuple):
     """A device's keys of each labelled family, in series order."""
 
-    throttle: list[tuple[InputKey, str]]  # (key, reason)
-    processes: list[tuple[InputKey, tuple[str, str]]]  # (key, (gpu instance, pid))
-    interconnect_bytes: list[InputKey]
-    link_util: list[InputKey]
-    other: list[tuple[InputKey, str, Any]]  # (key, family, what): contexts, evidence, clocks, instances
+    throttle: list[tuple[SeriesId, str]]  # (key, reason)
+    processes: list[tuple[SeriesId, tuple[str, str]]]  # (key, (gpu instance, pid))
+    interconnect_bytes: list[SeriesId]
+    link_util: list[SeriesId]
+    other: list[tuple[SeriesId, str, Any]]  # (key, family, what): contexts, evidence, clocks, instances

@@ -55,7 +55,7 @@ def _busy(utilization: float | None, bandwidth_util: float | None, basis: str | 
     return False if seen else None
 
 
-def _signature(bandwidth_util: float | None, basis: str | None, compute: float | None,
+def signature(bandwidth_util: float | None, basis: str | None, compute: float | None,
                bandwidth_percent: float, compute_percent: float) -> bool:
     if bandwidth_util is None or bandwidth_util <= bandwidth_percent:
         return False
@@ -90,7 +90,7 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
         return _verdict("idle", "below_idle_bars", False)
     if profiling_unavailable:
         return _verdict("unknown", "profiling_unavailable", False)
-    sig = _signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
+    sig = signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
     if clients is not None and clients >= cfg.min_clients:
         # co-tenancy is evidence the clocks cannot explain: it wins over every throttle reason
         # (on an H200 a matmul next to a copy job showed sw_power_cap while the copy tenant

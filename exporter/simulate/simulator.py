@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from ..model import FAST_METRICS, Device, PollResult
+from ..model import Device, PollResult
 from ..schema import parse_operand
 from ..sources.base import Abilities, SourceBase, SourceUnavailable
 from ..sources.context import DEFAULT_CONTEXT, SourceContext
@@ -118,7 +118,7 @@ class SimulatorSource(SourceBase):
         return self._sample(fast=False)
 
     def poll_fast(self) -> PollResult:
-        """Only the gauges that feed the contention indicators (FAST_METRICS), at the current
+        """Only the gauges that feed the contention indicators (``fast: true`` metrics), at the current
         phase; counters and rates advance with full polls only."""
         return self._sample(fast=True)
 
@@ -134,6 +134,7 @@ class SimulatorSource(SourceBase):
             self._polls += 1
         phase = self._phase(now)
         sample = PollResult(monotonic=now)
+        fast_metrics = self.mappings.schema.fast_metrics if fast else frozenset()
         for st in self._states:
             targets = self._targets(st, phase)
             for dev, mapping in st.outputs:
@@ -142,7 +143,7 @@ class SimulatorSource(SourceBase):
                 emitted: set[tuple] = set()
                 for kind in ("gauge",) if fast else ("counter", "rate", "gauge"):
                     for key, value in list(targets.items()):
-                        if fast and key[0] not in FAST_METRICS:
+                        if fast and key[0] not in fast_metrics:
                             continue
                         emit = plan.get(key)
                         if emit is None or emit.kind != kind:

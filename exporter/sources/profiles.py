@@ -33,14 +33,13 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
 from typing import ClassVar
 
 from ..importers.convert import add_profile
 from ..importers.dropdir import DropDir
 from ..importers.model import Profile, ProfileRejected
 from ..importers.trigger import CaptureTrigger, TriggerConfig
-from ..model import IDENTITY_WIDTH, Labels
+from ..model import Frames
 from .base import Abilities, Device, PollResult, Reading, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .options import ProfilesOptions
@@ -216,19 +215,16 @@ class ProfilesSource(SourceBase):
                          daemon=True).start()
         return True
 
-    def observe_indicator_output(self, now: float, samples: Iterable[tuple[str, Labels, float]]) -> int:
-        """Daemon hook: the indicator engine's output (name, labels with vendor/gpu/uuid first,
-        value), as IndicatorFeed.update returns it.  Returns the number of captures started."""
+    def observe_indicator_output(self, now: float, frames: Frames) -> int:
+        """Daemon hook: the indicator engine's output per GPU (``IndicatorFeed.latest``).
+        Returns the number of captures started."""
         if not self.trigger.cfg.enabled:
             return 0
-        by_dev: dict[Labels, dict[str, float]] = {}
-        for name, labels, value in samples:
-            by_dev.setdefault(tuple(labels[:IDENTITY_WIDTH]), {})[name] = value
         started = 0
-        for dl, series in by_dev.items():
-            info = dict(dl)
-            dev_id = f"{info.get('vendor', '')}-{info.get('gpu', '')}"
-            started += self.observe_indicators(now, dev_id, series, info)
+        for (vendor, gpu, uuid), frame in frames.items():
+            series = {name: value for (name, _), value in frame.items()}
+            info = {"vendor": vendor, "gpu": gpu, "uuid": uuid}
+            started += self.observe_indicators(now, f"{vendor}-{gpu}", series, info)
         return started
 
     def _capture(self, device_id: str, info: dict[str, str] | None = None) -> None:
