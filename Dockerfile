@@ -64,6 +64,6 @@ USER 65532:65532
 EXPOSE 9632
 # GET /healthz at the address (and scheme) the running exporter's own flags configure; no curl.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-  CMD ["python", "-m", "exporter.healthcheck"]
+  CMD ["python", "-m", "exporter.serve.healthcheck"]
 ENTRYPOINT ["unified-gpu-exporter"]
 CMD ["--web.listen-address=:9632", "--state.dir=/var/lib/unified-gpu-exporter"]

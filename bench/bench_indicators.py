@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
-from exporter.baseline_file import BaselineFile  # noqa: E402
 from exporter.indicators import IndicatorConfig, IndicatorEngine  # noqa: E402
+from exporter.run.baseline_file import BaselineFile  # noqa: E402
 
 BUDGET_PERCENT = 5.0
 REASONS = ("gpu_idle", "app_clocks", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",

@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
-from exporter.daemon import Daemon, Settings  # noqa: E402
 from exporter.enrich.kube_pods import PodMeta  # noqa: E402
 from exporter.enrich.kubernetes import (  # noqa: E402
     ContainerDevices,
@@ -29,10 +28,11 @@ from exporter.enrich.kubernetes import (  # noqa: E402
     PodResourcesEnricher,
     build_index,
 )
-from exporter.exposition import Renderer  # noqa: E402
-from exporter.schema import default_mappings_dir, load_schema  # noqa: E402
+from exporter.map.schema import default_mappings_dir, load_schema  # noqa: E402
+from exporter.map.store import SourceState, Store  # noqa: E402
+from exporter.render.exposition import Renderer  # noqa: E402
+from exporter.run.daemon import Daemon, Settings  # noqa: E402
 from exporter.sources.base import Device  # noqa: E402
-from exporter.store import SourceState, Store  # noqa: E402
 
 
 def cpu() -> float:

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from exporter.mapper import Mapper  # noqa: E402
-from exporter.pipeline import poll_and_map  # noqa: E402
+from exporter.map.mapper import Mapper  # noqa: E402
+from exporter.map.store import SourceState, Store  # noqa: E402
+from exporter.run.pipeline import poll_and_map  # noqa: E402
 from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource  # noqa: E402
-from exporter.store import SourceState, Store  # noqa: E402
 from exporter.testing import load_mappings  # noqa: E402
 from tests.fakes import pynvml_fake as pf  # noqa: E402
 

@@ -131,13 +131,13 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
     """In-process CPU of one render at ``devices`` simulated GPUs, by stage (no indicators)."""
     import gzip
 
-    from exporter.exposition import Renderer
-    from exporter.mapper import Mapper
+    from exporter.map.mapper import Mapper
+    from exporter.map.schema import default_mappings_dir, load_schema
+    from exporter.map.store import SourceState, Store
     from exporter.model import frame_count
-    from exporter.pipeline import poll_and_map
-    from exporter.schema import default_mappings_dir, load_schema
+    from exporter.render.exposition import Renderer
+    from exporter.run.pipeline import poll_and_map
     from exporter.simulate import SimulatorSource
-    from exporter.store import SourceState, Store
     from exporter.testing import load_mappings
 
     mappings = load_mappings()

@@ -9,11 +9,12 @@ import signal
 import sys
 from pathlib import Path
 
-from . import __version__, gctune
+from . import __version__
 from .config import parse_duration
-from .daemon import Daemon
 from .logs import setup_logging
-from .settings import Settings
+from .run import gctune
+from .run.daemon import Daemon
+from .run.settings import Settings
 from .sources.registry import COLLECTORS
 from .yamlfile import ConfigError
 
@@ -155,12 +156,18 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
-    from .aiohttp_import import import_aiohttp_web
+    from .serve.aiohttp_import import import_aiohttp_web
 
     import_aiohttp_web()  # before anything imports aiohttp: its unused client CA loading skipped
     from aiohttp import web
 
-    from .server import KEEPALIVE_TIMEOUT, SniffingTLSSite, guard_connections, make_app, raise_nofile_limit
+    from .serve.server import (
+        KEEPALIVE_TIMEOUT,
+        SniffingTLSSite,
+        guard_connections,
+        make_app,
+        raise_nofile_limit,
+    )
 
     soft, hard = raise_nofile_limit()
     log.debug("open-files limit", extra={"soft": soft, "hard": hard})
@@ -170,7 +177,7 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     if args.web_config is not None:  # validated in main(); without one: plain HTTP, no auth
         # imported only here: the TLS/basic-auth code (pydantic models, bcrypt) costs start-up
         # time and memory that a node without a web config never uses
-        from .webconfig import WebConfigWatcher, auth_middleware
+        from .serve.webconfig import WebConfigWatcher, auth_middleware
 
         watcher = WebConfigWatcher(args.web_config)
         ssl_ctx = watcher.ssl_context()
@@ -295,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.web_config is not None:
             _check_web_config(args.web_config)
         # modules, schema, mappings and config are loaded for good: out of the cyclic
-        # collector's generations, and its passes spaced out (exporter/gctune.py says why)
+        # collector's generations, and its passes spaced out (exporter/run/gctune.py says why)
         gctune.after_load()
         return _run(_serve(args, daemon))
     except ConfigError as exc:
@@ -321,7 +328,7 @@ def _quiet_broken_pipe(fn) -> int:
 
 
 def _check_web_config(path: Path) -> None:
-    from .webconfig import WebConfig, WebConfigError
+    from .serve.webconfig import WebConfig, WebConfigError
 
     try:
         WebConfig.load(path)

@@ -22,7 +22,7 @@ from pydantic import (
 from .durations import Duration, parse_duration
 from .enrich.options import EnrichConfig
 from .indicators.config import IndicatorConfig
-from .seriesfilter import ExpositionConfig
+from .render.seriesfilter import ExpositionConfig
 from .sources.options import OPTIONS, NoOptions, Options, SimulatorOptions
 from .yamlfile import ConfigError, load_yaml, validation_message
 
@@ -75,7 +75,7 @@ class Config(BaseModel):
     mappings_dir: Path | None = None
     indicators: IndicatorConfig = IndicatorConfig()
     simulate: SimulatorOptions = SimulatorOptions()
-    # cardinality control: profile, include/exclude globs, label allow-list (exporter/seriesfilter.py)
+    # cardinality control: profile, include/exclude globs, label allow-list (exporter/render/seriesfilter.py)
     exposition: ExpositionConfig = ExpositionConfig()
     enrich: EnrichConfig = EnrichConfig()  # cloud labels, pod attribution (exporter/enrich/options.py)
     # where the file was read from, and the line of each field (for errors found after

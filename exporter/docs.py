@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .exposition import SELF, SELF_METRICS
-from .process_metrics import HELP as PROCESS_HELP
-from .schema import Schema, load_schema
+from .map.schema import Schema, load_schema
+from .render.exposition import SELF, SELF_METRICS
+from .render.process_metrics import HELP as PROCESS_HELP
 
 
 def render(schema: Schema) -> str:

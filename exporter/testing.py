@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .mapper import Mapper
-from .mapping import MappingSet
+from .map.mapper import Mapper
+from .map.mapping import MappingSet
+from .map.schema import default_mappings_dir, load_schema
+from .map.store import SourceState, Store
 from .model import Frames, Labels, Sample, identity_labels
-from .pipeline import poll_and_map
-from .schema import default_mappings_dir, load_schema
+from .run.pipeline import poll_and_map
 from .sources.base import Source, abilities_of
-from .store import SourceState, Store
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -22,8 +22,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.schema import load_schema  # noqa: E402
-from exporter.seriesfilter import PROFILES, SELF_PREFIX  # noqa: E402
+from exporter.map.schema import load_schema  # noqa: E402
+from exporter.render.seriesfilter import PROFILES, SELF_PREFIX  # noqa: E402
 from tests.promql_names import metric_names  # noqa: E402
 
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from exporter.config import load_config
-from exporter.daemon import Daemon, Settings
 from exporter.durations import parse_duration
+from exporter.run.daemon import Daemon, Settings
+from exporter.serve.webconfig import WebConfig
 from exporter.sources.options import OPTIONS
 from exporter.sources.registry import COLLECTORS
-from exporter.webconfig import WebConfig
 from exporter.yamlfile import ConfigError
 from tests.conftest import REPO
 from tests.e2e_util import EXPORTER_CMD

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from exporter.daemon import Daemon, Settings
-from exporter.schema import default_mappings_dir
-from exporter.server import make_app
+from exporter.map.schema import default_mappings_dir
+from exporter.run.daemon import Daemon, Settings
+from exporter.serve.server import make_app
 from exporter.sources import registry
 from tests import fault_sources
 

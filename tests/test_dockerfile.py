@@ -87,8 +87,8 @@ def test_non_root_user():
 def test_healthcheck_gets_healthz_at_the_configured_address_without_curl():
     (hc,) = final("HEALTHCHECK")
     cmd = json.loads(hc[hc.index("CMD") + 3:].strip())
-    # exporter/healthcheck.py reads the exporter's own flags (tests/test_install_paths.py runs it)
-    assert cmd == ["python", "-m", "exporter.healthcheck"]
+    # exporter/serve/healthcheck.py reads the exporter's own flags (tests/test_install_paths.py runs it)
+    assert cmd == ["python", "-m", "exporter.serve.healthcheck"]
     for opt in ("--interval=", "--timeout=", "--retries="):
         assert opt in hc
 

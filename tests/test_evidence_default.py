@@ -176,10 +176,10 @@ def _engine_inputs(series):
 
 def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     from exporter.indicators import IndicatorConfig
-    from exporter.mapper import Mapper
-    from exporter.pipeline import poll_and_map
+    from exporter.map.mapper import Mapper
+    from exporter.map.store import SourceState, Store
+    from exporter.run.pipeline import poll_and_map
     from exporter.sources.drm_fdinfo import DrmFdinfoSource
-    from exporter.store import SourceState, Store
     from exporter.testing import load_mappings
 
     proc, sysfs, advance = _fdinfo_node(tmp_path, host_pid_namespace)

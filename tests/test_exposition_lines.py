@@ -1,4 +1,4 @@
-"""The renderer's per-series line cache (exporter/series_lines.py) against an independent oracle.
+"""The renderer's per-series line cache (exporter/render/series_lines.py) against an independent oracle.
 
 ``Renderer.render`` reuses each series' prefix and, for an unchanged value, its whole line from
 the previous cycle.  Over cycles in which values, keys, static labels, pod attribution and the
@@ -18,13 +18,13 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import process_metrics
+from exporter.render import process_metrics
 from exporter.enrich.pod_index import SeriesLabeler
-from exporter.exposition import SELF_METRICS, Renderer
+from exporter.map.schema import load_schema
+from exporter.map.store import SourceState, Store
 from exporter.model import Device
-from exporter.schema import load_schema
-from exporter.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
-from exporter.store import SourceState, Store
+from exporter.render.exposition import SELF_METRICS, Renderer
+from exporter.render.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
 from exporter.testing import flat, frames_of
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from exporter.daemon import Daemon, Settings
+from exporter.run.daemon import Daemon, Settings
 from exporter.simulate import SimulatorSource
 
 OTHERS = ("nvml", "dcgm", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")

@@ -1,5 +1,5 @@
 """The exporter spaces out the cyclic collector's passes and freezes its long-lived state
-(exporter/gctune.py).  That is only sound while a poll cycle leaves no cyclic garbage behind:
+(exporter/run/gctune.py).  That is only sound while a poll cycle leaves no cyclic garbage behind:
 checked here on the simulated node and on an amdgpu tree with the real gpu_metrics table."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import time
 from collections import Counter
 
-from exporter import gctune
-from exporter.daemon import Daemon, Settings
+from exporter.run import gctune
+from exporter.run.daemon import Daemon, Settings
 from tests.amd_fixture_tree import REAL_CARDS, arrange_real_card
 
 OTHERS = ("nvml", "dcgm", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")

@@ -9,16 +9,16 @@ import subprocess
 
 import pytest
 
-from exporter.schema import LABEL_RE, NAME_RE, Schema
+from exporter.map.schema import LABEL_RE, NAME_RE, Schema
 from tests.conftest import REPO, require_binary
 from tests.e2e_util import EXPORTER_CMD
 from tests.reliability_util import ExporterProcess
 
 
 def _check(tmp_path, text: str) -> subprocess.CompletedProcess:
-    """What ``--check-config`` does (exporter.loading.prepare), in this process: rc and stderr."""
-    from exporter.daemon import Settings
-    from exporter.loading import prepare
+    """What ``--check-config`` does (exporter.run.loading.prepare), in this process: rc and stderr."""
+    from exporter.run.daemon import Settings
+    from exporter.run.loading import prepare
     from exporter.yamlfile import ConfigError
 
     cfg = tmp_path / "c.yaml"
@@ -114,9 +114,9 @@ def test_enrichment_label_never_duplicates_a_series_own_label():
     memory ``region``: the series keeps its own, and the exposition stays parsable."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.exposition import Renderer
-    from exporter.schema import default_mappings_dir, load_schema
-    from exporter.store import Store
+    from exporter.map.schema import default_mappings_dir, load_schema
+    from exporter.map.store import Store
+    from exporter.render.exposition import Renderer
 
     schema = load_schema(default_mappings_dir() / "canonical.yaml")
     r = Renderer(schema)

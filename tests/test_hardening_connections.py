@@ -10,7 +10,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from exporter.server import ConnectionGuard, guard_connections
+from exporter.serve.server import ConnectionGuard, guard_connections
 from tests.e2e_util import http_get, wait_until
 from tests.reliability_util import ExporterProcess
 
@@ -141,7 +141,7 @@ def test_tls_site_answers_plain_http_with_400_and_caps_silent_clients(tmp_path):
                     "-out", str(tmp_path / "c.pem")], check=True, capture_output=True, timeout=60)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
-    from exporter.server import SniffingTLSSite
+    from exporter.serve.server import SniffingTLSSite
 
     async def go():
         async def ok(_req):

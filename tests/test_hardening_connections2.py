@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from aiohttp import web
 
-from exporter.listeners import SniffingTLSSite, guard_connections
+from exporter.serve.listeners import SniffingTLSSite, guard_connections
 
 LOOPS = ["asyncio"]
 try:

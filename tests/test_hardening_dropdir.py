@@ -24,12 +24,11 @@ from exporter.importers import nsys_sqlite
 from exporter.importers.detect import import_file
 from exporter.importers.dropdir import DropDir
 from exporter.importers.model import ProfileRejected
-from exporter.mapping import MappingSet
-from exporter.schema import default_mappings_dir, load_schema
+from exporter.importers.profiles_source import ProfilesSource
+from exporter.map.mapping import MappingSet
+from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.sources.context import SourceContext
-from exporter.sources.profiles import ProfilesSource
-
-from .bounded import run_bounded
+from tests.bounded import run_bounded
 
 MiB = 1 << 20
 ROCPROF_V1 = textwrap.dedent("""\

@@ -6,14 +6,14 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from exporter.exposition import Renderer
-from exporter.indicator_feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
 from exporter.indicators import IndicatorConfig
-from exporter.mapper import STATE_TTL_POLLS, Mapper
-from exporter.mapping import MappingSet
-from exporter.schema import default_mappings_dir, load_schema
+from exporter.indicators.feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
+from exporter.map.mapper import STATE_TTL_POLLS, Mapper
+from exporter.map.mapping import MappingSet
+from exporter.map.schema import default_mappings_dir, load_schema
+from exporter.map.store import SourceState, Store
+from exporter.render.exposition import Renderer
 from exporter.sources.base import Device, PollResult
-from exporter.store import SourceState, Store
 
 FIELDS = ("utilization.gpu", "utilization.memory", "gpm.sm_occupancy", "gpm.sm_util", "gpm.dram_bw_util")
 STEP = 10.0  # seconds of (fake) time per poll

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from exporter.exposition import Renderer
 from exporter.importers.dropdir import DropDir, UnsafeDropDir
-from exporter.mapper import Mapper
-from exporter.mapping import MappingSet
-from exporter.schema import default_mappings_dir, load_schema
+from exporter.importers.profiles_source import ProfilesSource
+from exporter.map.mapper import Mapper
+from exporter.map.mapping import MappingSet
+from exporter.map.schema import default_mappings_dir, load_schema
+from exporter.map.store import SourceState, Store
+from exporter.render.exposition import Renderer
+from exporter.render.textformat import Counts, Family, PrefixCache, body, write
 from exporter.sources.context import SourceContext
-from exporter.sources.profiles import ProfilesSource
-from exporter.store import SourceState, Store
 from exporter.testing import flat, frames_of
-from exporter.textformat import Counts, Family, PrefixCache, body, write
 
 # the 130-byte reproduction: a Kineto kernel named by a lone surrogate escape
 SURROGATE_KINETO = ('{"traceEvents":[{"ph":"X","cat":"kernel","name":"\\ud800","pid":0,"tid":7,'
@@ -93,7 +93,7 @@ def test_render_failure_is_visible_not_stale(schema, caplog):
 
 
 def test_readyz_not_ready_after_render_failure(schema):
-    from exporter.daemon import Daemon, Settings
+    from exporter.run.daemon import Daemon, Settings
     daemon = Daemon(Settings())
     daemon.renderer = Renderer(schema)
     daemon.store.add(SourceState("nvml", up=True, state="up",

@@ -8,11 +8,11 @@ import time
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from exporter.daemon import Daemon, Settings
-from exporter.mapper import Mapper
-from exporter.mapping import MappingSet, load_mapping
-from exporter.schema import default_mappings_dir, load_schema
-from exporter.server import _wants_openmetrics
+from exporter.map.mapper import Mapper
+from exporter.map.mapping import MappingSet, load_mapping
+from exporter.map.schema import default_mappings_dir, load_schema
+from exporter.run.daemon import Daemon, Settings
+from exporter.serve.server import _wants_openmetrics
 from exporter.sources.base import Device, PollResult
 from exporter.testing import flat
 from exporter.yamlfile import ConfigError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from exporter.daemon import Daemon
+from exporter.run.daemon import Daemon
 from exporter.testing import flat
 from tests.test_daemon import mappings_dir, settings, test_collectors  # noqa: F401 - fixtures
 
@@ -119,8 +119,8 @@ async def test_reload_keeps_baselines_and_counters_without_state_dir(  # noqa: F
 
 
 def test_deeply_nested_state_file_is_set_aside_and_stale_tmp_removed(tmp_path):
-    from exporter.baseline_file import STATE_FILE, BaselineFile
     from exporter.indicators.baseline import BaselineStore
+    from exporter.run.baseline_file import STATE_FILE, BaselineFile
     (tmp_path / STATE_FILE).write_text("[" * 200_000 + "]" * 200_000)
     stale = tmp_path / f".{STATE_FILE}.abc123.tmp"
     stale.write_text("half a write")

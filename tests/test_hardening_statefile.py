@@ -10,13 +10,12 @@ import textwrap
 import threading
 from pathlib import Path
 
-from exporter.baseline_file import STATE_FILE, BaselineFile
 from exporter.indicators.baseline import BaselineStore
+from exporter.run.baseline_file import STATE_FILE, BaselineFile
 from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
-
-from .bounded import run_bounded
-from .fdinfo_trees import add_card, add_fd
+from tests.bounded import run_bounded
+from tests.fdinfo_trees import add_card, add_fd
 
 PCI = "0000:03:00.0"
 FDINFO = f"drm-driver:\tamdgpu\ndrm-pdev:\t{PCI}\ndrm-client-id:\t7\ndrm-engine-gfx:\t1000 ns\ndrm-memory-vram:\t4 KiB\n"
@@ -60,7 +59,7 @@ def test_dev_zero_symlink_state_file_is_not_read(tmp_path):
     res = run_bounded(textwrap.dedent("""\
         import logging, sys
         from pathlib import Path
-        from exporter.baseline_file import BaselineFile
+        from exporter.run.baseline_file import BaselineFile
         from exporter.indicators.baseline import BaselineStore
         logging.basicConfig(level=logging.WARNING)
         print("LOADED", BaselineFile(Path(sys.argv[1])).load(BaselineStore()))

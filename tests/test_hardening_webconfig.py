@@ -10,7 +10,7 @@ import ssl
 import bcrypt
 import pytest
 
-from exporter.webconfig import WebConfig, WebConfigError, WebConfigWatcher
+from exporter.serve.webconfig import WebConfig, WebConfigError, WebConfigWatcher
 from tests.test_webconfig_tls import basic, client_ctx, get, serve, tls_cfg, tls_files, write_cfg  # noqa: F401
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()

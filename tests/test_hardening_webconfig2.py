@@ -14,9 +14,9 @@ import bcrypt
 import pytest
 from aiohttp import web
 
-from exporter.listeners import SniffingTLSSite, guard_connections
-from exporter.server import make_app
-from exporter.webconfig import WebConfig, WebConfigError, WebConfigWatcher, auth_middleware
+from exporter.serve.listeners import SniffingTLSSite, guard_connections
+from exporter.serve.server import make_app
+from exporter.serve.webconfig import WebConfig, WebConfigError, WebConfigWatcher, auth_middleware
 from tests.test_webconfig_tls import basic, client_ctx, tls_cfg, tls_files, write_cfg  # noqa: F401
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
@@ -155,7 +155,7 @@ async def test_min_version_raised_at_run_time_applies_at_once(tmp_path, tls_file
 
 @pytest.mark.asyncio
 async def test_no_server_header_discloses_versions(tmp_path):
-    from exporter.daemon import Daemon, Settings
+    from exporter.run.daemon import Daemon, Settings
     app = make_app(Daemon(Settings(simulate="demo")))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -96,7 +96,7 @@ def test_every_truncation_of_real_files(shared_fixtures, tmp_path):
 
 def test_histogram_readings_are_cumulative_and_match_the_schema_buckets():
     from exporter.importers.convert import BUCKETS_MS, histogram_readings
-    from exporter.schema import load_schema
+    from exporter.map.schema import load_schema
 
     assert list(BUCKETS_MS) == load_schema().metrics["gpu_kernel_execution_time_milliseconds"].buckets
     out = histogram_readings([500.0, 2_000_000.0, 2_000_000.0, 3e10])  # ns: 0.0005 ms, 2 ms x2, 30 s

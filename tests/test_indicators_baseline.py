@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from exporter.baseline_file import STATE_FILE, BaselineFile, atomic_write
 from exporter.indicators import IndicatorConfig, IndicatorEngine
 from exporter.indicators.baseline import FORMAT, VERSION, BaselineStore
 from exporter.indicators.robust import DeviationTracker, RobustBaseline, mad_sigma, median
+from exporter.run.baseline_file import STATE_FILE, BaselineFile, atomic_write
 from tests.engine_frames import TextEngine
 
 DEV = ("nvidia", "0", "GPU-8f3a")

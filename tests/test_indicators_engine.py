@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.indicators import IndicatorConfig
-from exporter.schema import load_schema
+from exporter.map.schema import load_schema
 from tests.engine_frames import TextEngine
 
 DEV = ("nvidia", "0", "GPU-8f3a")

@@ -67,13 +67,13 @@ def test_statistics_follow_the_window_bit_for_bit():
 
 
 def test_fed_only_the_series_it_reads_the_engine_says_the_same():
-    """USED_SERIES: a feed may hand the engine only these names (exporter/indicator_feed.py)."""
+    """USED_SERIES: a feed may hand the engine only these names (exporter/indicators/feed.py)."""
     from exporter.indicators import USED_SERIES
-    from exporter.mapper import Mapper
+    from exporter.map.mapper import Mapper
+    from exporter.map.store import SourceState, Store
     from exporter.model import IDENTITY_WIDTH
-    from exporter.pipeline import poll_and_map
+    from exporter.run.pipeline import poll_and_map
     from exporter.simulate import SimulatorSource
-    from exporter.store import SourceState, Store
     from exporter.testing import FakeClock, flat, load_mappings
 
     mappings = load_mappings()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from exporter.indicators import IndicatorConfig
-from exporter.mapper import Mapper
-from exporter.pipeline import poll_and_map
+from exporter.map.mapper import Mapper
+from exporter.map.store import SourceState, Store
+from exporter.run.pipeline import poll_and_map
 from exporter.simulate import SimulatorSource
 from exporter.sources.context import SourceContext
-from exporter.store import SourceState, Store
 from exporter.testing import FakeClock, flat, load_mappings
 from tests.engine_frames import TextEngine
 

@@ -179,7 +179,7 @@ def test_baselines_are_written_to_state_directory_under_systemd_env(tmp_path):
 # ------------------------------------------------------------------------------- healthcheck
 
 def _healthcheck(pid: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exporter.healthcheck", "--pid", str(pid)],
+    return subprocess.run([sys.executable, "-m", "exporter.serve.healthcheck", "--pid", str(pid)],
                           capture_output=True, text=True, timeout=30, cwd=REPO)
 
 
@@ -209,7 +209,7 @@ def test_healthcheck_uses_https_when_the_web_config_enables_tls(tmp_path):
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
     web = tmp_path / "web.yml"
     web.write_text(json.dumps({"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}}))
-    from exporter.healthcheck import target
+    from exporter.serve.healthcheck import target
 
     assert target(["python", "-m", "exporter", "--web.listen-address", ":9700",
                    "--web.config.file", str(web)]) == ("127.0.0.1", 9700, True)

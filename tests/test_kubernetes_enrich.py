@@ -490,10 +490,10 @@ def test_two_pods_sharing_a_gpu_and_a_mig_pod_each_get_their_own_labels(sock_dir
 
 def test_renderer_puts_each_pods_labels_on_its_own_series(sock_dir, tmp_path):
     """Through the daemon's renderer: the exposition text carries the attribution."""
-    from exporter.daemon import Daemon, Settings
-    from exporter.exposition import Renderer
-    from exporter.schema import default_mappings_dir, load_schema
-    from exporter.store import SourceState, Store
+    from exporter.map.schema import default_mappings_dir, load_schema
+    from exporter.map.store import SourceState, Store
+    from exporter.render.exposition import Renderer
+    from exporter.run.daemon import Daemon, Settings
 
     path = str(sock_dir / "kubelet.sock")
     kubelet = FakeKubelet(path)
@@ -649,8 +649,8 @@ async def test_daemon_serves_pod_labels_from_the_kubelet(sock_dir, tmp_path):
     import aiohttp
     from aiohttp.test_utils import TestServer
 
-    from exporter.daemon import Daemon, Settings
-    from exporter.server import make_app
+    from exporter.run.daemon import Daemon, Settings
+    from exporter.serve.server import make_app
     from exporter.simulate import SimulatorSource
     from exporter.testing import load_mappings
 

@@ -1,4 +1,4 @@
-"""The landing page (exporter/landing.py) rendered by a real browser: headless Chromium (Debian's
+"""The landing page (exporter/serve/landing.py) rendered by a real browser: headless Chromium (Debian's
 ``chromium``) loads / from a simulated exporter held in its contended phase; the DOM it built must
 show, per GPU, the memory state and reason /metrics reports (gpu_memory_state_info), colour-coded,
 and the source's state; its screenshot must show the state colours.  The screenshot is kept: under
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.landing import STATE_COLOURS
+from exporter.serve.landing import STATE_COLOURS
 from tests.conftest import require_binary
 from tests.e2e_util import ProcessSet, http_get, start_exporter, wait_until
 

@@ -4,7 +4,8 @@ and no circle anywhere.
 
 Every import counts: module level, inside functions (loaded later, still a dependency) and under
 ``if TYPE_CHECKING:`` (a circle for the reader and the type checker).  ``import_graph()`` is the
-graph the rules below read; a new rule (folders, module counts) reads it too.
+graph the rules below read.  The folders say the flow (docs/architecture.md): the rules below also
+keep at most a dozen modules at the package root, no module over 400 lines, and one render path.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "exporter"
 
 # modules downstream of the sources: they speak exporter.model, never exporter.sources
-DOWNSTREAM = ["mapping.py", "mapper.py", "store.py", "schema.py", "exposition.py", "textformat.py", "series_lines.py",
-              "indicator_feed.py", "indicators", "enrich"]
-# what no source may import: the canonical side of the pipeline
-NOT_FROM_SOURCES = ("schema", "mapping", "mapper", "config", "indicators", "indicator_feed")
+DOWNSTREAM = ["map", "indicators", "render", "serve", "enrich"]
+# what no source may import: the canonical side of the pipeline, the daemon that runs them, and the
+# profiler parsers (the profiles source lives beside them, in importers/)
+NOT_FROM_SOURCES = ("map", "config", "indicators", "render", "serve", "run", "importers")
 
 
 def _modules(rel: str) -> list[Path]:
@@ -149,3 +150,35 @@ def test_the_checks_see_a_violation(tmp_path):
     probe.write_text("from ..schema import Schema\nfrom . import base\nimport exporter.config\n", encoding="utf-8")
     got = _imports(probe, tmp_path)
     assert {"exporter.schema", "exporter.schema.Schema", "exporter.sources.base", "exporter.config"} <= got
+
+
+# the folders that say the flow (docs/architecture.md): run -> sources -> map -> indicators ->
+# render -> serve, with enrich, importers and simulate beside them
+ROOT_MODULES_MAX = 12
+LINES_MAX = 400
+
+
+def _package_modules() -> list[Path]:
+    return [p for p in sorted(PKG.rglob("*.py")) if not p.name.endswith("_pb2.py")]  # generated (grpcio-tools)
+
+
+def test_at_most_a_dozen_modules_at_the_root():
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= ROOT_MODULES_MAX, root
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(PKG)): n for p in _package_modules()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > LINES_MAX}
+    assert long == {}
+
+
+def test_one_render_path():
+    """Exposition text is written in one module (render/textformat.py, ``write``), for /metrics, the
+    import command and the bench alike; the older second path (``Renderer.build``) is gone."""
+    from exporter.render.exposition import Renderer
+
+    writers = {str(p.relative_to(PKG)) for p in _package_modules()
+               if "# HELP " in p.read_text(encoding="utf-8")}
+    assert writers == {"render/textformat.py"}
+    assert not hasattr(Renderer, "build")

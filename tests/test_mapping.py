@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.mapper import Mapper
-from exporter.mapping import MappingSet, load_mapping
-from exporter.schema import default_mappings_dir, load_schema
+from exporter.map.mapper import Mapper
+from exporter.map.mapping import MappingSet, load_mapping
+from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.sources.base import Device, PollResult
 from exporter.testing import flat, frames_of
 from exporter.yamlfile import ConfigError
@@ -204,8 +204,8 @@ fields:
 
 
 def test_histogram_parts_map_and_render_in_order(tmp_path, schema):
-    from exporter.exposition import Renderer
-    from exporter.store import SourceState, Store
+    from exporter.map.store import SourceState, Store
+    from exporter.render.exposition import Renderer
 
     ms = make_set(tmp_path, schema, """
 vendor: nvidia

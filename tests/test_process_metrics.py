@@ -8,8 +8,8 @@ import re
 import resource
 import time
 
-from exporter import process_metrics
-from exporter.daemon import Daemon, Settings
+from exporter.render import process_metrics
+from exporter.run.daemon import Daemon, Settings
 
 
 def _values(text: bytes, name: str) -> dict[str, float]:
@@ -52,7 +52,7 @@ def test_content_types_are_prometheus_clients():
     from prometheus_client import exposition as text_format
     from prometheus_client.openmetrics import exposition as om_format
 
-    from exporter.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+    from exporter.render.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 
     assert TEXT_CONTENT_TYPE == text_format.CONTENT_TYPE_PLAIN_0_0_4
     assert OPENMETRICS_CONTENT_TYPE == om_format.CONTENT_TYPE_LATEST

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from exporter.importers.profiles_source import ProfilesSource
 from exporter.importers.trigger import CaptureTrigger, TriggerConfig
-from exporter.mapper import Mapper
-from exporter.mapping import MappingSet
-from exporter.schema import default_mappings_dir, load_schema
+from exporter.map.mapper import Mapper
+from exporter.map.mapping import MappingSet
+from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
-from exporter.sources.profiles import ProfilesSource
 from exporter.testing import flat, frames_of
 
 ROCPROF_V1 = textwrap.dedent("""\

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.importers.profiles_source import ProfilesSource
 from exporter.sources.context import SourceContext
-from exporter.sources.profiles import ProfilesSource
 from exporter.testing import FakeClock
 from tests.test_profiles_source import ROCPROF_V1, _get, _series, mappings  # noqa: F401 - fixture
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.daemon import Daemon, Settings
+from exporter.run.daemon import Daemon, Settings
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import pytest
 
-from exporter.daemon import Daemon, Settings
-from exporter.schema import default_mappings_dir
+from exporter.map.schema import default_mappings_dir
+from exporter.run.daemon import Daemon, Settings
 from exporter.sources import amdgpu_sysfs, drm_fdinfo, registry
 from exporter.sources.base import Device, PollResult
 from exporter.sources.context import SourceContext

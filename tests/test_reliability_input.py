@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.config import load_config
-from exporter.mapper import Mapper
-from exporter.mapping import load_mapping
-from exporter.pipeline import poll_and_map
-from exporter.schema import default_mappings_dir, load_schema
+from exporter.map.mapper import Mapper
+from exporter.map.mapping import load_mapping
+from exporter.map.schema import default_mappings_dir, load_schema
+from exporter.map.store import SourceState, Store
+from exporter.run.pipeline import poll_and_map
 from exporter.simulate import load_scenario
 from exporter.sources import sysfs_util
 from exporter.sources.amdgpu_sysfs import AmdgpuSysfsSource, parse_dpm, parse_link_speed, parse_pcie_bw
@@ -31,7 +32,6 @@ from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.intel_sysfs import IntelSysfsSource
 from exporter.sources.upstream import FetchError, parse_exposition
-from exporter.store import SourceState, Store
 from exporter.testing import flat, load_mappings
 from exporter.yamlfile import ConfigError
 from tests.amd_fixture_tree import arrange_mi300x_node

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.docs import render
-from exporter.schema import load_schema
+from exporter.map.schema import load_schema
 from exporter.yamlfile import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,9 +11,9 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from exporter.daemon import Daemon, Settings
-from exporter.schema import load_schema
-from exporter.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
+from exporter.map.schema import load_schema
+from exporter.render.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
+from exporter.run.daemon import Daemon, Settings
 from tests.fakes import pynvml_fake as pf
 
 # Documented budgets (README): series per GPU, steady state, default collectors' options.  The

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.daemon import Settings
-from exporter.loading import prepare
+from exporter.run.daemon import Settings
+from exporter.run.loading import prepare
 from exporter.simulate import SimulatorSource, load_scenario
 from exporter.sources.context import SourceContext
 from exporter.testing import FakeClock, load_mappings

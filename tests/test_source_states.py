@@ -9,8 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from exporter.daemon import Daemon, Settings
-from exporter.schema import default_mappings_dir
+from exporter.map.schema import default_mappings_dir
+from exporter.run.daemon import Daemon, Settings
 from exporter.sources import registry
 from exporter.sources.base import Device, PollResult, SourceUnavailable
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import daemon as daemon_mod
+from exporter.run import daemon as daemon_mod
 from exporter import yamlfile
-from exporter.daemon import Daemon, Settings
-from exporter.schema import default_mappings_dir
+from exporter.map.schema import default_mappings_dir
+from exporter.run.daemon import Daemon, Settings
 from exporter.sources import registry
 from tests import fault_sources
 from tests.conftest import ci_strict
@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 # loaded only when configured: basic auth / TLS (web config), profiler importers, the upstream
 # source and its Prometheus text parsers (prometheus_client as a whole), pod attribution, the profiles
 # drop directory
-NOT_ON_DEFAULT_PATH = ("bcrypt", "exporter.webconfig", "exporter.importers", "exporter.sources.upstream",
+NOT_ON_DEFAULT_PATH = ("bcrypt", "exporter.serve.webconfig", "exporter.importers", "exporter.sources.upstream",
                        "exporter.sources.upstream_fetch", "prometheus_client.parser",
-                       "prometheus_client", "exporter.enrich.kubernetes", "exporter.sources.profiles")
+                       "prometheus_client", "exporter.enrich.kubernetes", "exporter.importers.profiles_source")
 
 
 def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -62,7 +62,7 @@ def test_check_config_loads_no_http_client_server_or_optional_code(tmp_path):
     assert res["rc"] == 0
     assert _loaded(res["modules"], NOT_ON_DEFAULT_PATH + ("aiohttp",)) == []
     # the positive side: the check did load and validate config, schema and mappings
-    assert "exporter.mapping" in res["modules"] and "pydantic" in res["modules"]
+    assert "exporter.map.mapping" in res["modules"] and "pydantic" in res["modules"]
 
 
 # serves for real (aiohttp, listeners, sources on an empty sysfs), answers one scrape, then lists
@@ -126,7 +126,7 @@ def test_configured_basic_auth_does_load_the_web_config_code(tmp_path):
     web.write_text(f"basic_auth_users:\n  alice: {hashed}\n")
     res = _run_py(SERVE, str(_free_port()), str(tmp_path), "--web.config.file", str(web))
     assert res["status"] == ["401"]  # the scrape carried no credentials
-    assert {"bcrypt", "exporter.webconfig"} <= set(res["modules"])
+    assert {"bcrypt", "exporter.serve.webconfig"} <= set(res["modules"])
 
 
 # ---------------------------------------------------------------- start(): no fixed sleeps
@@ -232,7 +232,7 @@ def test_both_parsers_refuse_alike_naming_the_line(tmp_path, text, monkeypatch):
 AIOHTTP_IMPORT = """
 import json, ssl, sys
 real = ssl.create_default_context
-from exporter.aiohttp_import import import_aiohttp_web
+from exporter.serve.aiohttp_import import import_aiohttp_web
 import_aiohttp_web()
 from aiohttp import connector
 print(json.dumps({

@@ -15,7 +15,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 from prometheus_client.samples import Sample
 
-from exporter.textformat import Family, PrefixCache, body, format_value, write
+from exporter.render.textformat import Family, PrefixCache, body, format_value, write
 from tests.conftest import require_binary
 
 

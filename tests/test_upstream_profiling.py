@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.mapper import Mapper
+from exporter.map.mapper import Mapper
 from exporter.model import PollResult
 from exporter.sources.dcgm import DcgmSource
 from exporter.testing import flat
@@ -190,8 +190,8 @@ def test_daemon_reads_unknown_not_healthy(tmp_path, server) -> None:
     ("schemas: [{name: 'a b'}]\nfields: []\n", r"schemas.0.name|schemas\[0\].name"),
 ])
 def test_bad_profiling_and_schema_entries_name_file_and_line(tmp_path, body, message) -> None:
-    from exporter.mapping import load_mapping
-    from exporter.schema import default_mappings_dir, load_schema
+    from exporter.map.mapping import load_mapping
+    from exporter.map.schema import default_mappings_dir, load_schema
     from exporter.yamlfile import ConfigError
     path = tmp_path / "x.yaml"
     path.write_text("vendor: nvidia\n" + body)

@@ -8,7 +8,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.webconfig import WebConfig, WebConfigError, WebConfigWatcher
+from exporter.serve.webconfig import WebConfig, WebConfigError, WebConfigWatcher
 
 REPO = Path(__file__).resolve().parent.parent
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()

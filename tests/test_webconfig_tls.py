@@ -1,4 +1,4 @@
-"""Real TLS, mTLS and basic auth against an aiohttp server using exporter.webconfig.
+"""Real TLS, mTLS and basic auth against an aiohttp server using exporter.serve.webconfig.
 
 Certificates are generated per test session with the ``openssl`` CLI (Debian package: openssl).
 Clients: Python ssl/aiohttp, curl (package curl) and a real Prometheus (package prometheus).
@@ -24,8 +24,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from exporter import webconfig as wc
-from exporter.webconfig import (
+from exporter.serve import webconfig as wc
+from exporter.serve.webconfig import (
     WebConfig,
     WebConfigError,
     WebConfigWatcher,

@@ -48,7 +48,7 @@ def raw() -> list[dict]:
 def exporter() -> dict:
     import asyncio
 
-    from exporter.daemon import Daemon, Settings
+    from exporter.run.daemon import Daemon, Settings
 
     others = ("dcgm", "amdgpu", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")
     result = {}

@@ -15,12 +15,12 @@ import re
 import sys
 from pathlib import Path
 
-from ..exposition import Renderer
-from ..mapper import Mapper
-from ..mapping import MappingSet
+from ..map.mapper import Mapper
+from ..map.mapping import MappingSet
+from ..map.schema import default_mappings_dir, load_schema
+from ..map.store import SourceState, Store
 from ..model import identity_labels
-from ..schema import default_mappings_dir, load_schema
-from ..store import SourceState, Store
+from ..render.exposition import Renderer
 from ..yamlfile import ConfigError
 from .convert import summary, to_sample
 from .detect import MAX_BYTES, import_file, valid_trace_id

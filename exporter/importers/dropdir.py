@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import safefile
-from ..textformat import valid_utf8
+from ..render.textformat import valid_utf8
 from .detect import MAX_BYTES, SIDECAR, import_at
 from .model import CompanionFile, Profile, ProfileRejected, clean_profile
 

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 
-from ..textformat import valid_utf8
+from ..render.textformat import valid_utf8
 
 
 class ProfileRejected(Exception):

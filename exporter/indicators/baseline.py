@@ -8,7 +8,7 @@ nor resolves and re-raises the flag).  No timestamps are stored: learning time i
 learned seconds only.
 
 Pure: reading and writing the state file (``<state dir>/indicator-baselines.json``, atomically,
-under the ``safefile`` rule) is ``exporter.baseline_file``'s, on the daemon's side.
+under the ``safefile`` rule) is ``exporter.run.baseline_file``'s, on the daemon's side.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The daemon calls ``update(now, frames)`` at its fast sampling interval with the latest canonical
 series of each device (``model.Frames``) and gets each device's indicator series back as a frame
-too; the feed saves ``baselines`` (``exporter.baseline_file``) periodically and on shutdown.
+too; the feed saves ``baselines`` (``exporter.run.baseline_file``) periodically and on shutdown.
 Everything here runs on monotonic time; windows are fixed-size rings, so memory does not grow.
 
 Per device and update, ``_update_device`` runs one method per stage:
@@ -60,7 +60,7 @@ class IndicatorEngine:
 
     def __init__(self, config: IndicatorConfig, baselines: BaselineStore | None, poll_interval: float) -> None:
         """``baselines``: what was learned before (restored by the daemon from its state file,
-        ``exporter.baseline_file``); None starts fresh.  The engine reads and writes no file."""
+        ``exporter.run.baseline_file``); None starts fresh.  The engine reads and writes no file."""
         self.config = config
         self.poll_interval = poll_interval
         self.baselines = baselines if baselines is not None else BaselineStore()

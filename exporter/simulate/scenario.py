@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..durations import Duration
 from ..indicators.config import PriceEntry
-from ..schema import default_mappings_dir, parse_operand
+from ..map.schema import default_mappings_dir, parse_operand
 from ..yamlfile import ConfigError, load_model
 
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from ..map.schema import parse_operand
 from ..model import Device, PollResult
-from ..schema import parse_operand
 from ..sources.base import Abilities, SourceBase, SourceUnavailable
 from ..sources.context import DEFAULT_CONTEXT, SourceContext
 from ..sources.options import SimulatorOptions

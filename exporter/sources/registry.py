@@ -40,7 +40,7 @@ COLLECTORS: dict[str, Collector] = {c.name: c for c in [
               "with processes: series)"),
     Collector("upstream", "exporter.sources.upstream", "UpstreamSource", False,
               "scrape vendor exporters already on the node and normalise their series"),
-    Collector("profiles", "exporter.sources.profiles", "ProfilesSource", False,
+    Collector("profiles", "exporter.importers.profiles_source", "ProfilesSource", False,
               "profiler artifacts (ncu, nsys, rocprof, Kineto) from a drop directory"),
     Collector("simulator", "exporter.simulate", "SimulatorSource", False,
               "the built-in simulated node (--simulate)"),

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-# ``cm`` below is a compiled mapping file (exporter.mapping.CompiledMapping: ``rules``,
+# ``cm`` below is a compiled mapping file (exporter.map.mapping.CompiledMapping: ``rules``,
 # ``schemas``, ``not_mapped``), handed over by the daemon; a source does not import the mapping
 # side (tests/test_layering.py), so it is read by attribute
 

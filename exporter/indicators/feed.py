@@ -1,0 +1,168 @@
+"""Feeds the store's frames to the indicator engine and keeps its latest output (frames too).
+
+Per source, the engine's inputs are the last full poll's frames (``SourceState.frames``) with
+what fast polls refreshed since laid on top (``SourceState.fast``), only the series the engine
+reads; they are selected once per poll and refreshed when the fast overlay changes.  Two sources
+of one GPU: the later one's values win.
+
+The engine's output goes back to sources that declare ``Abilities.observes_indicators`` (the
+profiles source arms triggered captures from it): the daemon's indicator loop hands it over.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..map.store import SourceState, Store
+from ..model import DeviceId, Frames
+from ..run.baseline_file import BaselineFile
+from . import USED_SERIES, IndicatorConfig, IndicatorEngine
+from .baseline import BaselineStore
+
+log = logging.getLogger("unified_gpu_exporter")
+# the canonical series the engine reads (exporter/indicators/signals.py; tests check that feeding
+# only these gives the engine's output for every series): a poll's other series are not walked
+ENGINE_INPUTS = USED_SERIES
+# labels of a per-GPU (not per-kernel) series imported from a profiler artefact
+_ARTEFACT_LABELS = frozenset({"source", "trace_id"})
+# a device not seen for this long is forgotten (windows, price info, counters); its baselines
+# stay unless more than MAX_BASELINE_DEVICES devices have one (then the oldest gone ones go)
+DEVICE_TTL_SECONDS = 600.0
+MAX_BASELINE_DEVICES = 64
+# and at most this many devices are remembered whatever their age (an identity storm of
+# thousands of new UUIDs per poll must not pile up for DEVICE_TTL_SECONDS first)
+MAX_TRACKED_DEVICES = 512
+
+Imported = list[tuple[DeviceId, str, float]]  # (GPU, series name, value) from profiler artefacts
+
+
+class IndicatorFeed:
+    def __init__(self, config: IndicatorConfig, state_dir: Path | None, interval: float, cloud: str = ""):
+        baselines = BaselineStore()
+        self._file = BaselineFile(state_dir)  # the I/O stays out of the (pure) engine
+        self._file.load(baselines)
+        self.engine = IndicatorEngine(config, baselines, interval)
+        self.interval = interval
+        self.cloud = cloud
+        self.latest: Frames = {}  # the engine's output of the last update, per GPU
+        self._known: set[DeviceId] = set()
+        self._last_seen: dict[DeviceId, float] = {}
+        self._next_prune = 0.0
+        # per source: [full-poll frames seen, fast overlay applied, inputs per GPU, artefact values]
+        self._by_source: dict[str, list] = {}
+
+    def update(self, now: float, store: Store) -> Frames:
+        """``advance``, then the output (``latest``)."""
+        self.advance(now, store)
+        return self.latest
+
+    def advance(self, now: float, store: Store) -> None:
+        """One engine step over the store's current frames; the output is kept in ``latest``."""
+        if not self.engine.config.enabled:
+            self.latest = {}
+            return
+        devices: Frames = {}
+        imported: Imported = []
+        shared: set[DeviceId] = set()  # devices whose frame is a source's cached one (copy before merging)
+        for st in store.sources.values():
+            per_device, from_artefacts = self._inputs(st)
+            imported += from_artefacts
+            for dev_id, frame in per_device.items():
+                have = devices.get(dev_id)
+                if have is None:
+                    devices[dev_id] = frame
+                    shared.add(dev_id)
+                else:  # two sources report this GPU: the later one's values win
+                    if dev_id in shared:
+                        have = devices[dev_id] = dict(have)
+                        shared.discard(dev_id)
+                    have.update(frame)
+        # a GPU-level value from a profiler import stands in where no live counter has one
+        # (the L2 miss rate for the memory-pressure / saturation attribution)
+        for dev_id, name, value in imported:
+            have = devices[dev_id]
+            if (name, ()) not in have:
+                if dev_id in shared:
+                    have = devices[dev_id] = dict(have)
+                    shared.discard(dev_id)
+                have[(name, ())] = value
+        for _, dev in store.info_devices():
+            dev_id = dev.id
+            if dev_id not in self._known:
+                self._known.add(dev_id)
+                self.engine.set_device_info(dev_id, model=dev.model, vendor=dev.vendor,
+                                            cloud=self.cloud or None)
+        for dev_id in devices:
+            self._last_seen[dev_id] = now
+        if now >= self._next_prune or len(self._last_seen) > MAX_TRACKED_DEVICES:
+            self._next_prune = now + min(DEVICE_TTL_SECONDS / 10, 60.0)
+            self.prune(now, set(devices))
+        self.latest = self.engine.update(now, devices)
+
+    def _inputs(self, st: SourceState) -> tuple[Frames, Imported]:
+        """One source's engine inputs per GPU, and its per-GPU values from profiler artefacts:
+        selected from the full poll's frames once per poll, refreshed in place with the fast
+        overlay when it changed."""
+        cached = self._by_source.get(st.name)
+        if cached is None or cached[0] is not st.frames:
+            cached = self._by_source[st.name] = [st.frames, None, *_select(st.frames)]
+        fast = st.fast
+        if fast and cached[1] is not fast:
+            cached[1] = fast
+            inputs = cached[2]
+            for dev_id, frame in _select(fast)[0].items():
+                have = inputs.get(dev_id)
+                if have is None:
+                    inputs[dev_id] = frame
+                else:
+                    have.update(frame)
+        return cached[2], cached[3]
+
+    def prune(self, now: float, present: set[DeviceId]) -> int:
+        """Forget devices gone for DEVICE_TTL_SECONDS (an identity storm must not grow memory
+        for good).  Returns how many were forgotten."""
+        gone = [d for d, t in self._last_seen.items()
+                if d not in present and now - t >= DEVICE_TTL_SECONDS]
+        excess = len(self._last_seen) - len(gone) - MAX_TRACKED_DEVICES
+        if excess > 0:  # over the cap: the least recently seen absent devices go first
+            dropped = set(gone)
+            older = sorted((t, d) for d, t in self._last_seen.items()
+                           if d not in present and d not in dropped)
+            gone += [d for _, d in older[:excess]]
+        engine = self.engine
+        for d in gone:
+            del self._last_seen[d]
+            self._known.discard(d)
+            engine._devices.pop(d, None)
+            engine._info.pop(d, None)
+        if gone:
+            # rebuilt, not only emptied: a dict keeps the table it once grew to
+            self._last_seen = dict(self._last_seen)
+            self._known = set(self._known)
+            engine._devices = dict(engine._devices)
+            engine._info = dict(engine._info)
+        engine.baselines.prune({engine._baseline_key(d) for d in self._last_seen}, MAX_BASELINE_DEVICES)
+        return len(gone)
+
+    def save(self) -> None:
+        try:
+            self._file.save(self.engine.baselines)
+        except Exception as exc:  # noqa: BLE001 - never take the daemon down for a state file
+            log.warning("saving indicator state failed", extra={"reason": str(exc)})
+
+
+def _select(frames: Frames) -> tuple[Frames, Imported]:
+    """The series of ``frames`` the engine reads (new dicts), and the per-GPU values of profiler
+    artefacts among them."""
+    inputs = ENGINE_INPUTS
+    out: Frames = {}
+    imported: Imported = []
+    for dev_id, frame in frames.items():
+        kept = {sid: v for sid, v in frame.items() if sid[0] in inputs}
+        if kept:
+            out[dev_id] = kept
+            for (name, extra), value in kept.items():
+                if extra and {k for k, _ in extra} <= _ARTEFACT_LABELS:
+                    imported.append((dev_id, name, value))
+    return out, imported

@@ -1,0 +1,256 @@
+"""Vendor mapping files: validated against the canonical schema, compiled into lookup tables.
+
+This module only loads: a file becomes a ``CompiledMapping`` (raw field name -> compiled
+``Rule`` entries) and a directory a ``MappingSet``; the YAML is walked only at load time.
+Applying the rules to readings, and the state that outlives one poll (counter offsets across
+resets, the previous value for rates), is ``exporter.map.mapper.Mapper``, one per source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..model import Labels
+from ..yamlfile import ConfigError, load_yaml, validation_message
+from .schema import LABEL_RE, MetricDef, Schema
+
+
+class FieldRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    raw: str = Field(min_length=1)
+    metric: str
+    scale: float = 1.0
+    offset: float = 0.0
+    labels: dict[str, str] = {}
+    label_map: dict[str, str] = {}
+    transform: Literal["none", "rate"] = "none"
+    wrap: float | None = Field(default=None, gt=0)
+    invalid: list[float] = []
+    # a lookup applied to the raw value before scale/offset (e.g. PCIe generation -> GT/s); a raw
+    # value not listed is malformed
+    values: dict[float, float] = {}
+    clamp: tuple[float, float] | None = None
+    # [low, high] after scale/offset: a value outside is malformed (skipped and counted), e.g. a
+    # negative clock.  Default: the canonical metric's ``min`` (canonical.yaml), if any
+    valid: tuple[float, float] | None = None
+    # several entries feeding one series in one poll: the first listed wins, or combine them
+    combine: Literal["first", "max", "sum"] = "first"
+    # for a histogram metric: which part this raw field is (bucket counts carry an `le` label)
+    histogram: Literal["bucket", "sum", "count"] | None = None
+    # a profiling counter (DCGM DCP, NVML GPM): subject to the file's profiling_guard ("a zero is
+    # not always a value"), and a blank (``invalid``) reading of it counts as profiling_unavailable
+    profiling: bool = False
+
+    @model_validator(mode="after")
+    def _names(self) -> FieldRule:
+        for name in list(self.labels) + list(self.label_map.values()):
+            if not LABEL_RE.match(name):
+                raise ValueError(f"invalid label name {name!r}")
+        if self.clamp and self.clamp[0] > self.clamp[1]:
+            raise ValueError("clamp: low bound is above high bound")
+        for name in ("scale", "offset"):  # .nan or .inf would poison every value of the field
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
+        if self.clamp and any(math.isnan(b) for b in self.clamp):
+            raise ValueError("clamp bounds must be numbers, not .nan")
+        if self.valid and (any(math.isnan(b) for b in self.valid) or self.valid[0] > self.valid[1]):
+            raise ValueError("valid: [low, high] with low <= high, no .nan")
+        if any(math.isnan(v) for v in self.invalid):
+            raise ValueError("invalid: .nan never matches; NaN values are always skipped")
+        return self
+
+
+class ProfilingGuard(BaseModel):
+    """When every profiling reading of a GPU is 0 while ``busy_metric`` (fed by the file's
+    non-profiling rules, GPU level) is at least ``busy_above``, the profiling readings are not
+    values (another profiler holds the counters, the profiling module is not loaded): they are
+    skipped and counted as ``profiling_unavailable``, and ``gpu_profiling_available`` reads 0."""
+
+    model_config = ConfigDict(extra="forbid")
+    busy_metric: str = "gpu_compute_utilization_percent"
+    busy_above: float = Field(10.0, ge=0)
+
+
+class SchemaRule(BaseModel):
+    """One naming generation of an upstream exporter, recognised by any of its markers: a raw
+    name (``names``), a raw-name prefix (``prefixes``) or a label name (``labels``) on a series."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+    description: str = ""
+    names: list[str] = []
+    prefixes: list[str] = []
+    labels: list[str] = []
+
+
+class MappingFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vendor: Literal["nvidia", "amd", "intel"]
+    description: str = ""
+    fields: list[FieldRule]
+    profiling_guard: ProfilingGuard = ProfilingGuard()
+    # upstream exporters: the naming generations, most recent first; the first whose marker a
+    # scrape shows is that target's schema, the last one (no marker needed) the default
+    schemas: list[SchemaRule] = []
+    # raw names the exporter serves that are deliberately not mapped (not counted as unknown)
+    not_mapped: list[str] = []
+
+    @model_validator(mode="after")
+    def _schema_names(self) -> MappingFile:
+        names = [s.name for s in self.schemas]
+        if len(set(names)) != len(names):
+            raise ValueError("schemas: names must be unique")
+        return self
+
+
+@dataclass(slots=True, frozen=True)
+class Rule:
+    """One compiled mapping entry."""
+
+    order: int
+    raw: str
+    metric: str
+    is_counter: bool
+    fixed: Labels
+    label_map: tuple[tuple[str, str], ...]
+    scale: float
+    offset: float
+    rate: bool
+    wrap: float | None
+    invalid: frozenset[float]
+    clamp: tuple[float, float] | None
+    combine: str
+    valid: tuple[float, float] | None
+    series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
+    values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
+    profiling: bool = False  # subject to the file's profiling guard
+
+
+@dataclass(slots=True)
+class CompiledMapping:
+    name: str
+    path: Path
+    vendor: str
+    rules: dict[str, tuple[Rule, ...]]
+    profiling_guard: ProfilingGuard | None = None  # set when the file has profiling rules
+    schemas: tuple[SchemaRule, ...] = ()
+    not_mapped: frozenset[str] = frozenset()
+
+
+def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
+    mdef: MetricDef | None = schema.metrics.get(rule.metric)
+    if mdef is None:
+        return f"unknown canonical metric {rule.metric!r}"
+    if mdef.type == "info":
+        return f"{rule.metric} is an info metric built from device identity, not mapped"
+    produced = set(rule.labels) | set(rule.label_map.values())
+    if mdef.type == "histogram":
+        if rule.histogram is None:
+            return f"{rule.metric} is a histogram: say which part with histogram: bucket|sum|count"
+        if rule.transform != "none":
+            return "a histogram part is mapped as read (no transform)"
+        if (rule.histogram == "bucket") != ("le" in produced):
+            return "the bucket part, and only it, needs the le label (label_map: {<raw>: le})"
+        produced.discard("le")
+    elif rule.histogram is not None:
+        return f"histogram: applies to histogram metrics; {rule.metric} is a {mdef.type}"
+    extra = produced - mdef.allowed_labels
+    if extra:
+        return (f"labels {sorted(extra)} are not allowed on {rule.metric} "
+                f"(allowed: {sorted(mdef.allowed_labels) or 'none'})")
+    missing = set(mdef.labels) - produced
+    if missing:
+        return f"{rule.metric} requires labels {sorted(missing)}"
+    if mdef.type == "counter" and rule.transform == "rate":
+        return f"transform: rate makes a gauge, but {rule.metric} is a counter"
+    if rule.values and (mdef.type != "gauge" or rule.transform != "none"):
+        return "values: (a lookup table) applies to gauges mapped as read"
+    if rule.wrap is not None and mdef.type != "counter" and rule.transform != "rate":
+        return "wrap applies only to raw counters (a counter metric or transform: rate)"
+    if rule.profiling and (mdef.type != "gauge" or rule.transform != "none"):
+        return "profiling: applies to gauges mapped as read"
+    return None
+
+
+def load_mapping(path: Path, schema: Schema, name: str | None = None) -> CompiledMapping:
+    data, lines = load_yaml(path)
+    try:
+        parsed = MappingFile.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        raise ConfigError(validation_message(path, lines, exc)) from None
+    rules: dict[str, list[Rule]] = {}
+    for i, fr in enumerate(parsed.fields):
+        problem = _check_rule(schema, fr)
+        if problem:
+            line = lines.get(("fields", i, "metric")) or lines.get(("fields", i))
+            raise ConfigError(f"{path}:{line}: fields[{i}].metric: {problem}")
+        mdef = schema.metrics[fr.metric]
+        rules.setdefault(fr.raw, []).append(Rule(
+            order=i, raw=fr.raw, metric=fr.metric, is_counter=mdef.type == "counter",
+            fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
+            scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
+            invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
+            valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
+            series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
+            values=tuple(sorted(fr.values.items())), profiling=fr.profiling))
+    guard = parsed.profiling_guard
+    if any(fr.profiling for fr in parsed.fields):
+        if guard.busy_metric not in schema.metrics:
+            line = lines.get(("profiling_guard", "busy_metric")) or lines.get(("profiling_guard",))
+            raise ConfigError(f"{path}:{line}: profiling_guard.busy_metric: unknown canonical metric "
+                              f"{guard.busy_metric!r}")
+    else:
+        guard = None
+    return CompiledMapping(name or path.stem, path, parsed.vendor,
+                           {k: tuple(v) for k, v in rules.items()}, guard, tuple(parsed.schemas),
+                           frozenset(parsed.not_mapped))
+
+
+class MappingSet:
+    """Every mapping file under a directory, by name (``nvml``, ``upstream/dcgm-exporter``)."""
+
+    def __init__(self, schema: Schema, mappings: dict[str, CompiledMapping]):
+        self.schema = schema
+        self.mappings = mappings
+        self._raw_fields: dict[frozenset[str] | None, dict[str, frozenset[str]]] = {}
+
+    @classmethod
+    def load_dir(cls, directory: Path, schema: Schema) -> MappingSet:
+        found: dict[str, CompiledMapping] = {}
+        errors: list[str] = []  # every broken file is reported, not only the first
+        for path in sorted(directory.rglob("*.yaml")):
+            if path.name == "canonical.yaml" or "scenarios" in path.relative_to(directory).parts:
+                continue
+            name = path.relative_to(directory).with_suffix("").as_posix()
+            try:
+                found[name] = load_mapping(path, schema, name)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise ConfigError("\n".join(errors))
+        return cls(schema, found)
+
+    def get(self, name: str) -> CompiledMapping | None:
+        return self.mappings.get(name)
+
+    def raw_fields(self, metrics: Collection[str] | None = None) -> dict[str, frozenset[str]]:
+        """Per mapping file, the raw fields its rules map (only the rules feeding ``metrics``,
+        when given): what a source need read, and what a fast poll need map.  Computed once per
+        set of metrics (a loaded set does not change)."""
+        key = None if metrics is None else frozenset(metrics)
+        table = self._raw_fields.get(key)
+        if table is None:
+            table = self._raw_fields[key] = {
+                name: frozenset(raw for raw, rules in cm.rules.items()
+                                if key is None or any(r.metric in key for r in rules))
+                for name, cm in self.mappings.items()}
+        return table
+
+
+__all__ = ["CompiledMapping", "MappingSet", "Rule", "load_mapping"]

@@ -1,0 +1,273 @@
+"""``SourceRunner``: one enabled source with its worker thread, mapper, timeout and loops.
+
+Every call into the source (open, poll, poll_fast, close) runs on the source's own ``Worker``
+under the collector's timeout.  A source that hangs keeps only its own thread busy: its series
+are dropped, it is reported ``source_up 0`` with a ``timeout`` error, and no second call is
+started until the stuck one returns.  A failed poll drops the source's series and counts the
+error kinds; the next poll that succeeds brings them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..map.mapper import Mapper
+from ..map.mapping import MappingSet
+from ..map.store import SourceState, Store
+from ..model import Frames
+from ..sources.base import PollFailed, Source, SourceUnavailable, abilities_of
+from ..sources.context import SourceContext
+from ..sources.registry import Collector, create_source
+from . import cpustats
+from .collector_policy import missing_backend_state
+from .periodic import Ticker
+from .pipeline import Cycle, poll_and_map
+from .worker import Worker
+
+log = logging.getLogger("unified_gpu_exporter")
+
+REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
+
+def fast_frames(frames: Frames, fast: frozenset[str]) -> Frames:
+    """Only the series of ``fast`` metrics, per GPU: counters and other gauges keep their
+    full-poll values (a second mapper's counter totals must never replace the full poll's)."""
+    out: Frames = {}
+    for dev_id, frame in frames.items():
+        kept = {sid: v for sid, v in frame.items() if sid[0] in fast}
+        if kept:
+            out[dev_id] = kept
+    return out
+
+
+def overlay(under: Frames, over: Frames) -> Frames:
+    """A new ``Frames``: ``under`` with ``over``'s values on top (neither is changed)."""
+    out = dict(under)
+    for dev_id, frame in over.items():
+        have = out.get(dev_id)
+        out[dev_id] = {**have, **frame} if have else frame
+    return out
+
+
+@dataclass
+class SourceRunner:
+    """One enabled source with its worker and mapping state."""
+
+    collector: Collector
+    source: Source | None
+    state: SourceState
+    mapper: Mapper
+    interval: float
+    timeout: float
+    worker: Worker
+    fast_mapper: Mapper | None = None  # set when the source declares fast_poll
+    store: Store | None = None         # the store this runner publishes to
+    opened: bool = False
+    backend_missing: bool = False  # the last open raised SourceUnavailable
+    pending: asyncio.Future | None = None       # the last open/poll call
+    fast_pending: asyncio.Future | None = None  # the last poll_fast call
+    stopped: bool = False
+    polled_at: float = float("-inf")  # monotonic time of the last successful full poll
+
+    # ------------------------------------------------------------ one poll
+    def _cycle(self) -> Cycle:
+        """Runs in the worker thread: poll, then map (mapper state is per source)."""
+        assert self.source is not None and self.store is not None
+        cycle = poll_and_map(self.source.poll, self.store, self.state, self.mapper)
+        cpustats.add("poll", self.state.name, cycle.poll_cpu)
+        cpustats.add("map", self.state.name, cycle.map_cpu)
+        return cycle
+
+    async def poll_once(self) -> bool:
+        """Open if needed, poll one time; update the store.  True when the poll succeeded."""
+        st = self.state
+        if self.source is None:
+            return False
+        if self.fast_pending is not None and not self.fast_pending.done():
+            # a fast poll is using the worker: wait for it instead of queueing behind it
+            await asyncio.wait({self.fast_pending}, timeout=self.timeout)
+        if self.pending is not None and not self.pending.done():
+            st.errors["timeout"] += 1  # still stuck in the previous call
+            st.clear()
+            st.state, st.reason = "down", f"previous call still running after {self.timeout:g}s"
+            return False
+        if not self.opened:
+            try:
+                await self._call(self.source.open)
+            except SourceUnavailable as exc:
+                self._backend_missing(str(exc))
+                return False
+            except Exception as exc:  # noqa: BLE001
+                self._failed(exc, "open")
+                return False
+            self.opened = True
+            log.info("source opened", extra={"source": st.name})
+        try:
+            cycle = await self._call(self._cycle)
+        except Exception as exc:  # noqa: BLE001
+            self._failed(exc, "poll")
+            return False
+        sample, devices, result = cycle.sample, cycle.devices, cycle.result
+        st.devices = devices
+        st.device_up = {k: sample.device_up.get(k, True) for k in devices}
+        st.frames = result.frames
+        st.fast = {}
+        st.self_samples = sample.self_samples
+        st.errors.update(sample.errors)
+        if result.malformed:
+            st.errors["malformed_value"] += result.malformed
+        st.last_duration = cycle.poll_seconds
+        st.last_success = time.time()
+        self.polled_at = time.monotonic()
+        st.polls += 1
+        st.up, st.state, st.reason = True, "up", ""
+        st.was_up = True
+        self.backend_missing = False
+        self._touch()
+        return True
+
+    def _touch(self) -> None:
+        if self.store is not None:
+            self.store.touch()
+
+    def _backend_missing(self, reason: str) -> None:
+        """The backend is not there: ``absent`` or ``down`` by ``missing_backend_state``."""
+        st = self.state
+        self.backend_missing = True
+        new_state = missing_backend_state(st.explicit, st.was_up)
+        if st.state != new_state or st.reason != reason:
+            if new_state == "down":
+                log.error("source down: backend not found", extra={"source": st.name, "reason": reason})
+            else:
+                log.info("source absent", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = new_state, reason
+        st.clear()
+        self._touch()
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        self.pending = self.worker.submit(fn)
+        try:
+            # asyncio.timeout, not wait_for: wait_for on 3.11 can swallow a cancellation that
+            # races with the result, which would keep a stopped source loop running
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.shield(self.pending)
+        except TimeoutError:
+            raise TimeoutError(f"timed out after {self.timeout:g}s") from None
+        finally:
+            if self.pending is not None and self.pending.done():
+                self.pending = None  # finished: its readings are not held until the next call
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        st = self.state
+        kinds = exc.errors if isinstance(exc, PollFailed) else None  # which errors failed the poll
+        kind = "timeout" if isinstance(exc, TimeoutError) else "exception"
+        if kinds:
+            st.errors.update(kinds)
+        else:
+            st.errors[kind] += 1
+        reason = f"{what} {exc}" if kind == "timeout" else f"{what} failed: {type(exc).__name__}: {exc}"
+        if st.state != "down" or st.reason != reason:
+            log.warning("source down", extra={"source": st.name, "reason": reason})
+        st.state, st.reason = "down", reason
+        st.clear()
+        self._touch()
+
+    # ------------------------------------------------------------ loops
+    async def loop(self, polled: Callable[[str], None]) -> None:
+        """Poll every ``interval``; ``polled(name)`` after each poll (the render cycle wakes)."""
+        tick = Ticker(self.interval)
+        while not self.stopped:
+            await self.poll_once()
+            polled(self.state.name)
+            if self.state.state == "absent":
+                return  # on by default, backend not on this node: the source stays off
+            if self.backend_missing:  # asked for (or up before): retry now and then, stay down
+                await asyncio.sleep(REOPEN_INTERVAL)
+                tick.restart()
+                continue
+            await tick()
+
+    def _fast_cycle(self, mappings: MappingSet) -> Cycle:
+        assert self.source is not None and self.store is not None and self.fast_mapper is not None
+        fields = mappings.raw_fields(mappings.schema.fast_metrics)  # raw fields feeding a `fast: true` metric
+
+        def keep(r: Any, devices: dict) -> bool:  # map only what can end up in the fast overlay
+            d = devices.get(r.device)
+            return d is not None and r.field in fields.get(d.mapping, ())
+
+        cycle = poll_and_map(self.source.poll_fast, self.store, self.state, self.fast_mapper, keep=keep)
+        cpustats.add("fast_poll", self.state.name, cycle.poll_cpu)
+        cpustats.add("fast_map", self.state.name, cycle.map_cpu)
+        return cycle
+
+    async def fast_loop(self, interval: float, mappings: MappingSet) -> None:
+        """Cheap signals between full polls; they update the series the indicators read.
+
+        A tick that comes less than ``interval`` after a full poll is skipped: the full poll's
+        values are that fresh already (with the defaults, one fast poll per full poll)."""
+        tick = Ticker(interval, spacing=True)
+        while not self.stopped:
+            await tick()
+            if not self.opened or self.worker.busy or not self.state.up:
+                continue
+            if time.monotonic() - self.polled_at < interval:
+                continue
+            try:
+                self.fast_pending = self.worker.submit(lambda: self._fast_cycle(mappings))
+                async with asyncio.timeout(self.timeout):
+                    cycle = await asyncio.shield(self.fast_pending)
+            except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
+                self.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
+                continue
+            finally:
+                if self.fast_pending is not None and self.fast_pending.done():
+                    self.fast_pending = None
+            if not self.state.up:
+                continue  # the full poll failed meanwhile: its series stay dropped
+            self.state.errors.update(cycle.sample.errors)
+            # only the indicator inputs: counters and other gauges keep their full-poll values
+            # (a second mapper's counter totals must never replace the full poll's)
+            fast = fast_frames(cycle.result.frames, mappings.schema.fast_metrics)
+            st = self.state
+            if fast:  # replaced, never mutated
+                # the indicator feed reads them on top of the full poll's; the exposition keeps
+                # the full poll's values (it is rendered once per full poll)
+                st.fast = overlay(st.fast, fast)
+
+    async def close(self, timeout: float = 1.0) -> None:
+        """Close the source on its worker (skipped while a call hangs) and end the worker."""
+        if self.source is not None and self.opened and not self.worker.busy:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.worker.submit(self.source.close)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("source close failed", extra={"source": self.state.name, "reason": str(exc)})
+        self.worker.stop()
+
+
+def build_runner(col: Collector, explicit: bool, context: SourceContext, mappings: MappingSet,
+                 interval: float, timeout: float, store: Store) -> SourceRunner:
+    """The runner of one enabled collector, its state added to ``store``.  A source that cannot
+    even be created is kept, down or absent, so its reason shows in the self-metrics."""
+    state = SourceState(col.name, explicit=explicit)
+    source: Source | None
+    try:
+        source = create_source(col, context)
+    except SourceUnavailable as exc:
+        source = None
+        state.state, state.reason = ("down" if explicit else "absent"), str(exc)
+    except Exception as exc:  # bad options reach here: source off, reason visible
+        source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
+        state.errors["exception"] += 1
+        log.error("source cannot start", extra={"source": col.name, "reason": state.reason})
+    abilities = abilities_of(source)
+    if source is not None:
+        state.secondary = abilities.secondary
+        state.provides_identity = abilities.provides_identity
+    store.add(state)
+    fast = Mapper(mappings) if source is not None and abilities.fast_poll else None
+    return SourceRunner(col, source, state, Mapper(mappings), interval, timeout, Worker(col.name), fast, store)

@@ -1,0 +1,122 @@
+"""``WebConfigWatcher``: follows the web config file; a bad new file refuses, fail closed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+import time
+from pathlib import Path
+
+from .config import WebConfig
+from .model import _TLS_VERSIONS, WebConfigError
+from .tls import ReloadingTLS
+
+log = logging.getLogger("exporter.serve.webconfig")
+
+
+class WebConfigWatcher:
+    """Follows a web-config file: ``current()`` re-parses it when it changed on disk.
+
+    Use ``current`` as the provider for ``auth_middleware`` and ``ssl_context()`` for TCPSite::
+
+        watcher = WebConfigWatcher(path)            # raises WebConfigError at start
+        app = web.Application(middlewares=[auth_middleware(watcher.current)])
+        site = web.TCPSite(runner, host, 9632, ssl_context=watcher.ssl_context())
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None, *, min_check_interval: float = 0.0) -> None:
+        self.path = Path(path) if path else None
+        # 0: the file is stat()ed on every request, so a change of users applies to the very next
+        # request (no window where a removed user still gets in)
+        self._min_check = min_check_interval
+        self._lock = threading.Lock()
+        self._config = WebConfig.load(self.path) if self.path else WebConfig.empty()
+        self._serving_tls = self._config.tls_enabled
+        self._enforced = self._config  # the last good config: a reload may not loosen it
+        self._tls: ReloadingTLS | None = None
+        self._stamp = self._stat()
+        self._checked = time.monotonic()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def current(self) -> WebConfig:
+        if self.path is None:
+            return self._config
+        now = time.monotonic()
+        if now - self._checked < self._min_check:
+            return self._config
+        with self._lock:
+            self._checked = now
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return self._config
+            self._stamp = stamp
+            # fail closed, as exporter-toolkit does (it re-reads the file per request and per
+            # handshake): an unreadable, empty or invalid file, or one that drops TLS while TLS
+            # is served, refuses every request (500) and handshake until the file is fixed
+            # A change may tighten access at run time but never loosen it: a file read in the
+            # middle of a non-atomic rewrite is cut short, and a cut-short file drops settings
+            try:
+                cfg = WebConfig.load(self.path)
+                if self._serving_tls and not cfg.tls_enabled:
+                    raise WebConfigError(f"web config {self.path}: tls_server_config no longer "
+                                         "enables TLS while TLS is served (restart to serve plain HTTP)")
+                weaker = loosened(self._enforced, cfg)
+                if weaker:
+                    raise WebConfigError(f"web config {self.path}: {weaker} at run time is refused "
+                                         "(restart to apply it)")
+            except WebConfigError as e:
+                log.error("%s; refusing all requests until it is fixed", e)
+                self._config = WebConfig.refusing(str(e), self.path)
+                return self._config
+            self._config = self._enforced = cfg
+            log.info("web config %s reloaded", self.path)
+            return self._config
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The listening context (certificates rotate on every handshake), or None without TLS."""
+        if not self._config.tls_enabled:
+            return None
+        if self._tls is None:
+            self._tls = ReloadingTLS(self._config, self.current)
+        return self._tls.context
+
+    def context_for_new_connection(self) -> ssl.SSLContext:
+        """The context a new connection is created with: the current file's client-certificate
+        policy, TLS versions and ciphers, which OpenSSL copies when the connection is created
+        (SniffingTLSSite's ``context_provider``)."""
+        if self._tls is None:
+            self.ssl_context()
+        assert self._tls is not None, "TLS is not enabled"
+        return self._tls.for_new_connection()
+
+
+# how strongly each client_auth_type checks the client (RequestClientCert is served as none)
+_CLIENT_AUTH_RANK = {"NoClientCert": 0, "RequestClientCert": 0, "RequireAnyClientCert": 1,
+                     "VerifyClientCertIfGiven": 1, "RequireAndVerifyClientCert": 2}
+
+
+def loosened(old: WebConfig, new: WebConfig) -> str:
+    """What ``new`` drops of ``old``'s access control ("" when nothing): all users, the
+    client-certificate requirement, the client SAN allow-list, or TLS versions."""
+    if old.users and not new.users:
+        return "removing basic_auth_users (turning basic auth off)"
+    if not (old.tls_enabled and new.tls_enabled):
+        return ""
+    if _CLIENT_AUTH_RANK[new.tls.client_auth_type] < _CLIENT_AUTH_RANK[old.tls.client_auth_type]:
+        return (f"weakening client_auth_type from {old.tls.client_auth_type} to "
+                f"{new.tls.client_auth_type}")
+    if old.allowed_sans and not new.allowed_sans:
+        return "removing client_allowed_sans"
+    if _TLS_VERSIONS[new.tls.min_version] < _TLS_VERSIONS[old.tls.min_version]:
+        return f"lowering min_version from {old.tls.min_version} to {new.tls.min_version}"
+    return ""
