@@ -55,9 +55,13 @@ def trusted(evidence: str, count: int, scfg: StateConfig) -> int | None:
     return None
 
 
-def say_evidence(device_id: DeviceId, evidence: str, source: str, reason: str) -> None:
+def say_evidence(said: set[tuple[str, str, str]], device_id: DeviceId, evidence: str, source: str,
+                 reason: str) -> None:
     """One log line for the first GPU with each kind of co-tenancy evidence (at start, and when
-    a new kind appears: a source that loses its access, say)."""
+    a new kind appears: a source that loses its access, say); ``said``: the kinds logged so far."""
+    if (evidence, source, reason) in said:  # a small vocabulary: a few kinds per node
+        return
+    said.add((evidence, source, reason))
     gpu = f"{device_id[0]} gpu {device_id[1]} ({device_id[2] or 'no uuid'}) and GPUs like it"
     if evidence == "complete":
         log.info("co-tenancy evidence of %s: busy clients counted by %s", gpu, source)

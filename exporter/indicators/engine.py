@@ -110,16 +110,15 @@ class IndicatorEngine:
     def _state(self, device_id: DeviceId) -> _DeviceState:
         st = self._devices.get(device_id)
         if st is None:
-            seconds = self.config.variability.window_seconds
-            st = _DeviceState(
-                windows={m: SortedWindow(seconds, self._window_capacity) for m, _ in VARIABILITY_SERIES},
-                interconnect=RingWindow(self._ic_seconds, self._ic_capacity),
-            )
-            self._devices[device_id] = st
+            seconds, capacity = self.config.variability.window_seconds, self._window_capacity
+            st = self._devices[device_id] = _DeviceState(
+                windows={m: SortedWindow(seconds, capacity) for m, _ in VARIABILITY_SERIES},
+                interconnect=RingWindow(self._ic_seconds, self._ic_capacity))
         return st
 
     @staticmethod
-    def _baseline_key(device_id: DeviceId) -> str:
+    def baseline_key(device_id: DeviceId) -> str:
+        """The GPU's key in the baseline state file (its uuid; vendor:gpu without one)."""
         vendor, gpu, uuid = device_id
         return uuid or f"{vendor}:{gpu}"
 
@@ -149,14 +148,11 @@ class IndicatorEngine:
         st.last_update = now
         plain = {sid[0]: v for sid, v in series.items() if not sid[1]}  # the GPU-level series
         labelled = self._gather(st, series)
-        t = _Tick(now, dt, st, self._baseline_key(device_id), plain, labelled, {},
+        t = _Tick(now, dt, st, self.baseline_key(device_id), plain, labelled, {},
                   throttle_explains(labelled.throttle, labelled.clock_ratio(), cfg.rootcause))
         t.held = held_clients(st, labelled, now, cfg.state)
         t.evidence, ev_source, ev_reason = device_evidence(labelled)
-        said = (t.evidence, ev_source, ev_reason)
-        if said not in self._evidence_said:  # once per kind of evidence (a small vocabulary)
-            self._evidence_said.add(said)
-            say_evidence(device_id, t.evidence, ev_source, ev_reason)
+        say_evidence(self._evidence_said, device_id, t.evidence, ev_source, ev_reason)
         t.clients = trusted(t.evidence, t.held.get("", 0), cfg.state)
         t.bw_util = plain.get(BANDWIDTH_UTIL)
         self._memory_state(t, ev_source, ev_reason)
@@ -389,6 +385,11 @@ class IndicatorEngine:
             st.labelled_epoch = index.epoch
         return index.gather(series, st.labelled)
 
+    def forget(self, gone: set[DeviceId]) -> None:
+        """Drop ``gone`` devices' state (tables rebuilt: a dict keeps the size it once grew to)."""
+        self._devices = {d: s for d, s in self._devices.items() if d not in gone}
+        self._info = {d: i for d, i in self._info.items() if d not in gone}
+
     # -- introspection for tests and the bench --------------------------------------------
 
     def state(self, device_id: DeviceId) -> str | None:
@@ -396,4 +397,4 @@ class IndicatorEngine:
         return st.state if st is not None else None
 
     def baseline(self, device_id: DeviceId, metric: str) -> RobustBaseline | None:
-        return self.baselines.peek(self._baseline_key(device_id), metric)
+        return self.baselines.peek(self.baseline_key(device_id), metric)

@@ -134,15 +134,12 @@ class IndicatorFeed:
         for d in gone:
             del self._last_seen[d]
             self._known.discard(d)
-            engine._devices.pop(d, None)
-            engine._info.pop(d, None)
         if gone:
             # rebuilt, not only emptied: a dict keeps the table it once grew to
             self._last_seen = dict(self._last_seen)
             self._known = set(self._known)
-            engine._devices = dict(engine._devices)
-            engine._info = dict(engine._info)
-        engine.baselines.prune({engine._baseline_key(d) for d in self._last_seen}, MAX_BASELINE_DEVICES)
+            engine.forget(set(gone))
+        engine.baselines.prune({engine.baseline_key(d) for d in self._last_seen}, MAX_BASELINE_DEVICES)
         return len(gone)
 
     def save(self) -> None:
