@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from . import __version__, cpustats, process_metrics
+from .otlp import stats as otlp_stats
 from .model import Labels, device_id_of, identity_labels
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .series_lines import SeriesLines, extend_labels
@@ -73,6 +74,7 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "fast_map per source; indicators, render), as of the last render. "
                                 "process_cpu_seconds_total minus their sum is the event loop, HTTP "
                                 "serving, the garbage collector and helper threads."),
+    **otlp_stats.HELP,  # with exporters.otlp enabled
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
@@ -250,6 +252,8 @@ class Renderer:
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
+        for name, labels, value in otlp_stats.STATS.samples():
+            add(name, labels, value)
         for stage, source, seconds in cpustats.snapshot():
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},
                 seconds)

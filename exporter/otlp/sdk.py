@@ -1,0 +1,109 @@
+"""The OpenTelemetry side: the SDK's metrics data model and the official OTLP exporters.
+
+Imported only when ``exporters.otlp`` is enabled.  The points are built directly in the SDK's
+data model (``MetricsData``) rather than through instruments and callbacks: the values are
+already aggregated (cumulative counters, gauges) by the render cycle, their timestamp is the
+cycle's, and no second aggregation state or reader thread is needed.  Cumulative temporality
+throughout (what a Prometheus counter is).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from .. import __version__
+from .config import OtlpConfig
+from .convert import Converted, MetricOut
+
+CUMULATIVE = AggregationTemporality.CUMULATIVE
+SCOPE = "unified-gpu-exporter"
+
+
+def quiet_sdk_loggers() -> None:
+    """The exporters log every failed attempt; the pusher logs once per state change instead."""
+    for name in ("opentelemetry.exporter.otlp", "opentelemetry.exporter.http", "opentelemetry.sdk"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def make_exporter(cfg: OtlpConfig):  # noqa: ANN201 - one of the two OTLPMetricExporter classes
+    headers = cfg.headers
+    tls = cfg.tls
+    if cfg.protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(
+            endpoint=cfg.url, headers=headers, timeout=cfg.timeout,
+            certificate_file=str(tls.ca_file) if tls.ca_file else None,
+            client_certificate_file=str(tls.cert_file) if tls.cert_file else None,
+            client_key_file=str(tls.key_file) if tls.key_file else None,
+            compression=Compression.Gzip if cfg.compression == "gzip" else Compression.NoCompression)
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+    insecure = cfg.url.startswith("http://")
+    credentials = None
+    if not insecure:
+        def read(p):  # noqa: ANN001, ANN202 - the operator's own TLS files
+            return p.read_bytes() if p is not None else None
+        credentials = grpc.ssl_channel_credentials(read(tls.ca_file), read(tls.key_file), read(tls.cert_file))
+    return GrpcExporter(endpoint=cfg.url, insecure=insecure, credentials=credentials,
+                        headers=headers or None, timeout=cfg.timeout,
+                        compression=grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression)
+
+
+def _ns(t: float) -> int:
+    return int(t * 1e9)
+
+
+def _histogram_point(attrs, h, start: int, now: int) -> HistogramDataPoint:
+    buckets, total, count = h
+    finite = sorted(b for b in buckets if not math.isinf(b))
+    cumulative = [buckets[b] for b in finite] + [count]
+    counts = [int(c - p) for c, p in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
+    return HistogramDataPoint(attributes=dict(attrs), start_time_unix_nano=start, time_unix_nano=now,
+                              count=int(count), sum=total, bucket_counts=counts, explicit_bounds=finite,
+                              min=None, max=None)
+
+
+def _metric(m: MetricOut, conv: Converted, now: int) -> Metric:
+    def start(attrs) -> int:  # noqa: ANN001
+        return _ns(conv.start.get((m.name, attrs), conv.at))
+
+    if m.instrument == "histogram":
+        data = Histogram([_histogram_point(a, h, start(a), now) for a, h in m.hist.items()], CUMULATIVE)
+    elif m.instrument == "gauge":
+        data = Gauge([NumberDataPoint(dict(a), 0, now, v) for a, v in m.points.items()])
+    else:
+        data = Sum([NumberDataPoint(dict(a), start(a), now, v) for a, v in m.points.items()], CUMULATIVE,
+                   is_monotonic=m.instrument == "counter")
+    return Metric(name=m.name, description=m.description, unit=m.unit, data=data)
+
+
+def metrics_data(conv: Converted, resource: dict[str, str], schema_url: str) -> MetricsData:
+    now = _ns(conv.at)
+    scope = InstrumentationScope(SCOPE, __version__, schema_url)
+    metrics = [_metric(m, conv, now) for m in conv.metrics.values()]
+    return MetricsData([ResourceMetrics(Resource(resource, schema_url), [ScopeMetrics(scope, metrics, schema_url)],
+                                        schema_url)])
+
+
+def export(exporter, data: MetricsData, timeout: float) -> bool:  # noqa: ANN001
+    return exporter.export(data, timeout_millis=timeout * 1000) == MetricExportResult.SUCCESS
