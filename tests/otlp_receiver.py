@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 
 class OtlpReceiver:
-    def __init__(self, status: int = 200) -> None:
+    def __init__(self, status: int = 200, port: int = 0) -> None:
         self.status = status
         self.requests: list[tuple[dict[str, str], ExportMetricsServiceRequest]] = []
         self.hold: threading.Event | None = None
@@ -52,7 +52,7 @@ class OtlpReceiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
