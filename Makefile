@@ -49,6 +49,7 @@ system-deps:
 
 docs: install
 	$(PY) -m exporter.docs > docs/metrics.md
+	$(PY) -m exporter.otlp.docs > docs/otel.md
 	$(PY) scripts/gen-alert-docs.py
 
 ## make kubernetes: regenerate what deploy/kubernetes derives from other files (the

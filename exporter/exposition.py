@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from . import __version__, cpustats, process_metrics
-from .otlp import stats as otlp_stats
 from .model import Labels, device_id_of, identity_labels
+from .otlp import stats as otlp_stats
 from .schema import HISTOGRAM_SUFFIXES, Schema
 from .series_lines import SeriesLines, extend_labels
 from .seriesfilter import SeriesFilter
