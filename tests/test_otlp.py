@@ -4,6 +4,7 @@ conventions package, docs/otel.md drift, the config section, the converter, the 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import threading
@@ -187,3 +188,37 @@ def test_one_pending_cycle_older_ones_dropped_and_counted(schema, mapping, tmp_p
         pusher.close(wait=10)
     assert stats.success >= 1
     assert stats.success + stats.failure == 2  # the first cycle and the last pending one
+
+
+def test_encoder_makes_the_request_the_sdk_encoder_makes(schema, mapping):
+    """The push's encoder against the official one, on a live-like exposition (every kind of
+    instrument, a histogram included, integer attributes, reused attribute sets)."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.common", reason="the otlp extra (make install)")
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    from exporter.otlp import sdk
+    from exporter.otlp.encode import Encoder
+
+    dev = 'vendor="nvidia",gpu="0",uuid="GPU-1"'
+    text = (f'gpu_info{{{dev},model="H100",driver="550",pci_bus_id="p",serial="S",simulated="false",'
+            f'source="nvml"}} 1\n'
+            f'gpu_power_watts{{{dev}}} 0\n'
+            f'gpu_energy_joules_total{{{dev}}} 123.5\n'
+            f'gpu_memory_used_bytes{{{dev}}} 1e9\n'
+            f'gpu_process_memory_bytes{{{dev},pid="7",process="python"}} 42\n'
+            f'gpu_kernel_execution_time_milliseconds_bucket{{{dev},kernel="k",le="1.0"}} 2\n'
+            f'gpu_kernel_execution_time_milliseconds_bucket{{{dev},kernel="k",le="10.0"}} 5\n'
+            f'gpu_kernel_execution_time_milliseconds_bucket{{{dev},kernel="k",le="+Inf"}} 6\n'
+            f'gpu_kernel_execution_time_milliseconds_sum{{{dev},kernel="k"}} 30.5\n'
+            f'gpu_kernel_execution_time_milliseconds_count{{{dev},kernel="k"}} 6\n').encode()
+    conv = Converter(mapping, schema)
+    enc = Encoder()
+    for at in (1000.0, 1015.0):  # the second push reuses the encoded attribute sets
+        out = conv.convert(text, at)
+        ours = enc.request(out, {"service.name": "x", "host.name": "h"}, mapping.schema_url)
+        ref = encode_metrics(sdk.metrics_data(out, {"service.name": "x", "host.name": "h"}, mapping.schema_url))
+        assert ours.SerializeToString() == ref.SerializeToString()
+    hist = out.metrics["gpu.kernel.execution.duration"]
+    assert hist.unit == "s"
+    ((buckets, total, count),) = hist.hist.values()
+    assert buckets == {0.001: 2.0, 0.01: 5.0, math.inf: 6.0} and total == pytest.approx(0.0305) and count == 6

@@ -44,6 +44,7 @@ class Pusher:
         self.cfg, self.mapping, self.stats = cfg, mapping, stats
         self._resource = resource
         self._converter = Converter(mapping, schema)
+        self._encoder = None  # encode.Encoder, made by the thread (it imports the protobuf modules)
         self._lock = threading.Lock()
         self._pending: tuple | None = None
         self._wake = threading.Event()
@@ -88,6 +89,9 @@ class Pusher:
             lg.addHandler(self._why)
             lg.propagate = False  # their per-attempt messages are summarised by _log_outcome
         try:
+            from .encode import Encoder
+
+            self._encoder = Encoder()
             exporter = sdk.make_exporter(self.cfg)
         except Exception as exc:  # noqa: BLE001 - bad TLS material, ...: counted, logged, no push
             log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
@@ -115,8 +119,8 @@ class Pusher:
         try:
             strip = frozenset(k for k, _ in static_labels)
             conv = self._converter.convert(rendered.text, rendered.at, strip)
-            data = sdk.metrics_data(conv, self._resource(static_labels), self.mapping.schema_url)
-            ok = sdk.export(exporter, data, self.cfg.timeout)
+            ok = sdk.send(exporter, self._encoder, conv, self._resource(static_labels), self.mapping.schema_url,
+                          self.cfg.timeout)
             why = "" if ok else (self._why.message or "the receiver did not accept the push")
             self.stats.points = conv.exported
         except Exception as exc:  # noqa: BLE001 - never let the thread die
