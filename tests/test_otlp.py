@@ -222,3 +222,44 @@ def test_encoder_makes_the_request_the_sdk_encoder_makes(schema, mapping):
     assert hist.unit == "s"
     ((buckets, total, count),) = hist.hist.values()
     assert buckets == {0.001: 2.0, 0.01: 5.0, math.inf: 6.0} and total == pytest.approx(0.0305) and count == 6
+
+
+def test_grpc_protocol_pushes_to_a_grpc_receiver(schema, mapping, tmp_path):
+    grpc = pytest.importorskip("grpc", reason="grpcio (the otlp extra)")
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+    got: list = []
+    arrived = threading.Event()
+
+    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):  # noqa: N802 - the service's name
+            got.append((dict(context.invocation_metadata()), request))
+            arrived.set()
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        headers = tmp_path / "h"
+        headers.write_text("X-Tenant: a\n")
+        cfg = load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    protocol: grpc\n"
+                                           f"    endpoint: http://127.0.0.1:{port}\n    headers_file: {headers}\n"
+                                           "    interval: 5s\n    timeout: 5s\n")).exporters.otlp
+        stats = PushStats()
+        pusher = Pusher(cfg, mapping, schema, lambda static: {"service.name": "t"}, stats)
+        assert pusher.offer(_Cycle(b'gpu_power_watts{vendor="intel",gpu="0",uuid="u"} 10\n'), ())
+        assert arrived.wait(15), "no gRPC export arrived"
+        assert pusher.pushed.wait(15)
+        pusher.close(wait=5)
+    finally:
+        server.stop(0)
+    assert stats.success == 1 and stats.failure == 0
+    meta, req = got[0]
+    assert meta["x-tenant"] == "a"
+    names = {m.name: m for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert names["hw.power"].unit == "W" and names["hw.power"].gauge.data_points[0].as_double == 10.0
+    assert set(names) == {"hw.power"}  # no gpu_info in this cycle: no hw.status either
