@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .. import gctune
 from ..schema import Schema
 from .config import OtlpConfig
 from .convert import Converter
@@ -97,6 +98,7 @@ class Pusher:
             log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
             self.stats.failure += 1
             return
+        frozen = False
         try:
             while True:
                 self._wake.wait()
@@ -105,6 +107,9 @@ class Pusher:
                     job, self._pending = self._pending, None
                 if job is not None:
                     self._push(sdk, exporter, *job)
+                    if not frozen:  # the SDK's modules and the first push's caches, built for good:
+                        gctune.after_warmup()  # out of the collector's generations (exporter/gctune.py)
+                        frozen = True
                 if self._closing:
                     return
         finally:
