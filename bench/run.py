@@ -43,7 +43,7 @@ MB = 1e6
 FULL = {"sim_sizes": [8, 64, 256], "sim_idle": 10.0, "sim_load": 3.0, "sim_settle": 5.0,
         "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32, 128], "peer_load": 3.0,
         "peer_idle": 20.0, "peer_paced": 60.0, "floor_seconds": 1.0, "nvml_polls": 200,
-        "fdinfo_args": [], "indicators_args": [], "settle": 3.0, "otlp_devices": 32, "otlp_seconds": 90.0}
+        "fdinfo_args": [], "indicators_args": [], "settle": 3.0, "otlp_devices": 32, "otlp_seconds": 120.0}
 QUICK = {"sim_sizes": [8], "sim_idle": 1.0, "sim_load": 0.3, "sim_settle": 1.0,
          "clients": [1, 5], "fast_seconds": 1.0, "peer_sizes": [8], "peer_load": 0.3,
          "peer_idle": 1.0, "peer_paced": 2.0, "floor_seconds": 0.2, "nvml_polls": 10,

@@ -17,9 +17,23 @@ from ..schema import HISTOGRAM_SUFFIXES, Schema
 from .naming import HW_STATES, OtelMapping, Resolved, fill
 
 Attrs = tuple[tuple[str, object], ...]
+
+
+class AttrSet(tuple):
+    """A point's attributes ((name, value), ... sorted), interned by the converter: one object
+    per distinct set, hashed and compared by identity (a push hashes each set several times, and
+    a tuple of eight pairs does not cache its hash)."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
 SELF_PREFIX = "unified_gpu_exporter_"
 # gpu_info labels that are identity, not series labels
 INFO_LABELS = ("model", "driver", "serial", "pci_bus_id")
+# the series a GPU's identity is read from (every GPU has one of them, a lost one device_up)
+IDENTITY_PREFIXES = ("gpu_info{", SELF_PREFIX + "device_up{")
+ROTATE = 20  # pushes between prunings of the per-prefix caches
 
 
 @dataclass
@@ -52,18 +66,6 @@ class _Target(NamedTuple):
     le: float
 
 
-def split_line(line: str) -> tuple[str, str] | None:
-    """(series prefix, value text) of a sample line; None for comments and blank lines."""
-    if not line or line[0] == "#":
-        return None
-    end = line.rfind("}")
-    if end >= 0:
-        rest = line[end + 1:].split()
-        return (line[:end + 1], rest[0]) if rest else None
-    parts = line.split()
-    return (parts[0], parts[1]) if len(parts) >= 2 else None
-
-
 def parse_prefix(prefix: str) -> tuple[str, dict[str, str]]:
     """Sample name and labels of one series prefix, by prometheus_client's text parser."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -80,69 +82,96 @@ class Converter:
         parts = {n + sfx: (n, sfx) for n, m in schema.metrics.items() if m.type == "histogram"
                  for sfx in HISTOGRAM_SUFFIXES}
         self._family = parts
-        self._status_metrics = {r.when.metric for r in mapping.status}
+        self._status_prefixes = tuple(sorted({r.when.metric + "{" for r in mapping.status}))
         self._parsed: dict[str, tuple[str, dict[str, str]] | None] = {}
+        self._seen_parsed = self._parsed
+        self._pushes = 0
         self._targets: dict[str, _Target | None] = {}
         self._identity_key: object = None
         self._strip: frozenset[str] = frozenset()
+        self._interned: dict[Attrs, AttrSet] = {}
         self._start: dict[tuple[str, Attrs], float] = {}
         self._last: dict[tuple[str, Attrs], float] = {}
         self.parse_errors = 0
 
     # ------------------------------------------------------------------ per cycle
+    def _parse(self, prefix: str) -> tuple[str, dict[str, str]] | None:
+        p = self._parsed.get(prefix, False)
+        if p is False:
+            try:
+                p = parse_prefix(prefix)
+            except ValueError:
+                self.parse_errors += 1
+                p = None
+            self._parsed[prefix] = p
+        self._seen_parsed[prefix] = p
+        return p
+
     def convert(self, text: bytes, at: float, strip_labels: frozenset[str] = frozenset()) -> Converted:
         """Points of one cycle; ``strip_labels``: labels every series carries because the
         exporter adds them (static labels, cloud identity), which go on the resource instead."""
-        lines: list[tuple[str, tuple[str, dict[str, str]], str]] = []
-        parsed, old_parsed = {}, self._parsed
+        self._pushes += 1
+        # the caches keep every prefix seen; every ROTATE pushes they keep only this push's ones
+        rotate = self._pushes % ROTATE == 0
+        self._seen_parsed = {} if rotate else self._parsed
+        lines: list[tuple[str, str]] = []
         info: dict[tuple[str, str, str], dict[str, str]] = {}
-        for raw in text.decode("utf-8", "replace").split("\n"):
-            sv = split_line(raw)
-            if sv is None:
+        for line in text.decode("utf-8", "replace").split("\n"):
+            if not line or line[0] == "#":
                 continue
-            prefix, value = sv
-            p = old_parsed.get(prefix, False)
-            if p is False:
-                try:
-                    p = parse_prefix(prefix)
-                except ValueError:
-                    self.parse_errors += 1
-                    p = None
-            parsed[prefix] = p
-            if p is None:
-                continue
-            lines.append((prefix, p, value))
-            name, labels = p
-            if name == "gpu_info" or name == SELF_PREFIX + "device_up":
-                dev = (labels.get("vendor", ""), labels.get("gpu", ""), labels.get("uuid", ""))
-                got = info.setdefault(dev, {})
-                if name == "gpu_info":
-                    got.update({k: labels.get(k, "") for k in INFO_LABELS})
-        self._parsed = parsed
+            end = line.rfind("}")
+            if end >= 0:
+                prefix, rest = line[:end + 1], line[end + 1:].split()
+                if not rest:
+                    continue
+                value = rest[0]
+            else:
+                parts = line.split()
+                if len(parts) < 2:
+                    continue
+                prefix, value = parts[0], parts[1]
+            lines.append((prefix, value))
+            if prefix.startswith(IDENTITY_PREFIXES):
+                p = self._parse(prefix)
+                if p is not None:
+                    name, labels = p
+                    dev = (labels.get("vendor", ""), labels.get("gpu", ""), labels.get("uuid", ""))
+                    got = info.setdefault(dev, {})
+                    if name == "gpu_info":
+                        got.update({k: labels.get(k, "") for k in INFO_LABELS})
         key = (tuple(sorted((d, tuple(sorted(v.items()))) for d, v in info.items())), strip_labels)
         if key != self._identity_key:  # identity or stripped labels changed: recompute targets
             self._identity_key, self._targets, self._strip = key, {}, strip_labels
         identities = {dev: self._identity(dev, extra) for dev, extra in info.items()}
-        return self._points(lines, identities, at)
+        out = self._points(lines, identities, at, rotate)
+        self._parsed = self._seen_parsed
+        return out
 
-    def _points(self, lines, identities, at: float) -> Converted:
+    def _points(self, lines, identities, at: float, rotate: bool) -> Converted:
         out: dict[str, MetricOut] = {}
-        targets, old_targets = {}, self._targets
+        old_targets = self._targets
+        targets = {} if rotate else old_targets
         hits: dict[tuple[str, str, str], int] = {}
         status = self.mapping.status
+        status_prefixes = self._status_prefixes
         exported = 0
-        for prefix, (name, labels), value_text in lines:
+        for prefix, value_text in lines:
             try:
                 value = float(value_text)
             except ValueError:
                 self.parse_errors += 1
                 continue
-            if name in self._status_metrics:
-                self._status_hit(hits, status, name, labels, value)
+            if prefix.startswith(status_prefixes):
+                p = self._parse(prefix)
+                if p is not None:
+                    self._status_hit(hits, status, p[0], p[1], value)
             t = old_targets.get(prefix, False)
             if t is False:
-                t = self._target(name, labels, identities)
-            targets[prefix] = t
+                p = self._parse(prefix)
+                t = None if p is None else self._target(p[0], p[1], identities)
+                targets[prefix] = t
+            elif rotate:
+                targets[prefix] = t
             if t is None:
                 continue
             m = out.get(t.metric)
@@ -163,6 +192,8 @@ class Converter:
             m.points.setdefault(t.attrs, value * t.scale)  # a duplicate attribute set: the first wins
         self._targets = targets
         exported += self._status_points(out, identities, hits)
+        if rotate:  # the interned sets still in use, and no others
+            self._interned = {tuple(a): a for m in out.values() for a in (m.hist or m.points)}
         return Converted(out, at, len(lines), exported, self._starts(out, at))
 
     # ------------------------------------------------------------------ targets
@@ -216,8 +247,14 @@ class Converter:
             attrs[attr] = _int(v) if attr in ints else v
         for attr, template in rule.set.items():
             attrs[attr] = fill(template, labels)
-        return _Target(rule.name, rule, base, tuple(sorted(attrs.items())), rule.scale, part,
+        return _Target(rule.name, rule, base, self._intern(tuple(sorted(attrs.items()))), rule.scale, part,
                        le * rule.scale if part == "_bucket" else le)
+
+    def _intern(self, attrs: Attrs) -> AttrSet:
+        a = self._interned.get(attrs)
+        if a is None:
+            a = self._interned[attrs] = AttrSet(attrs)
+        return a
 
     # ------------------------------------------------------------------ hw.status
     @staticmethod
@@ -239,7 +276,7 @@ class Converter:
         for dev, ident in identities.items():
             state = status[hits[dev]].state if dev in hits else "ok"
             for s in HW_STATES:
-                m.points[tuple(sorted({**ident, "hw.state": s}.items()))] = 1.0 if s == state else 0.0
+                m.points[self._intern(tuple(sorted({**ident, "hw.state": s}.items())))] = 1.0 if s == state else 0.0
         return len(m.points)
 
     # ------------------------------------------------------------------ start times
