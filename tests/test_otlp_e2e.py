@@ -219,3 +219,25 @@ def test_a_down_or_slow_receiver_costs_the_scrape_path_nothing(tmp_path):
             wait_until(lambda: _otlp_counter(server, "success") >= 1, 30, what="a push accepted")
         assert server.log().count("OTLP push failing") == 1
         assert server.log().count("OTLP push recovered") == 1
+
+
+def test_reload_moves_the_push_to_the_new_endpoint_and_off(tmp_path):
+    import signal
+
+    with OtlpReceiver() as first, OtlpReceiver() as second, ProcessSet() as procs:
+        conf = _config(tmp_path, first.url)
+        server = start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "1s"])
+        assert first.wait_for(1, 20), "no push to the first receiver"
+        conf.write_text(conf.read_text().replace(first.url, second.url))
+        server.signal(signal.SIGHUP)
+        assert second.wait_for(1, 30), "no push to the new endpoint after the reload"
+        n = len(first.requests)
+        conf.write_text(conf.read_text().replace("enabled: true", "enabled: false"))
+        server.signal(signal.SIGHUP)
+        wait_until(lambda: "unified_gpu_exporter_otlp_exports_total" not in http_get(server.url + "/metrics").text,
+                   20, what="the push's self-metrics gone after disabling it")
+        m = len(second.requests)
+        # at most the push that was under way when the reload came; none after
+        wait_until(lambda: "configuration reloaded" in server.log(), 5)
+        threading.Event().wait(3)
+        assert len(first.requests) <= n + 1 and len(second.requests) <= m + 1
