@@ -7,12 +7,12 @@ here; the pusher's thread imports the SDK when the first push is due.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..schema import Schema
-from .naming import load_mapping
-from .resource import resource_attributes
 from .stats import STATS
+
+if TYPE_CHECKING:  # the mapping model and the pusher load only with the push enabled
+    from ..schema import Schema
 
 
 class OtlpOutput:
@@ -27,7 +27,9 @@ class OtlpOutput:
             self.close()
             STATS.enabled = False
             return
+        from .naming import load_mapping
         from .pusher import Pusher
+        from .resource import resource_attributes
 
         mapping = load_mapping(schema, mappings_dir)
         k8s = config.enrich.get("kubernetes")
