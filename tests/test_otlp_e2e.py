@@ -198,6 +198,7 @@ def test_a_down_or_slow_receiver_costs_the_scrape_path_nothing(tmp_path):
         server = start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "1s"])
         wait_until(lambda: _otlp_counter(server, "failure") >= 3, 30, what="three failed pushes")
         assert http_get(server.url + "/readyz").status == 200
+        wait_until(lambda: "OTLP push failing" in server.log(), 10, what="the failure logged")
         assert server.log().count("OTLP push failing") == 1  # once per state change, not per push
 
         receiver = OtlpReceiver(port=port)
@@ -217,6 +218,8 @@ def test_a_down_or_slow_receiver_costs_the_scrape_path_nothing(tmp_path):
             assert len(seen) >= 3, "the render loop stalled while a push was held"
             receiver.hold.set()  # recovers
             wait_until(lambda: _otlp_counter(server, "success") >= 1, 30, what="a push accepted")
+            # the line follows the count by a moment (the push thread counts, then logs)
+            wait_until(lambda: "OTLP push recovered" in server.log(), 10, what="the recovery logged")
         assert server.log().count("OTLP push failing") == 1
         assert server.log().count("OTLP push recovered") == 1
 
