@@ -83,21 +83,20 @@ class Pusher:
 
     # ------------------------------------------------------------------ push thread
     def _run(self) -> None:
-        from . import sdk  # the SDK loads here, off the event loop, only when a push is due
-
-        for name in SDK_LOGGERS:
-            lg = logging.getLogger(name)
-            lg.addHandler(self._why)
-            lg.propagate = False  # their per-attempt messages are summarised by _log_outcome
         try:
+            from . import sdk  # the SDK loads here, off the event loop, only when a push is due
             from .encode import Encoder
 
             self._encoder = Encoder()
             exporter = sdk.make_exporter(self.cfg)
-        except Exception as exc:  # noqa: BLE001 - bad TLS material, ...: counted, logged, no push
+        except Exception as exc:  # noqa: BLE001 - bad TLS material, a broken install: counted, logged
             log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
             self.stats.failure += 1
             return
+        for name in SDK_LOGGERS:
+            lg = logging.getLogger(name)
+            lg.addHandler(self._why)
+            lg.propagate = False  # their per-attempt messages are summarised by _log_outcome
         frozen = False
         try:
             while True:
@@ -113,6 +112,8 @@ class Pusher:
                 if self._closing:
                     return
         finally:
+            for name in SDK_LOGGERS:
+                logging.getLogger(name).removeHandler(self._why)
             try:
                 exporter.shutdown()
             except Exception:  # noqa: BLE001

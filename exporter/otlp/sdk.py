@@ -15,7 +15,6 @@ to the public ``export(MetricsData)``.
 
 from __future__ import annotations
 
-import logging
 import math
 
 from opentelemetry.sdk.metrics.export import (
@@ -37,15 +36,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from .. import __version__
 from .config import OtlpConfig
 from .convert import Converted, MetricOut
+from .encode import SCOPE
 
 CUMULATIVE = AggregationTemporality.CUMULATIVE
-SCOPE = "unified-gpu-exporter"
-
-
-def quiet_sdk_loggers() -> None:
-    """The exporters log every failed attempt; the pusher logs once per state change instead."""
-    for name in ("opentelemetry.exporter.otlp", "opentelemetry.exporter.http", "opentelemetry.sdk"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def make_exporter(cfg: OtlpConfig):  # noqa: ANN201 - one of the two OTLPMetricExporter classes
