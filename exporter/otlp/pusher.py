@@ -92,6 +92,7 @@ class Pusher:
         except Exception as exc:  # noqa: BLE001 - bad TLS material, a broken install: counted, logged
             log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
             self.stats.failure += 1
+            self._closing = True  # no more cycles taken: the next reload tries again
             return
         for name in SDK_LOGGERS:
             lg = logging.getLogger(name)
