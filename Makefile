@@ -11,7 +11,7 @@ ARGS   ?=
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[test,nvidia]'
+	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[test,nvidia,otlp]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -49,6 +49,7 @@ system-deps:
 
 docs: install
 	$(PY) -m exporter.docs > docs/metrics.md
+	$(PY) -m exporter.otlp.docs > docs/otel.md
 	$(PY) scripts/gen-alert-docs.py
 
 ## make kubernetes: regenerate what deploy/kubernetes derives from other files (the

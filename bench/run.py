@@ -14,6 +14,7 @@ Sections (see each module's docstring for the method):
   nvml        bench/nvml_fake.py          NvmlSource over the pynvml fake, per GPU
   fdinfo      bench/bench_fdinfo.py       DRM fdinfo scan over 5,000 fds (subprocess)
   indicators  bench/bench_indicators.py   indicator engine at 100 ms for 8 GPUs (subprocess)
+  otlp        bench/bench_otlp.py         OTLP push on vs off, 32 simulated cards, 15 s interval
 Numbers are process CPU (utime + stime), not wall time, unless a column says ms latency.
 """
 
@@ -32,7 +33,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import floor, node_exporter_peer, nvml_fake, simulated  # noqa: E402
+from bench import bench_otlp, floor, node_exporter_peer, nvml_fake, simulated  # noqa: E402
 from bench.common import REPO, loadavg  # noqa: E402
 from bench.sysfs_tree import DUMPS, build_tree  # noqa: E402
 
@@ -42,12 +43,12 @@ MB = 1e6
 FULL = {"sim_sizes": [8, 64, 256], "sim_idle": 10.0, "sim_load": 3.0, "sim_settle": 5.0,
         "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32, 128], "peer_load": 3.0,
         "peer_idle": 20.0, "peer_paced": 60.0, "floor_seconds": 1.0, "nvml_polls": 200,
-        "fdinfo_args": [], "indicators_args": [], "settle": 3.0}
+        "fdinfo_args": [], "indicators_args": [], "settle": 3.0, "otlp_devices": 32, "otlp_seconds": 120.0}
 QUICK = {"sim_sizes": [8], "sim_idle": 1.0, "sim_load": 0.3, "sim_settle": 1.0,
          "clients": [1, 5], "fast_seconds": 1.0, "peer_sizes": [8], "peer_load": 0.3,
          "peer_idle": 1.0, "peer_paced": 2.0, "floor_seconds": 0.2, "nvml_polls": 10,
          "fdinfo_args": ["--fds", "200", "--procs", "20", "--drm", "4", "--polls", "3"],
-         "indicators_args": ["--seconds", "2"], "settle": 0.5}
+         "indicators_args": ["--seconds", "2"], "settle": 0.5, "otlp_devices": 8, "otlp_seconds": 2.0}
 
 # budgets: (section, description, target)
 BUDGETS = {
@@ -64,6 +65,7 @@ BUDGETS = {
     "issue17_rss_mb_per_card": "RSS grows <= 0.1 MB per card",
     "issue17_spawn_s": "spawn to first successful scrape <= 0.5 s",
     "issue17_p99_vs_node": "scrape p99 <= 0.2x node_exporter's (sequential and 50 clients)",
+    "issue30_otlp_cpu_ratio": "CPU with the OTLP push on / off, 32 cards, 15 s interval <= 1.10",
 }
 
 
@@ -192,6 +194,9 @@ def budgets(r: dict) -> dict:
         mult = {n: f["source_poll_map_x_floor"] for n, f in fl.items()}
         put("issue17_cycle_vs_floor", {n: round(x, 1) for n, x in mult.items()}, 5.0,
             all(x <= 5.0 for x in mult.values()) if mult else None)
+    ot = r.get("otlp", {})
+    if ot.get("ratio") is not None and ot.get("devices") == 32:
+        put("issue30_otlp_cpu_ratio", round(ot["ratio"], 3), 1.10, ot["ratio"] <= 1.10)
     for key in BUDGETS:
         if key not in out:
             put(key, None, None, None)
@@ -423,6 +428,19 @@ def render_table(r: dict) -> str:
         rows.append(["indicator engine", f"{ind.get('gpus')} GPUs every {ind.get('interval_ms')} ms, "
                      f"{ind.get('series')} series", f"{ind.get('update_us')} us/update, "
                      f"{_f(ind.get('cpu_percent'))} % of one core", "< 5 %"])
+    ot = r.get("otlp", {})
+    if _problem(ot):
+        rows.append(["otlp push", _problem(ot), "", ""])
+    elif ot:
+        st = ot["stages"]
+        rows.append(["otlp push", f"{ot['devices']} cards, interval {ot['interval']}, {ot['pushes']} pushes "
+                     f"in {ot['seconds']:.0f} s, {st['points']} points",
+                     f"CPU on {_f(ot['cpu_on_percent'])} % / off {_f(ot['cpu_off_percent'])} % = "
+                     f"{_f(ot['ratio'], '.3f')}x (from the push thread's own CPU: {_f(ot['modelled_ratio'], '.3f')}x); "
+                     f"per push {_f(st['push_thread_ms'], '.1f')} ms in its thread (convert "
+                     f"{_f(st['convert_ms'], '.1f')}, encode {_f(st['encode_ms'], '.1f')}, gzip "
+                     f"{_f(st['gzip_ms'], '.1f')}; SDK encoder would be {_f(st['sdk_encoder_ms'], '.1f')})",
+                     "<= 1.10x"])
     if rows:
         parts.append(_table("other", ["benchmark", "setup", "result", "budget"], rows))
     t17 = issue17_table(r)
@@ -439,11 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and windows (smoke test)")
     ap.add_argument("--out", type=Path, help="JSON path (default bench/results/<timestamp>.json)")
-    ap.add_argument("--only", nargs="+", choices=["simulated", "fast", "peer", "nvml", "fdinfo", "indicators"],
+    ap.add_argument("--only", nargs="+", choices=["simulated", "fast", "peer", "nvml", "fdinfo", "indicators", "otlp"],
                     help="run only these sections (peer includes the floor)")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
-    want = set(args.only or ["simulated", "fast", "peer", "nvml", "fdinfo", "indicators"])
+    want = set(args.only or ["simulated", "fast", "peer", "nvml", "fdinfo", "indicators", "otlp"])
     started = time.time()
     results: dict = {"meta": {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)), "quick": args.quick,
@@ -467,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
             _section(results, "fdinfo", fdinfo, cfg["fdinfo_args"])
         if "indicators" in want:
             _section(results, "indicators", indicators, cfg["indicators_args"])
+        if "otlp" in want:
+            _section(results, "otlp", bench_otlp.run, tmp, cfg["otlp_devices"], cfg["otlp_seconds"], "15s",
+                     cfg["settle"])
     results["budgets"] = budgets(results)
     results["meta"]["seconds"] = round(time.time() - started, 1)
     results["meta"]["loadavg_end"] = loadavg()
@@ -477,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     la0, la1 = results["meta"]["loadavg_start"], results["meta"]["loadavg_end"]
     print(f"\n{results['meta']['seconds']:.0f} s on {os.cpu_count()} CPUs, load average {la0[0]:.2f} at start, "
           f"{la1[0]:.2f} at end (the bench itself adds ~1); results saved to {out}")
-    failed = [k for k in ("simulated", "fast", "peer", "floor", "nvml", "fdinfo", "indicators")
+    failed = [k for k in ("simulated", "fast", "peer", "floor", "nvml", "fdinfo", "indicators", "otlp")
               if isinstance(results.get(k), dict) and "error" in results[k]]
     if failed:
         print(f"benchmarks that failed to run: {', '.join(failed)}", file=sys.stderr)

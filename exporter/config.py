@@ -22,6 +22,7 @@ from pydantic import (
 from .durations import Duration, parse_duration
 from .enrich.options import EnrichConfig
 from .indicators.config import IndicatorConfig
+from .otlp.config import ExportersConfig
 from .render.seriesfilter import ExpositionConfig
 from .sources.options import OPTIONS, NoOptions, Options, SimulatorOptions
 from .yamlfile import ConfigError, load_yaml, validation_message
@@ -78,6 +79,8 @@ class Config(BaseModel):
     # cardinality control: profile, include/exclude globs, label allow-list (exporter/render/seriesfilter.py)
     exposition: ExpositionConfig = ExpositionConfig()
     enrich: EnrichConfig = EnrichConfig()  # cloud labels, pod attribution (exporter/enrich/options.py)
+    # push outputs beside /metrics: otlp (exporter/otlp/config.py)
+    exporters: ExportersConfig = ExportersConfig()
     # where the file was read from, and the line of each field (for errors found after
     # validation, e.g. by the enrichers)
     _path: Path | None = PrivateAttr(default=None)

@@ -53,6 +53,7 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     assert nv["gpus"] == 8 and nv["series_per_poll"] > 0 and nv["nvml_calls_per_gpu_poll"] > 0
     assert r["fdinfo"]["median_ms"] > 0 and r["fdinfo"]["fds"] > 0
     assert r["indicators"]["cpu_percent"] > 0
+    assert r["otlp"]["stages"]["points"] > 0 and r["otlp"]["push_bytes_avg"] > 0  # a push reached the receiver
 
     budgets = r["budgets"]
     assert set(budgets) >= {"issue2_scrape64_p99_ms", "issue6_fast_indicators_percent",

@@ -225,7 +225,8 @@ class MappingSet:
         found: dict[str, CompiledMapping] = {}
         errors: list[str] = []  # every broken file is reported, not only the first
         for path in sorted(directory.rglob("*.yaml")):
-            if path.name == "canonical.yaml" or "scenarios" in path.relative_to(directory).parts:
+            # canonical.yaml: the schema; otel.yaml: OTel names (exporter/otlp/naming.py)
+            if path.name in ("canonical.yaml", "otel.yaml") or "scenarios" in path.relative_to(directory).parts:
                 continue
             name = path.relative_to(directory).with_suffix("").as_posix()
             try:

@@ -19,6 +19,7 @@ from .. import __version__
 from ..map.schema import HISTOGRAM_SUFFIXES, Schema
 from ..map.store import Store
 from ..model import DeviceId, Frames, Labels, Sample
+from ..otlp import stats as otlp_stats
 from ..run import cpustats
 from . import process_metrics
 from .series_lines import DeviceLabels, SeriesLines
@@ -76,6 +77,7 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "fast_map per source; indicators, render), as of the last render. "
                                 "process_cpu_seconds_total minus their sum is the event loop, HTTP "
                                 "serving, the garbage collector and helper threads."),
+    **otlp_stats.HELP,  # with exporters.otlp enabled
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
@@ -199,6 +201,8 @@ class Renderer:
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
+        for name, labels, value in otlp_stats.STATS.samples():
+            add(name, labels, value)
         for stage, source, seconds in cpustats.snapshot():
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},
                 seconds)

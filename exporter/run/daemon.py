@@ -23,6 +23,7 @@ from ..map.mapping import MappingSet
 from ..map.schema import Schema
 from ..map.store import Store
 from ..model import Frames, Labels
+from ..otlp.hook import OtlpOutput
 from ..render.exposition import Rendered, Renderer
 from ..render.render_cycle import pod_labels, present_only, snapshot
 from ..sources.base import abilities_of
@@ -76,6 +77,7 @@ class Daemon:
         self._reload_task: asyncio.Task | None = None
         self._reload_again = False
         self._load_worker = Worker("reload")
+        self.otlp = OtlpOutput()  # exporters.otlp: pushes the rendered cycles (exporter/otlp/)
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:
@@ -94,6 +96,7 @@ class Daemon:
 
     def _apply_loaded(self, loaded: Loaded) -> None:
         config, schema, mappings, cloud, k8s, series_filter = loaded
+        self.otlp.configure(config, schema, self.settings.mappings_dir or config.mappings_dir, cloud)
         self.config, self.schema, self.mappings = config, schema, mappings
         self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)
@@ -208,6 +211,7 @@ class Daemon:
                 cpustats.add("render", "", cpustats.clock() - c0)
 
         self.rendered = await self._render_worker.submit(build)
+        self.otlp.offer(self.rendered, static)  # returns at once; pushes on its own thread
         self._rendered_up = any(st.up for st in snap.sources.values())
         return self.rendered
 
@@ -352,6 +356,7 @@ class Daemon:
             await asyncio.gather(self._reload_task, return_exceptions=True)
         for t in self._enrich_tasks:
             t.cancel()
+        self.otlp.close()
         await self._stop_tasks()
         if self.feed is not None:
             try:
@@ -380,6 +385,7 @@ class Daemon:
         for st in failed:
             log.error("explicitly enabled source failed", extra={"source": st.name, "reason": st.reason})
         await self._close_sources(self.runtimes)
+        self.otlp.flush()
         self.feed.save()
         self._render_worker.stop()
         self._state_worker.stop()

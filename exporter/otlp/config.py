@@ -1,0 +1,143 @@
+"""The ``exporters.otlp`` section of the config file (validated with the rest of it).
+
+    exporters:
+      otlp:
+        enabled: true
+        endpoint: https://collector.example:4318/v1/metrics   # grpc: https://collector.example:4317
+        protocol: http/protobuf          # or grpc
+        headers_file: /etc/unified-gpu-exporter/otlp-headers   # "Name: value" lines (a secret)
+        tls: {ca_file: ..., cert_file: ..., key_file: ...}      # client certificate optional
+        interval: 15s                    # one push per interval, of the latest rendered cycle
+        timeout: 10s                     # per push, retries included; at most the interval
+        compression: gzip                # or none
+        resource_attributes: {deployment.environment.name: prod}
+
+The headers file is read like every file another user might write (``exporter/safefile.py``:
+no symlink, a regular file, bounded) and its values are never logged.  With ``enabled: true``
+and the OpenTelemetry packages missing (the ``otlp`` extra), loading the config fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator, model_validator
+
+from ..durations import Duration
+
+MAX_HEADERS_BYTES = 64 * 1024
+_TOKEN = re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")  # an HTTP header name (RFC 9110 token)
+EXTRA_HINT = "pip install 'unified-gpu-exporter[otlp]'"
+# the module each protocol needs (the SDK comes with either)
+PROTOCOL_MODULES = {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                    "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"}
+
+
+class OtlpTLS(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ca_file: Path | None = None      # default: the system's trust store
+    cert_file: Path | None = None    # client certificate (mutual TLS), with key_file
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> OtlpTLS:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        for f in (self.ca_file, self.cert_file, self.key_file):
+            if f is not None and not f.is_file():
+                raise ValueError(f"{f}: not a file")
+        return self
+
+
+def parse_headers(text: str, where: str) -> dict[str, str]:
+    """``Name: value`` per line; blank lines and ``#`` comments ignored.  Errors name the line,
+    never the value."""
+    out: dict[str, str] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        name, sep, value = s.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not _TOKEN.match(name):
+            raise ValueError(f"{where}:{i}: not a 'Name: value' header line")
+        if any(c in value for c in "\r\n\x00"):
+            raise ValueError(f"{where}:{i}: control character in the value of {name}")
+        out[name.lower()] = value
+    return out
+
+
+def read_headers(path: Path) -> dict[str, str]:
+    from .. import safefile
+
+    try:
+        data = safefile.read_path(path, MAX_HEADERS_BYTES)
+    except OSError as exc:
+        raise ValueError(f"headers_file {path}: {exc}") from None
+    return parse_headers(bytes(data).decode("utf-8", "replace"), str(path))
+
+
+class OtlpConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    endpoint: str = ""               # default: http://localhost:4318/v1/metrics (grpc: :4317)
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    headers_file: Path | None = None
+    tls: OtlpTLS = OtlpTLS()
+    interval: Duration = 15.0
+    timeout: Duration = 10.0
+    compression: Literal["gzip", "none"] = "gzip"
+    resource_attributes: dict[str, str] = {}
+    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if v:
+            u = urlsplit(v)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise ValueError(f"{v!r}: give a URL, http://host:port/... or https://host:port/...")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> OtlpConfig:
+        if self.interval <= 0 or self.timeout <= 0:
+            raise ValueError("interval and timeout must be positive")
+        if self.timeout > self.interval:
+            raise ValueError(f"timeout ({self.timeout:g}s) must not exceed interval ({self.interval:g}s)")
+        if not self.enabled:
+            return self
+        module = PROTOCOL_MODULES[self.protocol]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise ValueError(f"enabled with protocol {self.protocol}, but {module} is not installed "
+                             f"(the otlp extra: {EXTRA_HINT})")
+        if self.headers_file is not None:
+            self._headers = read_headers(self.headers_file)
+        return self
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self._headers)
+
+    @property
+    def url(self) -> str:
+        if self.endpoint:
+            return self.endpoint
+        return "http://localhost:4318/v1/metrics" if self.protocol == "http/protobuf" else "http://localhost:4317"
+
+    def identity(self) -> tuple:
+        """What a running pusher depends on: a reload that changes none of it keeps the pusher."""
+        return (self.model_dump_json(), tuple(sorted(self._headers.items())))
+
+
+class ExportersConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    otlp: OtlpConfig = OtlpConfig()

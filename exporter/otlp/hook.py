@@ -1,0 +1,59 @@
+"""What the daemon calls: configure at every (re)load, offer every rendered cycle, close at stop.
+
+A disabled push costs one attribute test per render.  Nothing of OpenTelemetry is imported
+here; the pusher's thread imports the SDK when the first push is due.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .stats import STATS
+
+if TYPE_CHECKING:  # the mapping model and the pusher load only with the push enabled
+    from ..map.schema import Schema
+
+
+class OtlpOutput:
+    def __init__(self) -> None:
+        self.pusher: Any = None  # pusher.Pusher while enabled
+
+    def configure(self, config: Any, schema: Schema, mappings_dir: Path | None, cloud: Any = None) -> None:
+        """Apply ``config.exporters.otlp`` (raises ConfigError for a bad mappings/otel.yaml,
+        leaving the running push as it was)."""
+        cfg = config.exporters.otlp
+        if not cfg.enabled:
+            self.close()
+            STATS.enabled = False
+            return
+        from .naming import load_mapping
+        from .pusher import Pusher
+        from .resource import resource_attributes
+
+        mapping = load_mapping(schema, mappings_dir)
+        k8s = config.enrich.get("kubernetes")
+        node = str(k8s.get("node_name") or "") if isinstance(k8s, dict) else ""
+
+        def resource(static: tuple) -> dict[str, str]:
+            names = set(cloud.labels()) if cloud is not None else set()
+            return resource_attributes(static, names, node, cfg.resource_attributes)
+
+        new = Pusher(cfg, mapping, schema, resource)
+        self.close()
+        self.pusher = new
+        STATS.enabled = True
+
+    def offer(self, rendered: Any, static_labels: tuple) -> None:
+        if self.pusher is not None:
+            self.pusher.offer(rendered, static_labels)
+
+    def close(self, wait: float = 0.0) -> None:
+        if self.pusher is not None:
+            self.pusher.close(wait)
+            self.pusher = None
+
+    def flush(self) -> None:
+        """--once: wait for the pending push (bounded by its timeout), then stop."""
+        if self.pusher is not None:
+            self.close(self.pusher.cfg.timeout + 1.0)

@@ -1,0 +1,153 @@
+"""The push thread: at most one cycle waiting, never a wait on the scrape path.
+
+``offer`` is called on the event loop after every render and returns at once: when a push is
+due (one per ``interval``) it puts the rendered cycle in the one pending slot, replacing (and
+counting) a cycle the thread had not taken yet.  The thread converts the cycle's exposition,
+exports it with the SDK's OTLP exporter (retries bounded by ``timeout``) and counts the result.
+A failure is logged when the push starts failing and when it recovers, not at every push.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .. import gctune
+from ..map.schema import Schema
+from .config import OtlpConfig
+from .convert import Converter
+from .naming import OtelMapping
+from .stats import STATS, PushStats
+
+log = logging.getLogger("unified_gpu_exporter")
+SDK_LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk")
+
+
+class _LastMessage(logging.Handler):
+    """Keeps the SDK exporter's last warning (why a push failed) for our one log line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.message = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.message = record.getMessage()[:300]
+        except Exception:  # noqa: BLE001 - a bad format string in a library message
+            self.message = str(record.msg)[:300]
+
+
+class Pusher:
+    def __init__(self, cfg: OtlpConfig, mapping: OtelMapping, schema: Schema,
+                 resource: Callable[[tuple], dict[str, str]], stats: PushStats = STATS):
+        self.cfg, self.mapping, self.stats = cfg, mapping, stats
+        self._resource = resource
+        self._converter = Converter(mapping, schema)
+        self._encoder = None  # encode.Encoder, made by the thread (it imports the protobuf modules)
+        self._lock = threading.Lock()
+        self._pending: tuple | None = None
+        self._wake = threading.Event()
+        self._closing = False
+        self._next_due = 0.0
+        self._thread: threading.Thread | None = None
+        self._state: bool | None = None  # the last push's outcome (for logging changes)
+        self._why = _LastMessage()
+        self.pushed = threading.Event()  # set after every completed push (tests wait on it)
+
+    # ------------------------------------------------------------------ event loop side
+    def offer(self, rendered, static_labels: tuple) -> bool:  # noqa: ANN001 - exposition.Rendered
+        """Hand over a freshly rendered cycle if a push is due; True when it was taken."""
+        now = time.monotonic()
+        if self._closing or now < self._next_due or rendered is None or rendered.failed:
+            return False
+        self._next_due = now + self.cfg.interval
+        with self._lock:
+            if self._pending is not None:
+                self.stats.dropped += 1
+            self._pending = (rendered, static_labels)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)
+            self._thread.start()
+        self._wake.set()
+        return True
+
+    def close(self, wait: float = 0.0) -> None:
+        """Stop taking cycles; the thread pushes what is pending and ends.  ``wait``: seconds to
+        wait for that (0 on the event loop: a slow receiver never holds up a reload or a stop)."""
+        self._closing = True
+        self._wake.set()
+        if wait > 0 and self._thread is not None:
+            self._thread.join(wait)
+
+    # ------------------------------------------------------------------ push thread
+    def _run(self) -> None:
+        try:
+            from . import sdk
+            from .encode import Encoder
+
+            self._encoder = Encoder()
+            exporter = sdk.make_exporter(self.cfg)
+        except Exception as exc:  # noqa: BLE001 - bad TLS material, a broken install: counted, logged
+            log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
+            self.stats.failure += 1
+            self._closing = True  # no more cycles taken: the next reload tries again
+            return
+        for name in SDK_LOGGERS:
+            lg = logging.getLogger(name)
+            lg.addHandler(self._why)
+            lg.propagate = False  # their per-attempt messages are summarised by _log_outcome
+        frozen = False
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                with self._lock:
+                    job, self._pending = self._pending, None
+                if job is not None:
+                    self._push(sdk, exporter, *job)
+                    if not frozen:  # the SDK's modules and the first push's caches, built for good:
+                        gctune.after_warmup()  # out of the collector's generations (exporter/run/gctune.py)
+                        frozen = True
+                if self._closing:
+                    return
+        finally:
+            for name in SDK_LOGGERS:
+                logging.getLogger(name).removeHandler(self._why)
+            try:
+                exporter.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _push(self, sdk, exporter, rendered, static_labels: tuple) -> None:  # noqa: ANN001
+        t0 = time.perf_counter()
+        self._why.message = ""
+        try:
+            strip = frozenset(k for k, _ in static_labels)
+            conv = self._converter.convert(rendered.text, rendered.at, strip)
+            ok = sdk.send(exporter, self._encoder, conv, self._resource(static_labels), self.mapping.schema_url,
+                          self.cfg.timeout)
+            why = "" if ok else (self._why.message or "the receiver did not accept the push")
+            self.stats.points = conv.exported
+        except Exception as exc:  # noqa: BLE001 - never let the thread die
+            ok, why = False, f"{type(exc).__name__}: {exc}"[:300]
+        self.stats.duration = time.perf_counter() - t0
+        if ok:
+            self.stats.success += 1
+            self.stats.last_success = time.time()
+        else:
+            self.stats.failure += 1
+        self._log_outcome(ok, why)
+        self.pushed.set()
+
+    def _log_outcome(self, ok: bool, why: str) -> None:
+        if ok == self._state:
+            return
+        if ok:
+            log.info("OTLP push succeeded" if self._state is None else "OTLP push recovered",
+                     extra={"endpoint": self.cfg.url})
+        else:
+            log.warning("OTLP push failing (counted in unified_gpu_exporter_otlp_exports_total; "
+                        "logged again when it recovers)", extra={"endpoint": self.cfg.url, "reason": why})
+        self._state = ok

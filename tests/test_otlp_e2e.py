@@ -1,0 +1,246 @@
+"""End to end: the real daemon (simulated node, one GPU of each vendor) pushes OTLP/HTTP to a
+receiver that decodes it with opentelemetry-proto; the push is checked against /metrics of the same
+cycle, and a down or slow receiver is shown to cost the scrape path nothing."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("opentelemetry.proto", reason="pip install opentelemetry-proto (make install)")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tests.e2e_util import ProcessSet, free_port, http_get, start_exporter, wait_until  # noqa: E402
+from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+
+CUMULATIVE = 2  # opentelemetry.proto.metrics.v1.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+SEMCONV_URL = "https://opentelemetry.io/schemas/1.44.0"
+
+
+def _config(tmp: Path, endpoint: str, interval: str = "1s", timeout: str = "1s", extra: str = "") -> Path:
+    headers = tmp / "otlp-headers"
+    headers.write_text("# a secret\nAuthorization: Bearer t0ken-for-test\nX-Scope-OrgID: team-a\n")
+    headers.chmod(0o600)
+    conf = tmp / "config.yml"
+    conf.write_text(f"""
+labels: {{cluster: lab-1}}
+{extra}
+exporters:
+  otlp:
+    enabled: true
+    endpoint: {endpoint}
+    interval: {interval}
+    timeout: {timeout}
+    headers_file: {headers}
+    resource_attributes: {{deployment.environment.name: test}}
+""")
+    return conf
+
+
+def _value(v) -> object:  # noqa: ANN001 - an AnyValue
+    return getattr(v, v.WhichOneof("value"))
+
+
+def _attrs(kvs) -> dict:  # noqa: ANN001
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+def _pushed(req) -> tuple[dict, dict]:  # noqa: ANN001
+    """(resource attributes, {metric name: metric}) of one request."""
+    (rm,) = req.resource_metrics
+    metrics = {}
+    for sm in rm.scope_metrics:
+        assert sm.schema_url == SEMCONV_URL
+        for m in sm.metrics:
+            assert m.name not in metrics, f"{m.name} twice in one push"
+            metrics[m.name] = m
+    assert rm.schema_url == SEMCONV_URL
+    return _attrs(rm.resource.attributes), metrics
+
+
+def _points(m) -> list:  # noqa: ANN001
+    return list(getattr(m, m.WhichOneof("data")).data_points)
+
+
+def _find(m, **want) -> tuple[dict, float]:  # noqa: ANN001
+    hits = [(a, p) for p in _points(m) if all((a := _attrs(p.attributes)).get(k) == v for k, v in want.items())]
+    assert len(hits) == 1, f"{m.name} {want}: {len(hits)} points"
+    a, p = hits[0]
+    return a, p.as_double
+
+
+def _scrape(server) -> dict[tuple[str, frozenset], float]:  # noqa: ANN001
+    body = http_get(server.url + "/metrics").text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(body) for s in fam.samples}
+
+
+def _prom(samples: dict, name: str, **labels) -> float:
+    hits = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(hits) == 1, f"{name} {labels}: {len(hits)} series in /metrics"
+    return hits[0]
+
+
+def _same_cycle(receiver: OtlpReceiver, server) -> tuple[dict, object, dict]:  # noqa: ANN001
+    """A push and a scrape of the same rendered cycle: the energy counters (which advance at
+    every poll) of every GPU agree.  Without indicators the daemon renders once per poll."""
+    for _ in range(10):
+        n = len(receiver.requests)
+        got = receiver.wait_for(n + 1, 20)
+        assert len(got) > n, "no push arrived"
+        prom = _scrape(server)
+        headers, req = got[-1]
+        energy = {_attrs(p.attributes)["hw.id"]: p.as_double for rm in req.resource_metrics
+                  for sm in rm.scope_metrics for m in sm.metrics if m.name == "hw.energy" for p in _points(m)}
+        scraped = {dict(ls)["uuid"]: v for (name, ls), v in prom.items() if name == "gpu_energy_joules_total"}
+        if energy and energy == scraped and len(receiver.requests) == len(got):
+            return headers, req, prom
+    raise AssertionError("no push matched a scrape of the same cycle in 10 cycles")
+
+
+def test_push_matches_metrics_of_the_same_cycle(tmp_path):
+    conf = _config(tmp_path, "RECEIVER", extra="indicators: {enabled: false}")
+    with OtlpReceiver() as receiver, ProcessSet() as procs:
+        conf.write_text(conf.read_text().replace("RECEIVER", receiver.url))
+        server = start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "2s"])
+        receiver.wait_for(2, 20)  # rates (Intel's utilization) need a second poll
+        headers, req, prom = _same_cycle(receiver, server)
+    assert headers["authorization"] == "Bearer t0ken-for-test" and headers["x-scope-orgid"] == "team-a"
+    resource, metrics = _pushed(req)
+    assert resource["service.name"] == "unified-gpu-exporter" and resource["host.name"]
+    assert resource["cluster"] == "lab-1" and resource["deployment.environment.name"] == "test"
+    infos = {dict(ls)["vendor"]: dict(ls) for (n, ls), _ in prom.items() if n == "gpu_info" and dict(ls)["gpu"] == "0"}
+    assert set(infos) == {"nvidia", "amd", "intel"}
+    for vendor, info in infos.items():
+        uuid = info["uuid"]
+        dev = {"vendor": vendor, "gpu": "0"}
+        identity = {"hw.id": uuid, "hw.name": f"{vendor}:0", "hw.type": "gpu", "hw.vendor": vendor,
+                    "hw.model": info["model"], "hw.driver_version": info["driver"],
+                    "hw.serial_number": info["serial"]}
+
+        m = metrics["hw.gpu.utilization"]
+        assert (m.unit, m.WhichOneof("data")) == ("1", "gauge")
+        attrs, v = _find(m, **{"hw.id": uuid, "hw.gpu.task": "general"})
+        assert attrs == {**identity, "hw.gpu.task": "general"}  # the whole attribute set, no label left over
+        assert v == pytest.approx(_prom(prom, "gpu_compute_utilization_percent", **dev) / 100, rel=1e-12)
+
+        m = metrics["hw.gpu.memory.utilization"]
+        assert m.unit == "1"
+        assert _find(m, **{"hw.id": uuid})[1] == pytest.approx(
+            _prom(prom, "gpu_memory_utilization_percent", **dev) / 100, rel=1e-12)
+        for otel, canonical in (("hw.gpu.memory.usage", "gpu_memory_used_bytes"),
+                                ("hw.gpu.memory.limit", "gpu_memory_total_bytes")):
+            m = metrics[otel]
+            assert (m.unit, m.WhichOneof("data")) == ("By", "sum")
+            assert not m.sum.is_monotonic and m.sum.aggregation_temporality == CUMULATIVE
+            assert _find(m, **{"hw.id": uuid}) == (identity, _prom(prom, canonical, **dev))
+
+        m = metrics["hw.power"]
+        assert (m.unit, m.WhichOneof("data")) == ("W", "gauge")
+        assert _find(m, **{"hw.id": uuid}) == (identity, _prom(prom, "gpu_power_watts", **dev))
+        m = metrics["hw.energy"]
+        assert (m.unit, m.WhichOneof("data")) == ("J", "sum")
+        assert m.sum.is_monotonic and m.sum.aggregation_temporality == CUMULATIVE
+        assert _find(m, **{"hw.id": uuid}) == (identity, _prom(prom, "gpu_energy_joules_total", **dev))
+        (p,) = [p for p in _points(m) if _attrs(p.attributes)["hw.id"] == uuid]
+        assert 0 < p.start_time_unix_nano <= p.time_unix_nano
+
+        m = metrics["hw.temperature"]
+        assert (m.unit, m.WhichOneof("data")) == ("Cel", "gauge")
+        sensors = {dict(ls)["sensor"]: v for (n, ls), v in prom.items()
+                   if n == "gpu_temperature_celsius" and {("vendor", vendor), ("gpu", "0")} <= ls}
+        assert sensors
+        for sensor, value in sensors.items():
+            attrs, v = _find(m, **{"hw.id": f"{uuid}/temperature/{sensor}"})
+            assert attrs == {"hw.id": f"{uuid}/temperature/{sensor}", "hw.type": "temperature",
+                             "hw.parent": uuid, "hw.name": f"{vendor}:0 temperature {sensor}",
+                             "hw.sensor_location": sensor}
+            assert v == value
+
+        m = metrics["hw.status"]
+        assert m.unit == "1" and m.WhichOneof("data") == "sum" and not m.sum.is_monotonic
+        states = {_attrs(p.attributes)["hw.state"]: p.as_double for p in _points(m)
+                  if _attrs(p.attributes)["hw.id"] == uuid}
+        assert states == {"ok": 1.0, "degraded": 0.0, "failed": 0.0, "predicted_failure": 0.0}
+
+        # ours: no convention covers bandwidth utilization
+        m = metrics["gpu.memory.bandwidth.utilization"]
+        assert m.unit == "1"
+        assert _find(m, **{"hw.id": uuid}) == (identity, pytest.approx(
+            _prom(prom, "gpu_memory_bandwidth_utilization_percent", **dev) / 100, rel=1e-12))
+
+        pcie = {dict(ls)["direction"]: v for (n, ls), v in prom.items()
+                if n == "gpu_pcie_bytes_total" and {("vendor", vendor), ("gpu", "0")} <= ls}
+        for direction, value in pcie.items():
+            m = metrics["hw.gpu.io"]
+            assert m.unit == "By" and m.sum.is_monotonic and m.sum.aggregation_temporality == CUMULATIVE
+            otel_dir = {"tx": "transmit", "rx": "receive"}[direction]
+            assert _find(m, **{"hw.id": uuid, "network.io.direction": otel_dir}) == (
+                {**identity, "network.io.direction": otel_dir}, value)
+    # the static label is on the resource, not on the points
+    assert not any("cluster" in _attrs(p.attributes) for m in metrics.values() for p in _points(m))
+    # every GPU of the node has its status
+    assert len({_attrs(p.attributes)["hw.id"] for p in _points(metrics["hw.status"])}) == len(
+        [1 for (n, _), _ in prom.items() if n == "gpu_info"])
+
+
+def _otlp_counter(server, result: str) -> float:  # noqa: ANN001
+    return _prom(_scrape(server), "unified_gpu_exporter_otlp_exports_total", result=result)
+
+
+def test_a_down_or_slow_receiver_costs_the_scrape_path_nothing(tmp_path):
+    port = free_port()  # nothing listens there yet: the receiver is down
+    conf = _config(tmp_path, f"http://127.0.0.1:{port}/v1/metrics")
+    with ProcessSet() as procs:
+        server = start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "1s"])
+        wait_until(lambda: _otlp_counter(server, "failure") >= 3, 30, what="three failed pushes")
+        assert http_get(server.url + "/readyz").status == 200
+        wait_until(lambda: "OTLP push failing" in server.log(), 10, what="the failure logged")
+        assert server.log().count("OTLP push failing") == 1  # once per state change, not per push
+
+        receiver = OtlpReceiver(port=port)
+        receiver.hold = threading.Event()  # slow: every request waits until released
+        with receiver:
+            assert receiver.waiting.wait(20), "no push reached the slow receiver"
+            # a push is held open: scrapes are answered and the cycles keep advancing meanwhile
+            seen = set()
+            for _ in range(30):
+                r = http_get(server.url + "/metrics", timeout=5)
+                assert r.status == 200
+                seen.add(_prom(_scrape(server), "unified_gpu_exporter_source_last_success_timestamp_seconds",
+                               source="simulator"))
+                if len(seen) >= 3 and not receiver.hold.is_set():
+                    break
+                threading.Event().wait(0.2)
+            assert len(seen) >= 3, "the render loop stalled while a push was held"
+            receiver.hold.set()  # recovers
+            wait_until(lambda: _otlp_counter(server, "success") >= 1, 30, what="a push accepted")
+            # the line follows the count by a moment (the push thread counts, then logs)
+            wait_until(lambda: "OTLP push recovered" in server.log(), 10, what="the recovery logged")
+        assert server.log().count("OTLP push failing") == 1
+        assert server.log().count("OTLP push recovered") == 1
+
+
+def test_reload_moves_the_push_to_the_new_endpoint_and_off(tmp_path):
+    import signal
+
+    with OtlpReceiver() as first, OtlpReceiver() as second, ProcessSet() as procs:
+        conf = _config(tmp_path, first.url)
+        server = start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "1s"])
+        assert first.wait_for(1, 20), "no push to the first receiver"
+        conf.write_text(conf.read_text().replace(first.url, second.url))
+        server.signal(signal.SIGHUP)
+        assert second.wait_for(1, 30), "no push to the new endpoint after the reload"
+        n = len(first.requests)
+        conf.write_text(conf.read_text().replace("enabled: true", "enabled: false"))
+        server.signal(signal.SIGHUP)
+        wait_until(lambda: "unified_gpu_exporter_otlp_exports_total" not in http_get(server.url + "/metrics").text,
+                   20, what="the push's self-metrics gone after disabling it")
+        m = len(second.requests)
+        # at most the push that was under way when the reload came; none after
+        wait_until(lambda: "configuration reloaded" in server.log(), 5)
+        threading.Event().wait(3)
+        assert len(first.requests) <= n + 1 and len(second.requests) <= m + 1
