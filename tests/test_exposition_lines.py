@@ -18,11 +18,11 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.render import process_metrics
 from exporter.enrich.pod_index import SeriesLabeler
 from exporter.map.schema import load_schema
 from exporter.map.store import SourceState, Store
 from exporter.model import Device
+from exporter.render import process_metrics
 from exporter.render.exposition import SELF_METRICS, Renderer
 from exporter.render.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
 from exporter.testing import flat, frames_of

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.run import daemon as daemon_mod
 from exporter import yamlfile
 from exporter.map.schema import default_mappings_dir
+from exporter.run import daemon as daemon_mod
 from exporter.run.daemon import Daemon, Settings
 from exporter.sources import registry
 from tests import fault_sources

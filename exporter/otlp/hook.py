@@ -32,8 +32,8 @@ class OtlpOutput:
         from .resource import resource_attributes
 
         mapping = load_mapping(schema, mappings_dir)
-        k8s = config.enrich.get("kubernetes")
-        node = str(k8s.get("node_name") or "") if isinstance(k8s, dict) else ""
+        k8s = config.enrich.kubernetes
+        node = (k8s.node_name or "") if k8s is not None else ""
 
         def resource(static: tuple) -> dict[str, str]:
             names = set(cloud.labels()) if cloud is not None else set()

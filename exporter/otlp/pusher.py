@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import gctune
 from ..map.schema import Schema
+from ..run import gctune
 from .config import OtlpConfig
 from .convert import Converter
 from .naming import OtelMapping
