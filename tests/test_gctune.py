@@ -78,7 +78,7 @@ def test_amdgpu_poll_cycles_leave_no_cyclic_garbage(tmp_path, shared_fixtures):
 def test_the_exporter_process_runs_with_spaced_out_collections():
     """Only the CLI's process is tuned (an embedding process, such as this test run, is not)."""
     assert not gctune._tuned
-    code = ("import gc; from exporter import gctune; gctune.after_load(); gctune.after_warmup(); "
+    code = ("import gc; from exporter.run import gctune; gctune.after_load(); gctune.after_warmup(); "
             "print(gc.get_threshold(), gc.get_freeze_count() > 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True).stdout.strip()
