@@ -24,7 +24,7 @@ from exporter.map.store import SourceState, Store
 from exporter.model import Device
 from exporter.render import process_metrics
 from exporter.render.exposition import SELF_METRICS, Renderer
-from exporter.render.seriesfilter import MINIMAL, ExpositionConfig, SeriesFilter
+from exporter.render.seriesfilter import ExpositionConfig, SeriesFilter
 from exporter.testing import flat, frames_of
 
 
@@ -102,7 +102,7 @@ def served(name: str, labels, conf: dict | None) -> bool:
     if m is None or m.internal:
         return False
     conf = conf or {}
-    if conf.get("profile") == "minimal" and family not in MINIMAL:
+    if conf.get("profile") == "minimal" and not m.minimal:
         return False
     if conf.get("include") and not any(fnmatch.fnmatchcase(family, p) for p in conf["include"]):
         return False

@@ -79,6 +79,8 @@ class MetricDef(BaseModel):
     internal: bool = False
     # refreshed by fast polls between full polls (an input of the contention indicators)
     fast: bool = False
+    # kept by the exposition profile `minimal` (exporter/render/seriesfilter.py)
+    minimal: bool = False
 
     @field_validator("labels", "optional_labels")
     @classmethod
@@ -104,6 +106,11 @@ class Schema(BaseModel):
     def fast_metrics(self) -> frozenset[str]:
         """The metrics a fast poll refreshes (``fast: true``)."""
         return frozenset(name for name, m in self.metrics.items() if m.fast)
+
+    @cached_property
+    def minimal_metrics(self) -> frozenset[str]:
+        """The metrics the exposition profile ``minimal`` keeps (``minimal: true``)."""
+        return frozenset(name for name, m in self.metrics.items() if m.minimal)
 
     @model_validator(mode="after")
     def _check(self) -> Schema:

@@ -3,7 +3,8 @@
 Sources poll and the indicators compute as before; only what ``/metrics`` serves is filtered:
 
 * ``profile``: ``default`` (every metric) or ``minimal`` (the health and utilization core, see
-  MINIMAL below; README "Series budget" has the numbers per GPU).
+  the metrics marked `minimal: true` in mappings/canonical.yaml; README "Series budget" has the
+  numbers per GPU).
 * ``include`` / ``exclude``: shell globs on metric family names (``gpu_process_*``,
   ``gpu_kernel_*``).  Include narrows the profile; exclude then removes.  The exporter's own
   ``unified_gpu_exporter_*`` metrics are not subject to the profile or ``include`` (alerts and
@@ -38,26 +39,6 @@ UNBOUNDED_LABELS = frozenset({"pid", "process", "kernel", "trace_id"})
 # seconds (the critical GPUMemoryContentionFraction alert), power/thermal and the hardware-health
 # signals the alerts in deploy/prometheus/rules/*.health.yml read.  The alerts whose inputs it
 # drops are listed in the README's alert table (scripts/gen-alert-docs.py computes them).
-MINIMAL = (
-    "gpu_info",
-    "gpu_compute_utilization_percent",
-    "gpu_memory_used_bytes",
-    "gpu_memory_total_bytes",
-    "gpu_memory_bandwidth_utilization_percent",
-    "gpu_memory_contention",
-    "gpu_memory_contention_seconds_total",
-    "gpu_temperature_celsius",
-    "gpu_power_watts",
-    "gpu_energy_joules_total",
-    "gpu_ecc_errors_total",
-    "gpu_memory_remapped_rows",
-    "gpu_xid_errors_total",
-    "gpu_pcie_link_width",
-    "gpu_pcie_link_max_width",
-    "gpu_pcie_link_speed_gts",
-    "gpu_pcie_link_max_speed_gts",
-)
-PROFILES: dict[str, tuple[str, ...] | None] = {"default": None, "minimal": MINIMAL}
 
 
 class ExpositionConfig(BaseModel):
@@ -93,7 +74,8 @@ class SeriesFilter:
 
     def __init__(self, conf: ExpositionConfig, schema: Schema, self_metrics: tuple[str, ...] = ()):
         self.conf = conf
-        self.profile = PROFILES[conf.profile]
+        # the families a profile keeps, declared per metric in canonical.yaml (None: all)
+        self.profile = schema.minimal_metrics if conf.profile == "minimal" else None
         self.allow = None if conf.label_allowlist is None else frozenset(conf.label_allowlist)
         self._families: dict[str, bool] = {}
         self._required = {name: (frozenset(m.labels) - UNBOUNDED_LABELS) | DEVICE_LABELS | {"le"}
