@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporter.map.schema import load_schema  # noqa: E402
-from exporter.render.seriesfilter import PROFILES, SELF_PREFIX  # noqa: E402
+from exporter.render.seriesfilter import PROFILE_NAMES, SELF_PREFIX, profile_metrics  # noqa: E402
 from tests.promql_names import metric_names  # noqa: E402
 
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
@@ -37,7 +37,10 @@ def rules() -> list[dict]:
             for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]]
 
 
-CANONICAL = frozenset(load_schema().metrics)
+SCHEMA = load_schema()
+CANONICAL = frozenset(SCHEMA.metrics)
+# what each exposition profile keeps (None: everything), from canonical.yaml's `minimal: true`
+PROFILES = {p: profile_metrics(SCHEMA, p) for p in PROFILE_NAMES}
 
 
 def exporter_inputs(expr: str, records: dict[str, str], seen: frozenset[str] = frozenset()) -> set[str]:

@@ -38,12 +38,14 @@ UNBOUNDED_LABELS = frozenset({"pid", "process", "kernel", "trace_id"})
 # The minimal profile: identity, utilization, memory, the contention verdict and contended
 # seconds (the critical GPUMemoryContentionFraction alert), power/thermal and the hardware-health
 # signals the alerts in deploy/prometheus/rules/*.health.yml read.  The alerts whose inputs it
-# drops are listed in the README's alert table (scripts/gen-alert-docs.py computes them).
+# drops are listed in the README's alert table (scripts/gen-alert-docs.py computes them).  Which
+# metrics it keeps is declared per metric: `minimal: true` in mappings/canonical.yaml.
+PROFILE_NAMES = ("default", "minimal")
 
 
 class ExpositionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    profile: Literal["default", "minimal"] = "default"
+    profile: Literal[PROFILE_NAMES] = "default"
     include: list[str] = []
     exclude: list[str] = []
     label_allowlist: list[str] | None = None
@@ -65,6 +67,11 @@ class ExpositionConfig(BaseModel):
         return v
 
 
+def profile_metrics(schema: Schema, profile: str) -> frozenset[str] | None:
+    """The families exposition profile ``profile`` keeps, as canonical.yaml declares them (None: all)."""
+    return schema.minimal_metrics if profile == "minimal" else None
+
+
 def _match(name: str, patterns: list[str] | tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -74,8 +81,7 @@ class SeriesFilter:
 
     def __init__(self, conf: ExpositionConfig, schema: Schema, self_metrics: tuple[str, ...] = ()):
         self.conf = conf
-        # the families a profile keeps, declared per metric in canonical.yaml (None: all)
-        self.profile = schema.minimal_metrics if conf.profile == "minimal" else None
+        self.profile = profile_metrics(schema, conf.profile)
         self.allow = None if conf.label_allowlist is None else frozenset(conf.label_allowlist)
         self._families: dict[str, bool] = {}
         self._required = {name: (frozenset(m.labels) - UNBOUNDED_LABELS) | DEVICE_LABELS | {"le"}
