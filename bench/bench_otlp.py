@@ -1,9 +1,9 @@
 """OTLP push: process CPU with the push on vs off, simulated node at 32 cards (issue 30).
 
-Two exporters run side by side over the same window on the same scaled demo scenario, both with
-the defaults (poll 1 s, fast sampling and indicators on), neither scraped: ``on`` has
+Two exporters run side by side on the same scaled demo scenario, both with the defaults (poll
+1 s, fast sampling and indicators on), neither scraped, as a crossover (``run``): one has
 ``exporters.otlp`` enabled (interval 15 s, http/protobuf, gzip) pushing to a receiver in this
-process, ``off`` has not.  The window starts after the first push (the SDK is imported then, once).
+process, the other not, then both reload with the roles swapped.
 Also measured in-process, on the same 32-card exposition: the CPU of one push's stages (parse and
 convert, SDK data model, protobuf encoding), which is what the push adds per interval.
 
@@ -108,40 +108,78 @@ def push_stages(exposition: bytes, receiver_url: str, repeat: int = 5) -> dict:
             "gzip_bytes": len(gz), "exposition_series": out.series}
 
 
-def run(tmp: Path, devices: int = 32, seconds: float = 60.0, interval: str = "15s", settle: float = 5.0) -> dict:
-    receiver = _Receiver()
-    conf = tmp / "otlp-on.yaml"
-    conf.write_text(f"exporters:\n  otlp:\n    enabled: true\n    endpoint: {receiver.url}\n"
+def _otlp_conf(path: Path, receiver: _Receiver, interval: str, enabled: bool) -> None:
+    path.write_text(f"exporters:\n  otlp:\n    enabled: {str(enabled).lower()}\n    endpoint: {receiver.url}\n"
                     f"    interval: {interval}\n    timeout: 10s\n")
-    on = start(devices, tmp, name=f"otlp-on{devices}", extra=("--config.file", str(conf)))
-    off = start(devices, tmp, name=f"otlp-off{devices}")
+
+
+def _wait(cond, what: str, proc, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {proc.tail()}")
+        time.sleep(0.1)
+
+
+def _pushing(proc) -> bool:
+    return b"unified_gpu_exporter_otlp_exports_total" in proc.get()
+
+
+def run(tmp: Path, devices: int = 32, seconds: float = 60.0, interval: str = "15s", settle: float = 5.0,
+        warm_pushes: int = 2) -> dict:
+    """A crossover, so that what differs between two processes of the same configuration (their
+    hash seeds, heap layout, which core they land on: a few % of CPU) cancels out: exporters A
+    and B run side by side; in the first half A pushes and B does not, then both reload (SIGHUP)
+    with the roles swapped.  ratio = sqrt(A_on/B_off * B_on/A_off), each half ``seconds / 2``
+    long, measured after the pushing exporter's ``warm_pushes``-th push (the SDK is imported at the first, and
+    the first two parse each series prefix they have not seen: a start-up cost, not a steady one)."""
+    import signal
+
+    receiver = _Receiver()
+    conf = {"a": tmp / "otlp-a.yaml", "b": tmp / "otlp-b.yaml"}
+    _otlp_conf(conf["a"], receiver, interval, True)
+    _otlp_conf(conf["b"], receiver, interval, False)
+    procs = {k: start(devices, tmp, name=f"otlp-{k}{devices}", extra=("--config.file", str(conf[k])))
+             for k in ("a", "b")}
+    half = seconds / 2
+    cpu: dict[str, float] = {}
+    pushes = 0
     try:
-        on.wait_ready()
-        off.wait_ready()
-        deadline = time.monotonic() + 60
-        while receiver.requests < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if receiver.requests < 1:
-            raise RuntimeError(f"no push arrived: {on.tail()}")
-        time.sleep(settle)
-        r0, c_on, c_off = receiver.requests, on.cpu(), off.cpu()
-        time.sleep(seconds)
-        d_on, d_off = on.cpu() - c_on, off.cpu() - c_off
-        pushes = receiver.requests - r0
-        exposition = off.get()
+        for p in procs.values():
+            p.wait_ready()
+        for on, off in (("a", "b"), ("b", "a")):
+            if on == "b":  # the swap: A stops pushing first, then B starts
+                _otlp_conf(conf["a"], receiver, interval, False)
+                procs["a"].popen.send_signal(signal.SIGHUP)
+                _wait(lambda: not _pushing(procs["a"]), "A did not stop pushing after a reload", procs["a"])
+                _otlp_conf(conf["b"], receiver, interval, True)
+                procs["b"].popen.send_signal(signal.SIGHUP)
+            # measured from the second push on: the first two parse every new series prefix (the
+            # set grows while the indicators warm up), a one-off of ~0.15 s each at 32 cards
+            first = receiver.requests
+            _wait(lambda first=first: receiver.requests >= first + warm_pushes, f"no push from {on.upper()}",
+                  procs[on], timeout=120.0)
+            time.sleep(settle)
+            r0, c_on, c_off = receiver.requests, procs[on].cpu(), procs[off].cpu()
+            time.sleep(half)
+            cpu[f"{on}_on"], cpu[f"{off}_off"] = procs[on].cpu() - c_on, procs[off].cpu() - c_off
+            pushes += receiver.requests - r0
+        exposition = procs["b"].get()
     finally:
-        on.stop()
-        off.stop()
+        for p in procs.values():
+            p.stop()
     try:
         stages = push_stages(exposition, receiver.url)
     finally:
         receiver.server.shutdown()
     seconds_per_push = float(interval.rstrip("s"))
+    d_on, d_off = cpu["a_on"] + cpu["b_on"], cpu["a_off"] + cpu["b_off"]
+    crossed = (cpu["a_on"] / cpu["b_off"] * cpu["b_on"] / cpu["a_off"]) ** 0.5 if min(cpu.values()) > 0 else None
     return {"modelled_ratio": 1 + stages["push_thread_ms"] / 1000 / seconds_per_push / (d_off / seconds) if d_off else None,
             "devices": devices, "interval": interval, "seconds": seconds, "pushes": pushes,
             "push_bytes_avg": receiver.bytes / max(receiver.requests, 1),
             "cpu_on_percent": d_on / seconds * 100, "cpu_off_percent": d_off / seconds * 100,
-            "ratio": d_on / d_off if d_off else None, "stages": stages}
+            "ratio": crossed, "halves": {k: round(v, 3) for k, v in cpu.items()}, "stages": stages}
 
 
 def main() -> None:

@@ -43,12 +43,14 @@ MB = 1e6
 FULL = {"sim_sizes": [8, 64, 256], "sim_idle": 10.0, "sim_load": 3.0, "sim_settle": 5.0,
         "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32, 128], "peer_load": 3.0,
         "peer_idle": 20.0, "peer_paced": 60.0, "floor_seconds": 1.0, "nvml_polls": 200,
-        "fdinfo_args": [], "indicators_args": [], "settle": 3.0, "otlp_devices": 32, "otlp_seconds": 120.0}
+        "fdinfo_args": [], "indicators_args": [], "settle": 3.0, "otlp_devices": 32, "otlp_seconds": 120.0,
+        "otlp_warm_pushes": 2}
 QUICK = {"sim_sizes": [8], "sim_idle": 1.0, "sim_load": 0.3, "sim_settle": 1.0,
          "clients": [1, 5], "fast_seconds": 1.0, "peer_sizes": [8], "peer_load": 0.3,
          "peer_idle": 1.0, "peer_paced": 2.0, "floor_seconds": 0.2, "nvml_polls": 10,
          "fdinfo_args": ["--fds", "200", "--procs", "20", "--drm", "4", "--polls", "3"],
-         "indicators_args": ["--seconds", "2"], "settle": 0.5, "otlp_devices": 8, "otlp_seconds": 2.0}
+         "indicators_args": ["--seconds", "2"], "settle": 0.5, "otlp_devices": 8, "otlp_seconds": 2.0,
+         "otlp_warm_pushes": 1}
 
 # budgets: (section, description, target)
 BUDGETS = {
@@ -435,7 +437,7 @@ def render_table(r: dict) -> str:
         st = ot["stages"]
         rows.append(["otlp push", f"{ot['devices']} cards, interval {ot['interval']}, {ot['pushes']} pushes "
                      f"in {ot['seconds']:.0f} s, {st['points']} points",
-                     f"CPU on {_f(ot['cpu_on_percent'])} % / off {_f(ot['cpu_off_percent'])} % = "
+                     f"CPU on {_f(ot['cpu_on_percent'])} % / off {_f(ot['cpu_off_percent'])} %, crossover ratio "
                      f"{_f(ot['ratio'], '.3f')}x (from the push thread's own CPU: {_f(ot['modelled_ratio'], '.3f')}x); "
                      f"per push {_f(st['push_thread_ms'], '.1f')} ms in its thread (convert "
                      f"{_f(st['convert_ms'], '.1f')}, encode {_f(st['encode_ms'], '.1f')}, gzip "
@@ -487,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             _section(results, "indicators", indicators, cfg["indicators_args"])
         if "otlp" in want:
             _section(results, "otlp", bench_otlp.run, tmp, cfg["otlp_devices"], cfg["otlp_seconds"], "15s",
-                     cfg["settle"])
+                     cfg["settle"], cfg["otlp_warm_pushes"])
     results["budgets"] = budgets(results)
     results["meta"]["seconds"] = round(time.time() - started, 1)
     results["meta"]["loadavg_end"] = loadavg()
