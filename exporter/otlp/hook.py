@@ -6,32 +6,30 @@ here; the pusher's thread imports the SDK when the first push is due.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .stats import STATS
 
 if TYPE_CHECKING:  # the mapping model and the pusher load only with the push enabled
     from ..map.schema import Schema
+    from .naming import OtelMapping
 
 
 class OtlpOutput:
     def __init__(self) -> None:
         self.pusher: Any = None  # pusher.Pusher while enabled
 
-    def configure(self, config: Any, schema: Schema, mappings_dir: Path | None, cloud: Any = None) -> None:
-        """Apply ``config.exporters.otlp`` (raises ConfigError for a bad mappings/otel.yaml,
-        leaving the running push as it was)."""
+    def configure(self, config: Any, schema: Schema, mapping: OtelMapping | None, cloud: Any = None) -> None:
+        """Apply ``config.exporters.otlp`` with its names (``mappings/otel.yaml``, read and
+        validated by ``run.loading.prepare``; None with the push off)."""
         cfg = config.exporters.otlp
-        if not cfg.enabled:
+        if not cfg.enabled or mapping is None:
             self.close()
             STATS.enabled = False
             return
-        from .naming import load_mapping
         from .pusher import Pusher
         from .resource import resource_attributes
 
-        mapping = load_mapping(schema, mappings_dir)
         k8s = config.enrich.kubernetes
         node = (k8s.node_name or "") if k8s is not None else ""
 

@@ -95,8 +95,8 @@ class Daemon:
         return prepare(self.settings)
 
     def _apply_loaded(self, loaded: Loaded) -> None:
-        config, schema, mappings, cloud, k8s, series_filter = loaded
-        self.otlp.configure(config, schema, self.settings.mappings_dir or config.mappings_dir, cloud)
+        config, schema, mappings, cloud, k8s, series_filter, otel = loaded
+        self.otlp.configure(config, schema, otel, cloud)
         self.config, self.schema, self.mappings = config, schema, mappings
         self.cloud, self.k8s = cloud, k8s
         self.renderer = self.renderer or Renderer(schema)

@@ -21,6 +21,7 @@ from ..yamlfile import ConfigError
 
 if TYPE_CHECKING:
     from ..enrich.kubernetes import PodResourcesEnricher
+    from ..otlp.naming import OtelMapping
     from ..simulate import Scenario
     from .settings import Settings
 
@@ -31,6 +32,7 @@ class Loaded(NamedTuple):
     cloud: CloudEnricher
     k8s: PodResourcesEnricher | None  # None: not configured and not a Kubernetes node
     series_filter: SeriesFilter | None
+    otel: OtelMapping | None  # mappings/otel.yaml, read only with exporters.otlp enabled
 
 
 def prepare(settings: Settings) -> Loaded:
@@ -67,7 +69,17 @@ def prepare(settings: Settings) -> Loaded:
     if settings.simulate is not None:
         config = _with_scenario_prices(config, _check_scenario(settings, mappings))
     _check_upstream(settings, config)
-    return Loaded(config, schema, mappings, cloud, k8s, series_filter)
+    return Loaded(config, schema, mappings, cloud, k8s, series_filter, _otel_mapping(config, schema, mdir))
+
+
+def _otel_mapping(config: Config, schema: Schema, mdir: Path) -> OtelMapping | None:
+    """The OTel names of the push (exporter/otlp/naming.py), validated with everything else here
+    on the load worker; nothing of it is read with the push off."""
+    if not config.exporters.otlp.enabled:
+        return None
+    from ..otlp.naming import load_mapping
+
+    return load_mapping(schema, mdir)
 
 
 # names Prometheus gives a meaning of its own (target labels, histogram/summary parts); a
