@@ -252,11 +252,17 @@ def paced_scrapes(procs: list[Proc], seconds: float, rate_hz: float = 1.0,
                      "cpu_s": p.cpu() - cpu0[p.name], "rss_bytes": p.rss()} for p in procs}
 
 
-def idle_cpu(proc: Proc, seconds: float) -> float:
-    """Process CPU seconds over ``seconds`` with nobody scraping."""
-    c0 = proc.cpu()
+def idle_cpu(proc: Proc, seconds: float, min_ticks: int = 10, max_seconds: float = 10.0) -> tuple[float, float]:
+    """(process CPU seconds, window seconds) with nobody scraping.
+
+    The window is at least ``seconds`` and is extended a second at a time until the process has
+    used ``min_ticks`` ticks of the CPU clock (10 ms each on Linux), up to ``max_seconds``: a
+    --quick window of 1 s can otherwise read 0 for a cheap exporter, which says nothing."""
+    c0, t0 = proc.cpu(), time.monotonic()
     time.sleep(seconds)
-    return proc.cpu() - c0
+    while proc.cpu() - c0 < min_ticks / CLK_TCK and time.monotonic() - t0 < max_seconds:
+        time.sleep(1.0)
+    return proc.cpu() - c0, time.monotonic() - t0
 
 
 def metric_value(exposition: bytes, name: str) -> float | None:

@@ -100,8 +100,8 @@ def run_one(devices: int, tmp: Path, idle_s: float, load_s: float,
         time.sleep(settle_s)  # rates need a second poll; indicator series appear after ~5 s
         # CPU per poll cycle: nobody scrapes; a cycle = full poll + map + render (text, OM, 2x gzip),
         # plus what runs between polls (fast sampling and indicators at the fast interval)
-        cpu = idle_cpu(proc, idle_s)
-        cycles = idle_s / 1.0
+        cpu, window_s = idle_cpu(proc, idle_s)
+        cycles = window_s / 1.0
         body = proc.get()
         gz = proc.get(gzip_ok=True)
         series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
@@ -117,7 +117,7 @@ def run_one(devices: int, tmp: Path, idle_s: float, load_s: float,
         return {
             "devices": devices, "ready_s": round(ready_s, 2), "series": series,
             "gpu_series": gpu_series, "exposition_bytes": len(body), "exposition_gzip_bytes": len(gz),
-            "idle_seconds": idle_s, "cpu_s_per_cycle": cpu / cycles,
+            "idle_seconds": round(window_s, 2), "cpu_s_per_cycle": cpu / cycles,
             "cpu_ms_per_cycle_per_device": cpu / cycles / devices * 1000,
             "render_ms": None if render_s is None else render_s * 1000,
             "poll_ms": None if poll_s is None else poll_s * 1000,
