@@ -29,6 +29,31 @@ def _attrs(metric: str, r: Resolved, schema: Schema, mapping: OtelMapping) -> st
     return ", ".join(parts) or "-"
 
 
+PARTS = [
+    "## Whole GPU and its parts", "",
+    "A convention metric (`hw.*`) has the whole-GPU points only, so that the points of one `hw.id`",
+    "add up (or average) to the GPU: summing `hw.gpu.memory.usage` or `hw.errors` over a GPU's",
+    "attributes counts nothing twice. The series of a part of a GPU (a MIG instance, a power",
+    "domain, an AMD RAS block: the rows above with `where no ...` on the convention name) go to",
+    "the same name of ours without `hw.`: `gpu.memory.usage` and `gpu.memory.limit` per",
+    "`gpu.mig.gpu_instance`, `gpu.power` and `gpu.energy` per `gpu.power.domain`, `gpu.errors` per",
+    "`gpu.ras.block`. Where a source reports only the parts (AMD ECC counts per block on a",
+    "virtual machine), the GPU's value is their sum; the convention metric has no point then.",
+]
+ERRORS = [
+    "## hw.errors", "",
+    "`hw.errors` counts the GPU's memory ECC/RAS errors since the driver loaded, `error.type` =",
+    "`corrected` or `uncorrected` (the two values the GPU refinement of `hw.errors` recommends), or",
+    "`deferred` (AMD: an uncorrectable error whose handling the hardware deferred; AMD counts it",
+    "apart from both). Other error counts are ours, because they would count one fault twice in",
+    "a sum of `hw.errors`: XID events (`gpu.xid.errors`; an uncorrected ECC error also raises",
+    "XID 48), interconnect link errors (`gpu.interconnect.errors`; a CRC error and the replay it",
+    "causes are both counted) and PCIe replays (`gpu.pcie.replays`, link-level retries).", "",
+    "Not sent: `hw.firmware_version` (Recommended for GPU metrics; the exporter does not collect",
+    "firmware versions).",
+]
+
+
 def render(schema: Schema, mapping: OtelMapping) -> str:
     out = [
         "# OpenTelemetry names (OTLP push)",
@@ -63,12 +88,13 @@ def render(schema: Schema, mapping: OtelMapping) -> str:
             out.append(f"| `{metric}` | - | - | - | - | {entry.skip} |")
             continue
         for r in mapping.rules(metric, schema):
-            when = "; ".join(f"{k} in {'/'.join(sorted(v))}" for k, v in r.when.items())
-            name = f"`{r.name}`" + (f" (where {when})" if when else "")
+            when = [f"{k} in {'/'.join(sorted(v))}" for k, v in r.when.items()]
+            when += [f"no {'/'.join(sorted(r.without))}"] if r.without else []
+            name = f"`{r.name}`" + (f" (where {'; '.join(when)})" if when else "")
             out.append(f"| `{metric}` | {name} | {r.instrument} | `{r.unit}` | {r.scale:g} | "
                        f"{_attrs(metric, r, schema, mapping)} |")
-    out += ["", "`attribute?`: present where the canonical label is (optional labels).", "",
-            "## hw.status", "",
+    out += ["", "`attribute?`: present where the canonical label is (optional labels).", "", *PARTS, "",
+            *ERRORS, "", "## hw.status", "",
             "`hw.status` (UpDownCounter, `1`): one point per GPU and `hw.state` "
             "(ok, degraded, failed, predicted_failure), 1 for the GPU's state. The first rule that "
             "matches gives the state, else ok:", ""]

@@ -53,6 +53,7 @@ class Rule(_Strict):
     unit: str | None = None
     scale: float | None = None
     when: dict[str, list[str]] = {}
+    without: list[str] = []
     attributes: dict[str, str] = {}
     values: dict[str, dict[str, str]] = {}
     set: dict[str, str] = {}
@@ -108,13 +109,14 @@ class Resolved(_Strict):
     unit: str
     scale: float
     when: dict[str, frozenset[str]]
+    without: frozenset[str]
     attributes: dict[str, str]   # label -> attribute ("" = left off), defaults merged in
     values: dict[str, dict[str, str]]
     set: dict[str, str]
     component: Component | None
 
     def matches(self, labels: dict[str, str]) -> bool:
-        return all(labels.get(k) in v for k, v in self.when.items())
+        return all(labels.get(k) in v for k, v in self.when.items()) and self.without.isdisjoint(labels)
 
     def attribute(self, label: str, namespace: str) -> str:
         a = self.attributes.get(label)
@@ -169,7 +171,7 @@ class OtelMapping(_Strict):
                 name=r.name, instrument=r.instrument or default_instrument,
                 unit=r.unit if r.unit is not None else unit.unit,
                 scale=r.scale if r.scale is not None else unit.scale,
-                when={k: frozenset(v) for k, v in r.when.items()},
+                when={k: frozenset(v) for k, v in r.when.items()}, without=frozenset(r.without),
                 attributes={**self.labels, **r.attributes},
                 values={**self.values, **r.values}, set=dict(r.set), component=r.component))
         return out
@@ -197,7 +199,7 @@ def check(mapping: OtelMapping, schema: Schema, path: Path | str = "otel.yaml") 
             raw = mapping.metrics[metric]
             own = raw[i] if isinstance(raw, list) else raw
             assert isinstance(own, Rule)
-            used = set(own.when) | set(own.attributes) | set(own.values) | {
+            used = set(own.when) | set(own.without) | set(own.attributes) | set(own.values) | {
                 p for v in own.set.values() for p in placeholders(v)}
             if own.component:
                 used.add(own.component.id_label)
@@ -206,8 +208,12 @@ def check(mapping: OtelMapping, schema: Schema, path: Path | str = "otel.yaml") 
             expected = {"counter": {"counter"}, "histogram": {"histogram"}}.get(mdef.type, {"gauge", "updowncounter"})
             if r.instrument not in expected:
                 errors.append(f"{where}: a canonical {mdef.type} cannot be a {r.instrument}")
-            if i < len(rules) - 1 and not r.when:
-                errors.append(f"{where}: only the last rule may have no `when`")
+            if i < len(rules) - 1 and not (r.when or r.without):
+                errors.append(f"{where}: only the last rule may have no `when` or `without`")
+            parts = set(mdef.optional_labels) - r.without - ({r.component.id_label} if r.component else set())
+            if r.name.startswith("hw.") and parts:
+                errors.append(f"{where}: {r.name} is a convention metric, for the whole GPU: leave the series of "
+                              f"a part out (without: {sorted(parts)}) and name those in a later rule of ours")
             prev = seen.setdefault(r.name, (r.instrument, r.unit, metric))
             if prev[:2] != (r.instrument, r.unit):
                 errors.append(f"{where}: {r.name} is a {r.instrument} in {r.unit} here but a {prev[0]} "
