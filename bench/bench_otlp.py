@@ -67,11 +67,12 @@ def push_stages(exposition: bytes, receiver_url: str, repeat: int = 5) -> dict:
     from exporter.otlp.naming import load_mapping
 
     schema = load_schema()
-    conv = Converter(load_mapping(schema), schema)
+    mapping = load_mapping(schema)
+    conv = Converter(mapping, schema)
     c0 = time.process_time()
     conv.convert(exposition, time.time())
     first = time.process_time() - c0
-    url, res = "https://opentelemetry.io/schemas/1.44.0", {"service.name": "bench"}
+    url, res = mapping.schema_url, {"service.name": "bench"}
     enc = Encoder()
     enc.request(conv.convert(exposition, time.time()), res, url)  # steady state: attribute sets encoded
     t = {"convert": 0.0, "encode": 0.0, "gzip": 0.0, "sdk_encoder": 0.0}
@@ -95,15 +96,17 @@ def push_stages(exposition: bytes, receiver_url: str, repeat: int = 5) -> dict:
         points = out.exported
     ms = {k: v / repeat * 1000 for k, v in t.items()}
     from exporter.otlp.config import OtlpConfig
+    from exporter.otlp.transport import make_exporter
 
-    exporter = sdk.make_exporter(OtlpConfig(endpoint=receiver_url))
+    exporter = make_exporter(OtlpConfig(endpoint=receiver_url))
     whole = 0.0
     for _ in range(repeat):
         c0 = time.thread_time()
-        assert sdk.send(exporter, enc, conv.convert(exposition, time.time()), res, url, 10.0)
+        assert sdk.send(exporter.sdk, enc, conv.convert(exposition, time.time()), res, url, 10.0)
         whole += time.thread_time() - c0
     exporter.shutdown()
-    return {"push_thread_ms": whole / repeat * 1000,"first_convert_ms": first * 1000, **{f"{k}_ms": v for k, v in ms.items()},
+    return {"push_thread_ms": whole / repeat * 1000, "first_convert_ms": first * 1000,
+            **{f"{k}_ms": v for k, v in ms.items()},
             "push_ms": ms["convert"] + ms["encode"] + ms["gzip"], "points": points, "protobuf_bytes": len(body),
             "gzip_bytes": len(gz), "exposition_series": out.series}
 

@@ -2,12 +2,19 @@
 official protobuf definitions (opentelemetry-proto) and keeps it with its headers.
 
 ``hold`` makes it slow: each request waits until the event is set (or the client gives up).
-``status`` is the HTTP status it answers (200: accepted).
+``status`` is the HTTP status it answers (200: accepted).  ``tls``: a server-side SSL context
+(HTTPS; a context that requires client certificates makes it mutual TLS).  ``bodies`` keeps each
+request body as it arrived (decompressed).
+
+``ConnectProxy``: an HTTP proxy that only tunnels (CONNECT, what HTTPS and gRPC clients ask a proxy
+for) and records each target.
 """
 
 from __future__ import annotations
 
 import gzip
+import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,9 +25,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 
 class OtlpReceiver:
-    def __init__(self, status: int = 200, port: int = 0) -> None:
+    def __init__(self, status: int = 200, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self.status = status
+        self.tls = tls
         self.requests: list[tuple[dict[str, str], ExportMetricsServiceRequest]] = []
+        self.bodies: list[bytes] = []
         self.hold: threading.Event | None = None
         self.waiting = threading.Event()  # a request is being held
         self.received = threading.Condition()
@@ -37,6 +46,7 @@ class OtlpReceiver:
                     receiver.waiting.set()
                     receiver.hold.wait(30)
                 with receiver.received:
+                    receiver.bodies.append(body)
                     receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, req))
                     receiver.received.notify_all()
                 out = ExportMetricsServiceResponse().SerializeToString()
@@ -54,11 +64,17 @@ class OtlpReceiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
+        if tls is not None:  # the handshake on accept: a failed one drops that connection only
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/metrics"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1/metrics"
 
     def wait_for(self, n: int, timeout: float) -> list:
         with self.received:
@@ -74,3 +90,77 @@ class OtlpReceiver:
             self.hold.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class ConnectProxy:
+    """Tunnels ``CONNECT host:port`` requests to their target and records each target."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._tunnel, args=(client,), daemon=True).start()
+
+    def _tunnel(self, client: socket.socket) -> None:
+        with client:
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 16384:
+                chunk = client.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            method, target = head.split(b" ", 2)[:2]
+            if method != b"CONNECT":
+                client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                return
+            self.targets.append(target.decode())
+            host, _, port = target.decode().rpartition(":")
+            try:
+                upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=10)
+            except OSError:
+                client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                return
+            with upstream:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                rest = head.split(b"\r\n\r\n", 1)[1]
+                if rest:
+                    upstream.sendall(rest)
+                pump = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+                pump.start()
+                _pipe(client, upstream)
+                pump.join(10)
+
+    def __enter__(self) -> ConnectProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self.listener.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass

@@ -37,10 +37,13 @@ class OtlpOutput:
             names = set(cloud.labels()) if cloud is not None else set()
             return resource_attributes(static, names, node, cfg.resource_attributes)
 
+        STATS.enabled = True
+        if self.pusher is not None and self.pusher.keeps(cfg, mapping, schema):
+            self.pusher.set_resource(resource)  # an unchanged push carries on
+            return
         new = Pusher(cfg, mapping, schema, resource)
         self.close()
         self.pusher = new
-        STATS.enabled = True
 
     def offer(self, rendered: Any, static_labels: tuple) -> None:
         if self.pusher is not None:

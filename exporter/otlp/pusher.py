@@ -10,6 +10,7 @@ A failure is logged when the push starts failing and when it recovers, not at ev
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,24 +26,45 @@ log = logging.getLogger("unified_gpu_exporter")
 SDK_LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk")
 
 
-class _LastMessage(logging.Handler):
-    """Keeps the SDK exporter's last warning (why a push failed) for our one log line."""
+# the SDK's closing summaries, which say that a push failed but not why
+GENERIC = re.compile(r"due to timeout, max retries or shutdown|Shutdown in progress|already shutdown")
+MAX_REASON = 600
 
-    def __init__(self) -> None:
+
+class _Reasons(logging.Handler):
+    """The SDK exporters' warnings and errors of the push under way (at most ``keep``), for the
+    one log line of a failing push: the most specific of them, not the summary that ends it."""
+
+    def __init__(self, keep: int = 16) -> None:
         super().__init__(logging.WARNING)
-        self.message = ""
+        self.keep = keep
+        self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.message = record.getMessage()[:300]
+            text = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string in a library message
-            self.message = str(record.msg)[:300]
+            text = str(record.msg)
+        if len(self.messages) < self.keep:
+            self.messages.append(text[:MAX_REASON])
+        else:
+            self.messages[-1] = text[:MAX_REASON]  # the closing message still replaces the last
+
+    def reason(self, transport: str = "") -> str:
+        """``transport``: the transport's own record of the failure (the TLS error, the HTTP
+        status), preferred to any message; then the last message that is not a summary; the
+        summary that closed the push follows in parentheses."""
+        last = self.messages[-1] if self.messages else ""
+        specific = transport or next((m for m in reversed(self.messages) if not GENERIC.search(m)), "")
+        if not specific:
+            return last or "the receiver did not accept the push"
+        return specific if not last or last == specific else f"{specific} ({last})"[:MAX_REASON]
 
 
 class Pusher:
     def __init__(self, cfg: OtlpConfig, mapping: OtelMapping, schema: Schema,
                  resource: Callable[[tuple], dict[str, str]], stats: PushStats = STATS):
-        self.cfg, self.mapping, self.stats = cfg, mapping, stats
+        self.cfg, self.mapping, self.schema, self.stats = cfg, mapping, schema, stats
         self._resource = resource
         self._converter = Converter(mapping, schema)
         self._encoder = None  # encode.Encoder, made by the thread (it imports the protobuf modules)
@@ -53,10 +75,21 @@ class Pusher:
         self._next_due = 0.0
         self._thread: threading.Thread | None = None
         self._state: bool | None = None  # the last push's outcome (for logging changes)
-        self._why = _LastMessage()
+        self._why = _Reasons()
         self.pushed = threading.Event()  # set after every completed push (tests wait on it)
 
     # ------------------------------------------------------------------ event loop side
+    def keeps(self, cfg: OtlpConfig, mapping: OtelMapping, schema: Schema) -> bool:
+        """Whether a reload to these can keep this pusher, with its start times, its exporter's
+        connection and its logged state: the section and its headers file, the names and the
+        schema are unchanged, and the pusher still runs."""
+        return (not self._closing and cfg.identity() == self.cfg.identity()
+                and _same(mapping, self.mapping) and _same(schema, self.schema))
+
+    def set_resource(self, resource: Callable[[tuple], dict[str, str]]) -> None:
+        """The resource of the reloaded config (cloud, node name): taken by the next push."""
+        self._resource = resource
+
     def offer(self, rendered, static_labels: tuple) -> bool:  # noqa: ANN001 - exposition.Rendered
         """Hand over a freshly rendered cycle if a push is due; True when it was taken."""
         now = time.monotonic()
@@ -86,9 +119,10 @@ class Pusher:
         try:
             from . import sdk
             from .encode import Encoder
+            from .transport import make_exporter
 
             self._encoder = Encoder()
-            exporter = sdk.make_exporter(self.cfg)
+            exporter = make_exporter(self.cfg)
         except Exception as exc:  # noqa: BLE001 - bad TLS material, a broken install: counted, logged
             log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
             self.stats.failure += 1
@@ -122,16 +156,17 @@ class Pusher:
 
     def _push(self, sdk, exporter, rendered, static_labels: tuple) -> None:  # noqa: ANN001
         t0 = time.perf_counter()
-        self._why.message = ""
+        self._why.messages = []
+        exporter.take_failure()
         try:
             strip = frozenset(k for k, _ in static_labels)
             conv = self._converter.convert(rendered.text, rendered.at, strip)
-            ok = sdk.send(exporter, self._encoder, conv, self._resource(static_labels), self.mapping.schema_url,
+            ok = sdk.send(exporter.sdk, self._encoder, conv, self._resource(static_labels), self.mapping.schema_url,
                           self.cfg.timeout)
-            why = "" if ok else (self._why.message or "the receiver did not accept the push")
+            why = "" if ok else self._why.reason(exporter.take_failure())
             self.stats.points = conv.exported
         except Exception as exc:  # noqa: BLE001 - never let the thread die
-            ok, why = False, f"{type(exc).__name__}: {exc}"[:300]
+            ok, why = False, f"{type(exc).__name__}: {exc}"[:MAX_REASON]
         self.stats.duration = time.perf_counter() - t0
         if ok:
             self.stats.success += 1
@@ -151,3 +186,7 @@ class Pusher:
             log.warning("OTLP push failing (counted in unified_gpu_exporter_otlp_exports_total; "
                         "logged again when it recovers)", extra={"endpoint": self.cfg.url, "reason": why})
         self._state = ok
+
+
+def _same(a, b) -> bool:  # noqa: ANN001 - two pydantic models of one kind
+    return a is b or a.model_dump() == b.model_dump()

@@ -5,6 +5,11 @@ exposition puts on every series and the push moves here), the node name pod attr
 (``enrich.kubernetes.node_name`` or ``$NODE_NAME``), the exporter's own pod from the downward API
 (``$POD_NAME``, ``$POD_NAMESPACE``), the static ``labels`` of the config (as they are named) and
 ``exporters.otlp.resource_attributes`` (which win).
+
+``host.name`` is the node's name where that is known: the DaemonSet has no host network, so the
+container's host name is the pod's, not the node's (a Collector's host-based processing and
+every backend's host view would see one "host" per exporter pod).  Elsewhere it is the system's
+host name.
 """
 
 from __future__ import annotations
@@ -41,5 +46,7 @@ def resource_attributes(static_labels: Iterable[tuple[str, str]], cloud_names: I
             out[attr] = env[var]
     if node_name:
         out["k8s.node.name"] = node_name
+    if out.get("k8s.node.name"):
+        out["host.name"] = out["k8s.node.name"]  # not the pod's host name (module docstring)
     out.update(configured or {})
     return out

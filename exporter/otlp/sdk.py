@@ -6,11 +6,13 @@ cycle's, and no second aggregation state or reader thread is needed.  Cumulative
 throughout (what a Prometheus counter is).
 
 ``send`` hands the exporter the request ``encode.Encoder`` built (the same bytes the SDK's
-encoder makes of ``metrics_data``, at a quarter of the CPU) through the exporters' batch path
-(``_export_batch`` of the HTTP exporter; ``_export`` of the gRPC one, whose ``_translate_data``
-passes a built request through): retries, deadline, compression, TLS and the exporters' own
-accounting stay theirs.  Where a future exporter version lacks that path, ``send`` falls back
-to the public ``export(MetricsData)``.
+encoder makes of ``metrics_data``, at about a ninth of the CPU: what keeps the push within its
+CPU budget, bench/bench_otlp.py) through the exporters' batch path (``_export_batch`` of the
+HTTP exporter, 1.45 on; ``_export`` of the gRPC one, whose ``_translate_data`` passes a built
+request through): retries, deadline, compression, TLS and the exporters' own accounting stay
+theirs.  Where an exporter version lacks that path, ``send`` falls back to the public
+``export(MetricsData)`` (the SDK's encoder; a test checks both send the same bytes).  The
+exporters themselves are set up in ``transport``.
 """
 
 from __future__ import annotations
@@ -34,46 +36,20 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
-from .config import OtlpConfig
 from .convert import Converted, MetricOut
 from .encode import SCOPE
 
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 
-def make_exporter(cfg: OtlpConfig):  # noqa: ANN201 - one of the two OTLPMetricExporter classes
-    headers = cfg.headers
-    tls = cfg.tls
-    if cfg.protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http import Compression
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter(
-            endpoint=cfg.url, headers=headers, timeout=cfg.timeout,
-            certificate_file=str(tls.ca_file) if tls.ca_file else None,
-            client_certificate_file=str(tls.cert_file) if tls.cert_file else None,
-            client_key_file=str(tls.key_file) if tls.key_file else None,
-            compression=Compression.Gzip if cfg.compression == "gzip" else Compression.NoCompression)
-    import grpc
-
-    GrpcExporter = _grpc_exporter_class()
-    insecure = cfg.url.startswith("http://")
-    credentials = None
-    if not insecure:
-        def read(p):  # noqa: ANN001, ANN202 - the operator's own TLS files
-            return p.read_bytes() if p is not None else None
-        credentials = grpc.ssl_channel_credentials(read(tls.ca_file), read(tls.key_file), read(tls.cert_file))
-    return GrpcExporter(endpoint=cfg.url, insecure=insecure, credentials=credentials,
-                        headers=headers or None, timeout=cfg.timeout,
-                        compression=grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression)
-
-
-def _grpc_exporter_class():  # noqa: ANN202
+def grpc_exporter_class():  # noqa: ANN202
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     class GrpcExporter(OTLPMetricExporter):
         """Takes an already built request as well as the SDK's MetricsData."""
+
+        takes_requests = True
 
         def _translate_data(self, data):  # noqa: ANN001, ANN202
             return data if isinstance(data, ExportMetricsServiceRequest) else super()._translate_data(data)
@@ -87,14 +63,25 @@ def _grpc_exporter_class():  # noqa: ANN202
     return GrpcExporter
 
 
+def batch_path(exporter):  # noqa: ANN001, ANN201
+    """The exporter's call that sends an already built request (retries, deadline, compression,
+    TLS and the exporter's own accounting included), or None where this SDK version has none:
+    ``_export_batch`` of the OTLP/HTTP exporter (1.45 on, the lower bound in pyproject.toml), the
+    request-aware ``_export`` of ``GrpcExporter``."""
+    batch = getattr(exporter, "_export_batch", None)
+    if batch is not None:
+        return batch
+    if getattr(exporter, "takes_requests", False):
+        return lambda request: exporter._export(data=request)
+    return None
+
+
 def send(exporter, encoder, conv: Converted, resource: dict[str, str], schema_url: str,  # noqa: ANN001
          timeout: float) -> bool:
-    """Export one cycle; True when the receiver accepted it."""
-    batch = getattr(exporter, "_export_batch", None)  # OTLP/HTTP
+    """Export one cycle; True when the receiver accepted it.  ``exporter``: the SDK's exporter."""
+    batch = batch_path(exporter)
     if batch is not None:
         return batch(encoder.request(conv, resource, schema_url)) == MetricExportResult.SUCCESS
-    if hasattr(type(exporter), "_translate_data") and type(exporter).__name__ == "GrpcExporter":
-        return exporter._export(data=encoder.request(conv, resource, schema_url)) == MetricExportResult.SUCCESS
     return export(exporter, metrics_data(conv, resource, schema_url), timeout)
 
 
