@@ -13,7 +13,8 @@
 #
 # Variants (build arguments):
 #   EXTRAS=nvidia,kubernetes (default)  NVML + Kubernetes pod attribution.
-#   EXTRAS=nvidia,kubernetes,otlp       + the OTLP push (exporters.otlp, docs/otel-guide.md).
+#   EXTRAS=nvidia,kubernetes,otlp       + the OTLP push over HTTP (exporters.otlp, docs/otel-guide.md);
+#                                       otlp-grpc instead of otlp for protocol: grpc.
 #   AMD: amdgpu sysfs works in every variant (--device /dev/dri --device /dev/kfd, --group-add
 #     video/render).  amdsmi needs ROCm's libamd_smi.so, which is not on PyPI: build FROM a ROCm
 #     base image (e.g. --build-arg PYTHON_IMAGE=<rocm/dev-ubuntu-24.04 with python3.11>) and

@@ -11,7 +11,7 @@ ARGS   ?=
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[test,nvidia,otlp]'
+	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[test,nvidia,otlp,otlp-grpc]'
 	touch $@
 
 install: $(VENV)/.installed

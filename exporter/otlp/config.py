@@ -7,6 +7,7 @@
         protocol: http/protobuf          # or grpc
         headers_file: /etc/unified-gpu-exporter/otlp-headers   # "Name: value" lines (a secret)
         tls: {ca_file: ..., cert_file: ..., key_file: ...}      # client certificate optional
+        proxy_url: http://proxy.example:3128   # optional; proxy variables of the environment are ignored
         interval: 15s                    # one push per interval, of the latest rendered cycle
         timeout: 10s                     # per push, retries included; at most the interval
         compression: gzip                # or none
@@ -14,7 +15,10 @@
 
 The headers file is read like every file another user might write (``exporter/safefile.py``:
 no symlink, a regular file, bounded) and its values are never logged.  With ``enabled: true``
-and the OpenTelemetry packages missing (the ``otlp`` extra), loading the config fails.
+and the OpenTelemetry packages missing (the ``otlp`` extra; ``otlp-grpc`` for protocol grpc),
+loading the config fails, naming the extra.  The push takes its endpoint, TLS material and proxy
+from this section only (``transport.make_exporter``: no proxy, CA bundle or OTLP certificate variables
+of the environment).
 """
 
 from __future__ import annotations
@@ -31,10 +35,21 @@ from ..durations import Duration
 
 MAX_HEADERS_BYTES = 64 * 1024
 _TOKEN = re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")  # an HTTP header name (RFC 9110 token)
-EXTRA_HINT = "pip install 'unified-gpu-exporter[otlp]'"
-# the module each protocol needs (the SDK comes with either)
-PROTOCOL_MODULES = {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-                    "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"}
+# the modules each protocol needs, and the extra that installs them (the SDK comes with either)
+PROTOCOL_MODULES = {"http/protobuf": ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "requests"),
+                    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.metric_exporter", "grpc", "requests")}
+PROTOCOL_EXTRAS = {"http/protobuf": "otlp", "grpc": "otlp-grpc"}
+
+
+def _missing(modules: tuple[str, ...]) -> str:
+    """The first of ``modules`` that cannot be imported ("" when all can)."""
+    for module in modules:
+        try:
+            if importlib.util.find_spec(module) is None:
+                return module
+        except (ModuleNotFoundError, ValueError):
+            return module
+    return ""
 
 
 class OtlpTLS(BaseModel):
@@ -91,6 +106,7 @@ class OtlpConfig(BaseModel):
     interval: Duration = 15.0
     timeout: Duration = 10.0
     compression: Literal["gzip", "none"] = "gzip"
+    proxy_url: str = ""              # an HTTP proxy (CONNECT for https:// and gRPC)
     resource_attributes: dict[str, str] = {}
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -103,6 +119,15 @@ class OtlpConfig(BaseModel):
                 raise ValueError(f"{v!r}: give a URL, http://host:port/... or https://host:port/...")
         return v
 
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy(cls, v: str) -> str:
+        if v:
+            u = urlsplit(v)
+            if u.scheme != "http" or not u.hostname or u.path not in ("", "/") or u.query:
+                raise ValueError(f"{v!r}: give an HTTP proxy as http://host:port")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> OtlpConfig:
         if self.interval <= 0 or self.timeout <= 0:
@@ -111,14 +136,11 @@ class OtlpConfig(BaseModel):
             raise ValueError(f"timeout ({self.timeout:g}s) must not exceed interval ({self.interval:g}s)")
         if not self.enabled:
             return self
-        module = PROTOCOL_MODULES[self.protocol]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            raise ValueError(f"enabled with protocol {self.protocol}, but {module} is not installed "
-                             f"(the otlp extra: {EXTRA_HINT})")
+        module = _missing(PROTOCOL_MODULES[self.protocol])
+        if module:
+            extra = PROTOCOL_EXTRAS[self.protocol]
+            raise ValueError(f"enabled with protocol {self.protocol}, but {module} is not installed: "
+                             f"install the {extra} extra (pip install 'unified-gpu-exporter[{extra}]')")
         if self.headers_file is not None:
             self._headers = read_headers(self.headers_file)
         return self
@@ -134,7 +156,8 @@ class OtlpConfig(BaseModel):
         return "http://localhost:4318/v1/metrics" if self.protocol == "http/protobuf" else "http://localhost:4317"
 
     def identity(self) -> tuple:
-        """What a running pusher depends on: a reload that changes none of it keeps the pusher."""
+        """What a running pusher depends on (the section and the headers file's content): a
+        reload that changes none of it keeps the pusher (``hook.OtlpOutput.configure``)."""
         return (self.model_dump_json(), tuple(sorted(self._headers.items())))
 
 
