@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.otlp.stats import HELP as OTLP_HELP
 from tests.conftest import REPO, require_binary
 from tests.promql_names import (
     PENDING_INDICATOR_NAMES,
@@ -44,6 +45,10 @@ HEALTH_ALERTS = {
 }
 # a dead or missing exporter on a live node (rules/unified-gpu-exporter.absence.yml)
 ABSENCE_ALERTS = {"GPUExporterDown", "GPUExporterAbsent"}
+# optional rule files, not loaded by the shipped Prometheus configs, unit-tested in tests/ as well
+OPTIONAL_RULE_FILES = [PROM / "otlp" / "otlp-push.rules.yml"]
+OPTIONAL_ALERTS = {"GPUExporterOtlpPushFailing"}
+OTLP_SELF_METRICS = frozenset("unified_gpu_exporter_" + name for name in OTLP_HELP)
 CATEGORIES = {"memory_contention", "cloud", "workload", "hardware", "exporter"}
 
 
@@ -93,6 +98,19 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     result = _promtool("test", "rules", "tests/alerts.test.yml", cwd=tmp_path)
     assert result.returncode != 0
     assert "GPUMemoryContention" in result.stdout + result.stderr
+
+
+def test_optional_rule_files_pass_promtool_check_and_are_not_loaded_by_default():
+    result = _promtool("check", "rules", "--lint=all", "--lint-fatal", *map(str, OPTIONAL_RULE_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    alerts = [r for path in OPTIONAL_RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]
+              for r in g["rules"] if "alert" in r]
+    assert {a["alert"] for a in alerts} == OPTIONAL_ALERTS
+    for alert in alerts:
+        test_alert_has_severity_category_and_annotations(alert)
+        assert metric_names(alert["expr"]) <= SELF_METRICS | OTLP_SELF_METRICS
+    for conf in PROM.glob("prometheus*.yml"):
+        assert "otlp" not in conf.read_text(), conf.name
 
 
 def test_plain_scrape_config_passes_promtool_check():
@@ -214,8 +232,9 @@ def test_every_alert_and_recording_rule_has_a_unit_test():
                 regex = re.search(r'__name__=~"([^"]+)"', case["expr"])
                 if regex:
                     checked |= {n for n in RECORDED_NAMES if re.fullmatch(regex.group(1), n)}
-    assert fired == SEED_ALERTS | CONTENTION_ALERTS | HEALTH_ALERTS | ABSENCE_ALERTS, "alerts without a firing case"
-    assert silent == SEED_ALERTS | CONTENTION_ALERTS | HEALTH_ALERTS | ABSENCE_ALERTS, "alerts without a not-firing case"
+    every = SEED_ALERTS | CONTENTION_ALERTS | HEALTH_ALERTS | ABSENCE_ALERTS | OPTIONAL_ALERTS
+    assert fired == every, "alerts without a firing case"
+    assert silent == every, "alerts without a not-firing case"
     assert RECORDED_NAMES - checked == set()
 
 
