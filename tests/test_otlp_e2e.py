@@ -5,6 +5,7 @@ cycle, and a down or slow receiver is shown to cost the scrape path nothing."""
 from __future__ import annotations
 
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,13 @@ pytest.importorskip("opentelemetry.proto", reason="pip install opentelemetry-pro
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from exporter.map.schema import load_schema  # noqa: E402
+from exporter.otlp.naming import load_mapping  # noqa: E402
 from tests.e2e_util import ProcessSet, free_port, http_get, start_exporter, wait_until  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 
 CUMULATIVE = 2  # opentelemetry.proto.metrics.v1.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-SEMCONV_URL = "https://opentelemetry.io/schemas/1.44.0"
+SEMCONV_URL = load_mapping(load_schema()).schema_url  # the version pinned in mappings/otel.yaml
 
 
 def _config(tmp: Path, endpoint: str, interval: str = "1s", timeout: str = "1s", extra: str = "") -> Path:
@@ -182,9 +185,95 @@ def test_push_matches_metrics_of_the_same_cycle(tmp_path):
                 {**identity, "network.io.direction": otel_dir}, value)
     # the static label is on the resource, not on the points
     assert not any("cluster" in _attrs(p.attributes) for m in metrics.values() for p in _points(m))
+    # a convention metric has the whole GPU only: the points of one hw.id differ in their values of
+    # the same attributes (task, direction, error.type, state), never in which attributes they have
+    for name, m in metrics.items():
+        if name.startswith("hw."):
+            keys: dict[str, set] = {}
+            for p in _points(m):
+                a = _attrs(p.attributes)
+                keys.setdefault(a["hw.id"], set()).add(frozenset(a))
+            assert all(len(v) == 1 for v in keys.values()), (name, keys)
+    if "hw.errors" in metrics:
+        assert {_attrs(p.attributes)["error.type"] for p in _points(metrics["hw.errors"])} <= {
+            "corrected", "uncorrected", "deferred"}
     # every GPU of the node has its status
     assert len({_attrs(p.attributes)["hw.id"] for p in _points(metrics["hw.status"])}) == len(
         [1 for (n, _), _ in prom.items() if n == "gpu_info"])
+
+
+class _GcpMetadata:
+    """GCP's instance metadata service, as much of it as the cloud enricher reads."""
+
+    ITEMS = {"id": "4520031799277581759", "zone": "projects/123456/zones/europe-west4-a",
+             "machine-type": "projects/123456/machineTypes/a2-highgpu-1g"}
+
+    def __init__(self) -> None:
+        items = self.ITEMS
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                name = self.path.rsplit("/", 1)[-1]
+                if self.headers.get("Metadata-Flavor") != "Google" or name not in items:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = items[name].encode()
+                self.send_response(200)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_resource_from_the_cloud_enricher_and_the_kubernetes_environment(tmp_path, monkeypatch):
+    """The daemon as the DaemonSet runs it (the downward API's NODE_NAME, POD_NAME, POD_NAMESPACE;
+    a container host name that is the pod's), on a GCP instance: the resource carries the cloud
+    identity and the Kubernetes placement, host.name is the node's name, and the cloud labels
+    are on no point."""
+    gcp = _GcpMetadata()
+    extra = (f"enrich:\n  cloud:\n    providers: [gcp]\n    endpoints: {{gcp: {gcp.url}}}\n"
+             "indicators: {enabled: false}")
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    monkeypatch.setenv("POD_NAME", "unified-gpu-exporter-x2v9k")
+    monkeypatch.setenv("POD_NAMESPACE", "monitoring")
+    try:
+        with OtlpReceiver() as receiver, ProcessSet() as procs:
+            conf = _config(tmp_path, receiver.url, extra=extra)
+            start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "1s"])
+            # the cloud labels come with a render after the metadata answered
+            wait_until(lambda: any(_pushed(req)[0].get("cloud.provider") for _, req in receiver.requests), 30,
+                       what="a push with the cloud identity")
+            req = next(req for _, req in receiver.requests if _pushed(req)[0].get("cloud.provider"))
+    finally:
+        gcp.close()
+    resource, metrics = _pushed(req)
+    assert {k: resource[k] for k in ("cloud.provider", "cloud.region", "cloud.availability_zone", "host.type",
+                                      "host.id", "k8s.node.name", "host.name", "k8s.pod.name",
+                                      "k8s.namespace.name", "cluster", "deployment.environment.name")} == {
+        "cloud.provider": "gcp", "cloud.region": "europe-west4", "cloud.availability_zone": "europe-west4-a",
+        "host.type": "a2-highgpu-1g", "host.id": "4520031799277581759", "k8s.node.name": "gpu-node-7",
+        "host.name": "gpu-node-7", "k8s.pod.name": "unified-gpu-exporter-x2v9k", "k8s.namespace.name": "monitoring",
+        "cluster": "lab-1", "deployment.environment.name": "test"}
+    assert not {"cloud", "region", "zone", "instance_type", "instance_id"} & {
+        k for m in metrics.values() for p in _points(m) for k in _attrs(p.attributes)}
+
+
+def _energy_starts(req) -> dict:  # noqa: ANN001
+    return {_attrs(p.attributes)["hw.id"]: p.start_time_unix_nano for rm in req.resource_metrics
+            for sm in rm.scope_metrics for m in sm.metrics if m.name == "hw.energy" for p in _points(m)}
 
 
 def _otlp_counter(server, result: str) -> float:  # noqa: ANN001
@@ -231,6 +320,14 @@ def test_reload_moves_the_push_to_the_new_endpoint_and_off(tmp_path):
         conf = _config(tmp_path, first.url)
         server = start_exporter(procs, tmp_path, ["--simulate", "--config.file", str(conf), "--poll.interval", "1s"])
         assert first.wait_for(1, 20), "no push to the first receiver"
+        # an unchanged reload keeps the push: the same start times, no second "succeeded" line
+        server.signal(signal.SIGHUP)
+        wait_until(lambda: "configuration reloaded" in server.log(), 10)
+        n = len(first.requests)
+        got = first.wait_for(n + 2, 20)
+        assert len(got) >= n + 2, "the push stopped after an unchanged reload"
+        assert _energy_starts(got[0][1]) == _energy_starts(got[-1][1])
+        assert server.log().count("OTLP push succeeded") == 1
         conf.write_text(conf.read_text().replace(first.url, second.url))
         server.signal(signal.SIGHUP)
         assert second.wait_for(1, 30), "no push to the new endpoint after the reload"

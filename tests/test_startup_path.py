@@ -34,7 +34,13 @@ REPO = Path(__file__).resolve().parent.parent
 # drop directory
 NOT_ON_DEFAULT_PATH = ("bcrypt", "exporter.serve.webconfig", "exporter.importers", "exporter.sources.upstream",
                        "exporter.sources.upstream_fetch", "prometheus_client.parser",
-                       "prometheus_client", "exporter.enrich.kubernetes", "exporter.importers.profiles_source")
+                       "prometheus_client", "exporter.enrich.kubernetes", "exporter.importers.profiles_source",
+                       "opentelemetry", "google.protobuf", "grpc", "requests", "exporter.otlp.pusher")
+# the OTLP push (exporters.otlp): the OpenTelemetry SDK and exporters, protobuf, gRPC, requests and
+# the push's own modules other than its config section, hook and self-metrics
+OTLP_MODULES = ("opentelemetry", "google.protobuf", "grpc", "requests", "urllib3", "exporter.otlp.naming",
+                "exporter.otlp.convert", "exporter.otlp.pusher", "exporter.otlp.sdk", "exporter.otlp.encode",
+                "exporter.otlp.transport", "exporter.otlp.resource")
 
 
 def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -127,6 +133,37 @@ def test_configured_basic_auth_does_load_the_web_config_code(tmp_path):
     res = _run_py(SERVE, str(_free_port()), str(tmp_path), "--web.config.file", str(web))
     assert res["status"] == ["401"]  # the scrape carried no credentials
     assert {"bcrypt", "exporter.serve.webconfig"} <= set(res["modules"])
+
+
+ONCE = """
+import json, sys
+from exporter import cli
+rc = cli.main(["--once", "--simulate", "--config.file", sys.argv[1], "--log.level", "error"])
+print()
+print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_otlp_push_loads_opentelemetry_only_when_enabled(tmp_path, enabled):
+    """A --once run renders, offers the cycle to the push and exits: with the push off nothing of
+    OpenTelemetry, protobuf, gRPC or requests is imported; the other side shows the check sees
+    them once it is on (the push to a closed port fails; --once still ends)."""
+    if enabled:
+        pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otlp extra (make install)")
+    conf = tmp_path / "config.yml"
+    conf.write_text(f"exporters:\n  otlp:\n    enabled: {str(enabled).lower()}\n"
+                    f"    endpoint: http://127.0.0.1:{_free_port()}/v1/metrics\n    timeout: 1s\n"
+                    "enrich: {cloud: {enabled: false}}\n")
+    res = _run_py(ONCE, str(conf))
+    assert res["rc"] == 0
+    loaded = _loaded(res["modules"], OTLP_MODULES)
+    if enabled:
+        assert {"opentelemetry.sdk", "google.protobuf", "requests", "exporter.otlp.pusher",
+                "exporter.otlp.transport"} <= set(loaded)
+    else:
+        assert loaded == []
+        assert "exporter.otlp.hook" in res["modules"]  # the push's hook ran, and imported nothing
 
 
 # ---------------------------------------------------------------- start(): no fixed sleeps
