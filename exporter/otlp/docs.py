@@ -19,6 +19,8 @@ def _attrs(metric: str, r: Resolved, schema: Schema, mapping: OtelMapping) -> st
          "`hw.parent`"])] if r.component else []
     parts += [f"`{k}`={v}" for k, v in sorted(r.set.items())]
     for label in [*m.labels, *m.optional_labels]:
+        if label in r.without:  # such series take another rule
+            continue
         attr = r.attribute(label, mapping.namespace)
         if not attr:
             continue
