@@ -49,5 +49,6 @@ def flat_output(frames: Frames) -> list[tuple[str, dict[str, str], float]]:
 class TextEngine(IndicatorEngine):
     """``IndicatorEngine`` with ``update`` taking and returning the tests' text form."""
 
-    def update(self, now: float, devices: Mapping[DeviceId, Mapping]) -> list:  # type: ignore[override]
-        return flat_output(super().update(now, {d: frame(s) for d, s in devices.items()}))
+    def update(self, now: float, devices: Mapping[DeviceId, Mapping],  # type: ignore[override]
+               client_intervals: Mapping[DeviceId, float] | None = None) -> list:
+        return flat_output(super().update(now, {d: frame(s) for d, s in devices.items()}, client_intervals))
