@@ -15,7 +15,7 @@ from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from exporter.testing import flat
 from tests.e2e_util import ProcessSet, Server, free_port, http_get, wait_until
-from tests.engine_frames import TextEngine
+from tests.engine_frames import TextEngine, engine_inputs
 from tests.fakes import pynvml_fake as pf
 
 
@@ -110,7 +110,7 @@ def test_a_mig_instance_without_its_count_is_not_evaluable_rather_than_memory_bo
     cycle = poll_and_map(src.poll, store, state, mapper, now=1001.0)  # GPM: two samples
     src.close()
     engine = TextEngine(IndicatorConfig(), None, 0.5)
-    out = engine.update(1.0, {("nvidia", "0", ""): _engine_inputs(flat(cycle.result.frames))})
+    out = engine.update(1.0, {("nvidia", "0", ""): engine_inputs(flat(cycle.result.frames))})
     assert _out(out, "gpu_memory_state", state="unknown", gpu_instance="1") == [1.0]
     assert _out(out, "gpu_memory_state_info", gpu_instance="1", reason="no_process_data") == [1.0]
     assert _out(out, "gpu_active_clients", gpu_instance="1") == []
@@ -236,15 +236,6 @@ def _fdinfo_node(tmp_path, host_pid_namespace: bool = True):
     return proc, sysfs, advance
 
 
-def _engine_inputs(series):
-    """The mapped series as the indicator feed hands them to the engine (identity aside)."""
-    out = {}
-    for (name, labels), value in series.items():
-        extra = tuple(sorted((k, v) for k, v in labels if k not in ("vendor", "gpu", "uuid")))
-        out[(name, extra) if extra else name] = value
-    return out
-
-
 def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     from exporter.indicators import IndicatorConfig
     from exporter.map.mapper import Mapper
@@ -268,7 +259,7 @@ def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     src.close()
     series = flat(cycle.result.frames)
     engine = TextEngine(IndicatorConfig(), None, 0.5)
-    inputs = {**_engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
+    inputs = {**engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
               "gpu_memory_bandwidth_utilization_percent": 95.0}
     out = engine.update(1.0, {("amd", "1", ""): inputs})
     return series, out
