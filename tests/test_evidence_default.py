@@ -167,6 +167,10 @@ def test_default_install_counts_two_busy_processes_and_evaluates_co_tenancy(tmp_
     assert _value(s, "gpu_contention_evidence_info", evidence="clients", source="nvml") == [1.0]
     text = "\n".join(ln for ln in s[("__text__", ())].splitlines() if not ln.startswith("#"))
     assert "gpu_process_" not in text and 'pid="' not in text and "gpu_client_" not in text
+    # the start-up log says which evidence the GPUs have (clients.say_evidence), once per kind
+    log = (tmp_path / "exporter.log").read_text()
+    assert log.count("co-tenancy evidence of nvidia gpu 0 (GPU-h1000000-0000-0000-0000-000000000000) and GPUs "
+                     "like it: busy clients counted by nvml") == 1, log
 
 
 def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co_tenants(tmp_path):
@@ -287,3 +291,30 @@ def test_fdinfo_in_a_private_pid_namespace_says_so_and_proves_only_co_tenancy(tm
     assert _out(out, "gpu_active_clients") == []  # one client seen: the other may be unseen
     assert _out(out, "gpu_memory_state", state="unknown") == [1.0]
     assert _out(out, "gpu_contention_evidence_info", evidence="none", reason="pid_namespace_private") == [1.0]
+
+
+def test_evidence_is_logged_once_per_kind_with_a_warning_where_there_is_none(caplog):
+    """clients.say_evidence through the engine: two GPUs counted by NVML share one info line, a
+    GPU without any count gets one warning naming the reason and what to enable, a partial
+    count one warning; later updates log nothing new."""
+    import logging
+
+    from exporter.indicators import IndicatorConfig
+
+    counted = {'gpu_client_evidence{evidence="nvml",reason=""}': 1.0,
+               "gpu_memory_bandwidth_utilization_percent": 90.0}
+    partial = {'gpu_client_evidence{evidence="fdinfo",reason="pid_namespace_private"}': 0.0,
+               "gpu_memory_bandwidth_utilization_percent": 90.0}
+    frames = {("nvidia", "0", "U0"): counted, ("nvidia", "1", "U1"): counted,
+              ("amd", "2", "U2"): {"gpu_memory_bandwidth_utilization_percent": 90.0}, ("intel", "3", "U3"): partial}
+    engine = TextEngine(IndicatorConfig(), None, 0.5)
+    with caplog.at_level(logging.INFO, logger="exporter.indicators.engine"):
+        engine.update(1.0, frames)
+        engine.update(1.5, frames)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "co-tenancy evidence" in r.getMessage()]
+    assert len(lines) == 3, lines
+    assert ("INFO", "co-tenancy evidence of nvidia gpu 0 (U0) and GPUs like it: busy clients counted by nvml") in lines
+    none = [m for lvl, m in lines if lvl == "WARNING" and "amd gpu 2" in m]
+    assert none and "none (no_client_source)" in none[0] and "collectors.<nvml|fdinfo|amdsmi>.options.processes" in none[0]
+    assert any(lvl == "WARNING" and "intel gpu 3" in m and "partial count by fdinfo (pid_namespace_private)" in m
+               for lvl, m in lines)
