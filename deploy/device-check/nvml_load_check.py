@@ -21,7 +21,8 @@ into ``.device-pylib`` (put on the exporter's PYTHONPATH by this script).  For e
 
     echo /.whl/ >> .git/info/exclude; echo /.device-pylib/ >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_34_x86_64 -d .whl \
         pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
         bcrypt==5.0.0
 
