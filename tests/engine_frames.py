@@ -41,6 +41,16 @@ def frame(series: Mapping) -> Frame:
     return out
 
 
+def engine_inputs(series: Mapping) -> dict:
+    """Mapped series (``{(name, label pairs incl. identity): value}``) as the feed hands them to
+    the engine, in this module's text form: the identity labels aside."""
+    out = {}
+    for (name, labels), value in series.items():
+        extra = tuple(sorted((k, v) for k, v in labels if k not in ("vendor", "gpu", "uuid")))
+        out[(name, extra) if extra else name] = value
+    return out
+
+
 def flat_output(frames: Frames) -> list[tuple[str, dict[str, str], float]]:
     """The engine's output as (name, its own labels, value), device after device."""
     return [(name, dict(extra), value) for f in frames.values() for (name, extra), value in f.items()]
@@ -49,5 +59,6 @@ def flat_output(frames: Frames) -> list[tuple[str, dict[str, str], float]]:
 class TextEngine(IndicatorEngine):
     """``IndicatorEngine`` with ``update`` taking and returning the tests' text form."""
 
-    def update(self, now: float, devices: Mapping[DeviceId, Mapping]) -> list:  # type: ignore[override]
-        return flat_output(super().update(now, {d: frame(s) for d, s in devices.items()}))
+    def update(self, now: float, devices: Mapping[DeviceId, Mapping],  # type: ignore[override]
+               client_intervals: Mapping[DeviceId, float] | None = None) -> list:
+        return flat_output(super().update(now, {d: frame(s) for d, s in devices.items()}, client_intervals))

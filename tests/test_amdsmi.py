@@ -8,11 +8,13 @@ import types
 
 import pytest
 
+from exporter.indicators import IndicatorConfig
 from exporter.sources.amdsmi import AmdsmiSource, import_amdsmi
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
 from exporter.testing import map_source_once, values_of
 from tests.amd_fixture_tree import arrange_mi300x_node, mi300x_pci
+from tests.engine_frames import TextEngine, engine_inputs
 
 
 class AmdSmiException(Exception):
@@ -157,7 +159,7 @@ def test_canonical_ecc_series(tmp_path):
     assert values_of(series, "gpu_interconnect_bytes_total", gpu="0") == []  # sysfs gpu_metrics owns XGMI
 
 
-def test_processes_are_opt_in_bounded_and_rate_mapped(tmp_path):
+def test_per_process_series_are_opt_in_bounded_and_rate_mapped(tmp_path):
     arrange_mi300x_node(tmp_path, cards=(0,))
     procs = [
         {"name": "python3", "pid": 4242, "mem": 3 << 30,
@@ -173,10 +175,10 @@ def test_processes_are_opt_in_bounded_and_rate_mapped(tmp_path):
         return procs
 
     smi = fake_amdsmi([mi300x_pci(0)], process_list=process_list)
-    off = AmdsmiSource(SourceContext(sysfs=tmp_path), module=smi)
-    off.open()
-    assert not any(r.field.startswith("process.") for r in off.poll().readings)
-    off.close()
+    default = AmdsmiSource(SourceContext(sysfs=tmp_path), module=smi)  # count-only
+    default.open()
+    assert not any(r.field.startswith("process.") for r in default.poll().readings)
+    default.close()
     src = AmdsmiSource(SourceContext(sysfs=tmp_path, options={"processes": True, "process_top_n": 2}), module=smi)
     src.open()
     sample = src.poll()
@@ -190,6 +192,85 @@ def test_processes_are_opt_in_bounded_and_rate_mapped(tmp_path):
     # 250e6 ns busy per 1 s between map_source_once's two polls = 25 %
     assert values_of(series, "gpu_process_utilization_percent", pid="4242", engine="gfx") == [pytest.approx(25.0)]
     assert values_of(series, "gpu_process_utilization_percent", pid="17") == [0.0]
+
+
+# ---------------------------------------------------- the busy-client count (the default)
+
+
+def _proc(root, host: bool = True, pids=(4242, 17, 99), unreadable=()):
+    """A /proc as amdsmi's process list walks it: a pid directory per process, with its fdinfo
+    directory unless ``unreadable`` (a process whose fdinfo the exporter may not read); pid 2 is
+    kthreadd only in the host PID namespace."""
+    for pid in pids:
+        (root / str(pid)).mkdir(parents=True)
+        if pid not in unreadable:
+            (root / str(pid) / "fdinfo").mkdir()
+    if host:
+        (root / "2" / "fdinfo").mkdir(parents=True)
+        (root / "2" / "comm").write_text("kthreadd\n")
+    return root
+
+
+def _counted(tmp_path, busy_ns=(600_000_000, 400_000_000, 0), **proc):
+    """Count mode through the mapping and the engine: three processes, their gfx engine counter
+    advancing ``busy_ns`` per second; the GPU at 95 % bandwidth."""
+    arrange_mi300x_node(tmp_path / "sys", cards=(0,))
+    procs = [{"name": n, "pid": pid, "mem": 1 << 30, "engine_usage": {"gfx": 0, "enc": 0},
+              "memory_usage": {"gtt_mem": 0, "cpu_mem": 0, "vram_mem": 1 << 30}}
+             for n, pid in (("train", 4242), ("etl", 17), ("notebook", 99))]
+
+    def process_list():
+        for p, ns in zip(procs, busy_ns, strict=True):
+            p["engine_usage"]["gfx"] += ns
+        return procs
+
+    smi = fake_amdsmi([mi300x_pci(0)], process_list=process_list)
+    src = AmdsmiSource(SourceContext(sysfs=tmp_path / "sys"), module=smi, procfs=_proc(tmp_path / "proc", **proc))
+    series = map_source_once(src)
+    engine = TextEngine(IndicatorConfig(), None, 0.5)
+    inputs = {**engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
+              "gpu_memory_bandwidth_utilization_percent": 95.0}
+    out = engine.update(1.0, {("amd", "0", ""): inputs})
+    return series, out
+
+
+def _out(out, name, **labels):
+    return [v for n, lab, v in out if n == name and lab.items() >= labels.items()]
+
+
+def test_count_mode_gives_the_busy_clients_and_no_per_process_series(tmp_path):
+    """The default options, host PID namespace, every fdinfo readable: the count is complete,
+    two busy clients (60 %, 40 %; the notebook at 0 % is no client), contended, and nothing
+    names a pid or a process."""
+    series, out = _counted(tmp_path)
+    assert values_of(series, "gpu_client_utilization_percent", client="4242") == [pytest.approx(60.0)]
+    assert values_of(series, "gpu_client_evidence", evidence="amdsmi", reason="") == [1.0]
+    assert not [name for name, _ in series if name.startswith("gpu_process_")]
+    assert not [labels for _, labels in series if any(k in ("pid", "process") for k, _ in labels)]
+    assert _out(out, "gpu_active_clients") == [2.0]
+    assert _out(out, "gpu_memory_state", state="contended") == [1.0]
+    assert _out(out, "gpu_contention_evidence_info", evidence="clients", source="amdsmi") == [1.0]
+
+
+def test_count_mode_in_a_private_pid_namespace_is_partial(tmp_path):
+    """amdsmi walks the exporter's own /proc: without the host PID namespace it lists only the
+    processes it can see, so one busy client proves nothing (unknown, not memory_bound) and two
+    still prove co-tenancy."""
+    _, out = _counted(tmp_path / "one", busy_ns=(600_000_000, 0, 0), host=False)
+    assert _out(out, "gpu_active_clients") == []
+    assert _out(out, "gpu_memory_state", state="unknown") == [1.0]
+    assert _out(out, "gpu_contention_evidence_info", evidence="none", reason="pid_namespace_private") == [1.0]
+    _, out = _counted(tmp_path / "two", host=False)
+    assert _out(out, "gpu_memory_state", state="contended") == [1.0]
+
+
+def test_count_mode_with_an_unreadable_fdinfo_is_partial(tmp_path):
+    """A process whose /proc/<pid>/fdinfo the exporter may not read (another user's, without
+    CAP_SYS_PTRACE) is skipped by amdsmi without a word: the count says procfs_unreadable."""
+    series, out = _counted(tmp_path, busy_ns=(600_000_000, 0, 0), unreadable=(17,))
+    assert values_of(series, "gpu_client_evidence", evidence="amdsmi", reason="procfs_unreadable") == [0.0]
+    assert _out(out, "gpu_active_clients") == []
+    assert _out(out, "gpu_memory_state", state="unknown") == [1.0]
 
 
 def test_unavailable_when_init_fails_or_no_gpus(tmp_path):

@@ -15,7 +15,7 @@ from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from exporter.testing import flat
 from tests.e2e_util import ProcessSet, Server, free_port, http_get, wait_until
-from tests.engine_frames import TextEngine
+from tests.engine_frames import TextEngine, engine_inputs
 from tests.fakes import pynvml_fake as pf
 
 
@@ -51,17 +51,70 @@ def test_nvml_processes_off_reads_nothing():
     assert fake.fake_calls.get("nvmlDeviceGetProcessUtilization", 0) == 0
 
 
-def test_nvml_mig_counts_compute_contexts_per_instance():
-    fake = pf.make_module([pf.h100_mig_shared(0)])
+def _mig_readings(gpu: dict) -> tuple[dict, object]:
+    fake = pf.make_module([gpu])
     src = NvmlSource(SourceContext(options={"xid": False}), module=fake)
     src.open()
     try:
-        r = _readings(src.poll())
+        return _readings(src.poll()), fake
     finally:
         src.close()
-    assert r[("client.contexts", (("gpu_instance", "1"),))] == 2
-    assert r[("client.contexts", (("gpu_instance", "2"),))] == 1
+
+
+def test_nvml_mig_counts_compute_contexts_per_instance_with_the_mig_device_handles():
+    """A non-root exporter: in MIG mode the parent handle's process list answers NO_PERMISSION
+    (NVML gives that aggregate only to a privileged caller); each MIG device's own handle
+    answers for its instance.  Before: the parent was asked, and the GPU had no evidence."""
+    r, fake = _mig_readings(pf.h100_mig_shared(0))
+    assert r[("client.contexts", (("gpu_instance", "1"), ("mig_profile", "3g.40gb")))] == 2
+    assert r[("client.contexts", (("gpu_instance", "2"), ("mig_profile", "3g.40gb")))] == 1
     assert r[("client.evidence", (("evidence", "nvml"), ("reason", "")))] == 1.0
+    assert fake.fake_calls["nvmlDeviceGetComputeRunningProcesses"] == 2  # one per MIG device
+
+
+def test_nvml_mig_device_that_does_not_answer_leaves_its_instance_without_a_count():
+    """Instance 1's MIG device refuses: no count for instance 1 (never "0 clients"), instance 2
+    still counted, the GPU's evidence partial with the reason; all refusing: no count at all."""
+    gpu = pf.h100_mig_shared(0)
+    gpu["mig"][0]["processes_error"] = pf.ERRORS["NVML_ERROR_NO_PERMISSION"]
+    r, _ = _mig_readings(gpu)
+    assert not [k for k in r if k[0] == "client.contexts" and ("gpu_instance", "1") in k[1]]
+    assert r[("client.contexts", (("gpu_instance", "2"), ("mig_profile", "3g.40gb")))] == 1
+    assert r[("client.evidence", (("evidence", "nvml"), ("reason", "no_permission")))] == 0.0
+    for m in gpu["mig"]:  # vGPU host mode: per-instance queries are not supported
+        m["processes_error"] = pf.ERRORS["NVML_ERROR_NOT_SUPPORTED"]
+    r, _ = _mig_readings(gpu)
+    assert not [k for k in r if k[0] == "client.contexts"]
+    assert r[("client.evidence", (("evidence", "nvml"), ("reason", "not_supported")))] == 0.0
+
+
+def test_a_mig_instance_without_its_count_is_not_evaluable_rather_than_memory_bound(tmp_path):
+    """Through the mapping into the engine: instance 1 (memory-bound signature) whose MIG device
+    refused reads unknown, not memory_bound / no_active_client; the evidence self-metric says
+    none with the reason."""
+    from exporter.indicators import IndicatorConfig
+    from exporter.map.mapper import Mapper
+    from exporter.map.store import SourceState, Store
+    from exporter.run.pipeline import poll_and_map
+    from exporter.testing import load_mappings
+
+    gpu = pf.h100_mig_shared(0)
+    gpu["mig"][0]["processes_error"] = pf.ERRORS["NVML_ERROR_NO_PERMISSION"]
+    fake = pf.make_module([gpu])
+    src = NvmlSource(SourceContext(options={"xid": False}), module=fake, clock=fake.fake_time)
+    src.open()
+    store, state, mapper = Store(), SourceState("nvml"), Mapper(load_mappings())
+    store.add(state)
+    poll_and_map(src.poll, store, state, mapper, now=1000.0)
+    fake.fake_advance(1.0)
+    cycle = poll_and_map(src.poll, store, state, mapper, now=1001.0)  # GPM: two samples
+    src.close()
+    engine = TextEngine(IndicatorConfig(), None, 0.5)
+    out = engine.update(1.0, {("nvidia", "0", ""): engine_inputs(flat(cycle.result.frames))})
+    assert _out(out, "gpu_memory_state", state="unknown", gpu_instance="1") == [1.0]
+    assert _out(out, "gpu_memory_state_info", gpu_instance="1", reason="no_process_data") == [1.0]
+    assert _out(out, "gpu_active_clients", gpu_instance="1") == []
+    assert _out(out, "gpu_contention_evidence_info", evidence="none", reason="no_permission") == [1.0]
 
 
 def _serve(tmp_path, gpus: str, until, config: str | None = None) -> dict[tuple[str, tuple], float]:
@@ -114,6 +167,10 @@ def test_default_install_counts_two_busy_processes_and_evaluates_co_tenancy(tmp_
     assert _value(s, "gpu_contention_evidence_info", evidence="clients", source="nvml") == [1.0]
     text = "\n".join(ln for ln in s[("__text__", ())].splitlines() if not ln.startswith("#"))
     assert "gpu_process_" not in text and 'pid="' not in text and "gpu_client_" not in text
+    # the start-up log says which evidence the GPUs have (clients.say_evidence), once per kind
+    log = (tmp_path / "exporter.log").read_text()
+    assert log.count("co-tenancy evidence of nvidia gpu 0 (GPU-h1000000-0000-0000-0000-000000000000) and GPUs "
+                     "like it: busy clients counted by nvml") == 1, log
 
 
 def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co_tenants(tmp_path):
@@ -132,6 +189,24 @@ def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co
     assert [dict(lab)["state"] for lab in device] == ["contended"]
     assert not [1 for (n, lab) in s if n == "gpu_active_clients" and "gpu_instance" not in dict(lab)]
     assert not _value(s, "gpu_memory_state_info", reason="no_load_signal")
+
+
+def test_pre_hopper_mig_instances_in_use_are_busy_but_not_evaluable(tmp_path):
+    """An A100 in MIG mode (no GPM, no DCGM): no load signal anywhere, but processes hold compute
+    contexts on instances 13 (two) and 11 (one).  Those instances and the GPU read unknown /
+    no_instance_load_signal, which GPUContentionNotEvaluable covers; instance 5 (no context) has
+    no state.  Before: the GPU read no_load_signal, which the alert excludes."""
+    def until(s):
+        return _value(s, "gpu_memory_state_info", reason="no_instance_load_signal", gpu_instance="13") == [1.0]
+
+    s = _serve(tmp_path, "a100_mig_busy", until)
+    for gi in ("13", "11"):
+        assert _value(s, "gpu_memory_state_info", state="unknown", reason="no_instance_load_signal",
+                      gpu_instance=gi, mig_profile="1g.5gb") == [1.0]
+    assert not _value(s, "gpu_memory_state", gpu_instance="5")
+    device = [dict(lab) for (n, lab), v in s.items() if n == "gpu_memory_state_info" and "gpu_instance" not in dict(lab)]
+    assert [(d["state"], d["reason"]) for d in device] == [("unknown", "no_instance_load_signal")]
+    assert _value(s, "gpu_contention_evidence_info", evidence="clients", source="nvml") == [1.0]
 
 
 # ------------------------------------------------------------------ DRM fdinfo, count-only
@@ -165,15 +240,6 @@ def _fdinfo_node(tmp_path, host_pid_namespace: bool = True):
     return proc, sysfs, advance
 
 
-def _engine_inputs(series):
-    """The mapped series as the indicator feed hands them to the engine (identity aside)."""
-    out = {}
-    for (name, labels), value in series.items():
-        extra = tuple(sorted((k, v) for k, v in labels if k not in ("vendor", "gpu", "uuid")))
-        out[(name, extra) if extra else name] = value
-    return out
-
-
 def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     from exporter.indicators import IndicatorConfig
     from exporter.map.mapper import Mapper
@@ -197,7 +263,7 @@ def _fdinfo_clients(tmp_path, host_pid_namespace=True, busy=(300, 301)):
     src.close()
     series = flat(cycle.result.frames)
     engine = TextEngine(IndicatorConfig(), None, 0.5)
-    inputs = {**_engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
+    inputs = {**engine_inputs(series), "gpu_compute_utilization_percent": 99.0,
               "gpu_memory_bandwidth_utilization_percent": 95.0}
     out = engine.update(1.0, {("amd", "1", ""): inputs})
     return series, out
@@ -225,3 +291,30 @@ def test_fdinfo_in_a_private_pid_namespace_says_so_and_proves_only_co_tenancy(tm
     assert _out(out, "gpu_active_clients") == []  # one client seen: the other may be unseen
     assert _out(out, "gpu_memory_state", state="unknown") == [1.0]
     assert _out(out, "gpu_contention_evidence_info", evidence="none", reason="pid_namespace_private") == [1.0]
+
+
+def test_evidence_is_logged_once_per_kind_with_a_warning_where_there_is_none(caplog):
+    """clients.say_evidence through the engine: two GPUs counted by NVML share one info line, a
+    GPU without any count gets one warning naming the reason and what to enable, a partial
+    count one warning; later updates log nothing new."""
+    import logging
+
+    from exporter.indicators import IndicatorConfig
+
+    counted = {'gpu_client_evidence{evidence="nvml",reason=""}': 1.0,
+               "gpu_memory_bandwidth_utilization_percent": 90.0}
+    partial = {'gpu_client_evidence{evidence="fdinfo",reason="pid_namespace_private"}': 0.0,
+               "gpu_memory_bandwidth_utilization_percent": 90.0}
+    frames = {("nvidia", "0", "U0"): counted, ("nvidia", "1", "U1"): counted,
+              ("amd", "2", "U2"): {"gpu_memory_bandwidth_utilization_percent": 90.0}, ("intel", "3", "U3"): partial}
+    engine = TextEngine(IndicatorConfig(), None, 0.5)
+    with caplog.at_level(logging.INFO, logger="exporter.indicators.engine"):
+        engine.update(1.0, frames)
+        engine.update(1.5, frames)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "co-tenancy evidence" in r.getMessage()]
+    assert len(lines) == 3, lines
+    assert ("INFO", "co-tenancy evidence of nvidia gpu 0 (U0) and GPUs like it: busy clients counted by nvml") in lines
+    none = [m for lvl, m in lines if lvl == "WARNING" and "amd gpu 2" in m]
+    assert none and "none (no_client_source)" in none[0] and "collectors.<nvml|fdinfo|amdsmi>.options.processes" in none[0]
+    assert any(lvl == "WARNING" and "intel gpu 3" in m and "partial count by fdinfo (pid_namespace_private)" in m
+               for lvl, m in lines)

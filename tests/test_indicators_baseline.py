@@ -351,3 +351,24 @@ def test_relearning_a_deviation_is_counted_and_logged(caplog):
                                                     "gpu_memory_bandwidth_gbps": 1080.0}})
     assert _series(out, "gpu_baseline_relearned_total", metric="bandwidth") == [1.0]
     assert any("relearned" in r.getMessage() for r in caplog.records)
+
+
+def test_relearned_counter_is_zero_once_warm_counts_and_survives_a_reload():
+    """gpu_baseline_relearned_total is absent while the baseline warms, 0 once warm (so that
+    increase() sees the first relearning), 1 after one, and a reload (carry_over) keeps it."""
+    cfg = IndicatorConfig.model_validate({"baseline": {**FAST, "relearn_after_seconds": 5.0}})
+    engine = TextEngine(cfg, None, poll_interval=0.1)
+    low = {"gpu_compute_utilization_percent": 95.0, "gpu_memory_bandwidth_gbps": 1100.0}
+    out = engine.update(0.0, {DEV: low})
+    assert _series(out, "gpu_baseline_relearned_total") == []
+    t = _learn(engine, 100, 1800.0, t0=0.1)
+    out = engine.update(t + 0.05, {DEV: {"gpu_compute_utilization_percent": 95.0,
+                                         "gpu_memory_bandwidth_gbps": 1800.0}})
+    assert _series(out, "gpu_baseline_relearned_total", metric="bandwidth") == [0.0]
+    for i in range(1, 100):  # held 5 s after a 1 s persistence: relearned once
+        out = engine.update(t + i * 0.1, {DEV: low})
+    assert _series(out, "gpu_baseline_relearned_total", metric="bandwidth") == [1.0]
+    reloaded = TextEngine(cfg, None, poll_interval=0.1)
+    reloaded.carry_over(engine)
+    out = reloaded.update(t + 10.0, {DEV: low})
+    assert _series(out, "gpu_baseline_relearned_total", metric="bandwidth") == [1.0]

@@ -443,6 +443,7 @@ def test_every_emitted_name_and_label_is_in_the_canonical_schema():
         "gpu_contention_cost_dollars_total", "gpu_memory_state", "gpu_memory_state_info",
         "gpu_active_clients", "gpu_contention_slowdown_ratio", "gpu_baseline_long_mean",
         "gpu_top_process_info", "gpu_memory_bound_reference_percent", "gpu_contention_evidence_info",
+        "gpu_baseline_relearned_total",  # 0 once the baseline is warm
     }
     for name, labels in seen.items():
         assert name in schema, name
@@ -450,3 +451,53 @@ def test_every_emitted_name_and_label_is_in_the_canonical_schema():
         assert name.endswith("_total") == (schema[name].type == "counter")
     assert schema["gpu_contention_cause_info"].type == "info"
     assert all(cause in schema["gpu_contention_cause"].help for cause in CAUSES)
+
+
+# ------------------------------------------------------------------------ client hold-over
+
+
+def _flicker_states(client_interval: float | None) -> list[str]:
+    """60 s of time-sliced saturation as the engine sees it at 0.5 s fast updates when the client
+    count comes from a source polled every 5 s: each full poll's process list stays in place for
+    5 s, and one poll in six lists only one of the two tenants."""
+    engine = TextEngine(cfg(), None, 0.5)
+    states = []
+    for k in range(120):
+        poll = k // 10  # a full poll every 10 fast updates
+        clients = dict(TWO) if poll % 6 != 5 else dict(ONE)
+        out = engine.update(k * 0.5, {DEV: {
+            "gpu_memory_bandwidth_utilization_percent": 95.0, "gpu_compute_occupancy_percent": 25.0,
+            "gpu_compute_utilization_percent": 99.0, **clients}},
+            None if client_interval is None else {DEV: client_interval})
+        states.append(next(lab["state"] for n, lab, v in out if n == "gpu_memory_state" and v == 1.0))
+    return states
+
+
+def test_one_poll_in_six_missing_a_tenant_at_a_5_s_poll_interval_does_not_flip_the_state():
+    """The hold-over is at least two poll intervals of the source that counted the clients: a
+    tenant missing from one 5 s poll is still held (10 s); with the fixed 3 s alone (no interval
+    known, the behaviour before) the same flicker reads memory_bound for 2 s of every 30."""
+    assert set(_flicker_states(5.0)) == {"contended"}
+    assert "memory_bound" in _flicker_states(None)
+
+
+def test_the_feed_hands_the_engine_the_interval_of_the_source_counting_the_clients():
+    from exporter.indicators.feed import IndicatorFeed
+    from exporter.map.store import SourceState, Store
+
+    feed = IndicatorFeed(cfg(), None, 0.5)
+    seen: list = []
+    real_update = feed.engine.update
+    feed.engine.update = lambda now, frames, intervals=None: seen.append(dict(intervals or {})) or \
+        real_update(now, frames, intervals)
+    store = Store()
+    counting = SourceState("nvml", interval=5.0, up=True, state="up")
+    other = SourceState("amdgpu", interval=15.0, up=True, state="up")  # reports the GPU, counts nothing
+    counting.frames = {DEV: {("gpu_client_evidence", (("evidence", "nvml"), ("reason", ""))): 1.0,
+                             ("gpu_memory_bandwidth_utilization_percent", ()): 90.0}}
+    other.frames = {DEV: {("gpu_compute_utilization_percent", ()): 99.0},
+                    DEV2: {("gpu_compute_utilization_percent", ()): 99.0}}
+    store.add(counting)
+    store.add(other)
+    feed.advance(1.0, store)
+    assert seen[-1] == {DEV: 5.0}

@@ -26,6 +26,7 @@ class StateInputs:
     throughput_drop: bool = False
     drop_unconfirmed: bool = False
     profiling_unavailable: bool = False
+    contexts: bool = False  # processes hold compute contexts on it (a MIG instance)
 
 
 def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float = 85.0,
@@ -33,7 +34,7 @@ def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float 
     """``decide``, called as the engine calls it."""
     return decide(inp.bandwidth_util, inp.utilization, inp.basis, inp.compute, inp.throttled, inp.clients,
                   inp.reference_warm, inp.throughput_drop, inp.drop_unconfirmed, cfg, bandwidth_percent,
-                  compute_percent, inp.profiling_unavailable)
+                  compute_percent, inp.profiling_unavailable, inp.contexts)
 
 
 def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
@@ -55,6 +56,10 @@ def util_only(bw, **kw) -> StateInputs:
 ROWS = [
     # (case, inputs, state, reason)
     ("nothing reported", StateInputs(), "unknown", "no_load_signal"),
+    # pre-Hopper MIG (no GPM, no DCGM): an instance reports no load, but processes hold contexts
+    ("MIG instance in use without load signals", StateInputs(contexts=True), "unknown",
+     "no_instance_load_signal"),
+    ("MIG instance in use, signals idle", occ(1.0, 0.5, util=1.0, contexts=True), "idle", "below_idle_bars"),
     ("idle", occ(1.0, 0.5, util=1.0), "idle", "below_idle_bars"),
     ("busy, profiling counters all zero (another profiler holds them)",
      StateInputs(utilization=99.0, basis="utilization", compute=99.0, profiling_unavailable=True),

@@ -165,3 +165,41 @@ def test_landing_page_shows_each_gpus_state_reason_and_evidence_in_chromium(tmp_
     assert (width, height) == (1400, 1000)
     # the legend and the contended badges are painted in their colours (CSS applied, no script)
     assert {_rgb(bg) for bg, _ in STATE_COLOURS.values()} <= colours
+
+
+def test_landing_page_says_why_a_gpu_has_no_co_tenancy_evidence(tmp_path):
+    """A node whose sources count no clients (the simulated node with ``processes: off``): each
+    GPU's evidence cell says "none" and the reason /metrics gives in gpu_contention_evidence_info.
+    The HTML as served (no browser needed for text)."""
+    (tmp_path / "config.yml").write_text("simulate:\n  processes: off\n")
+    with ProcessSet() as procs:
+        server = start_exporter(procs, tmp_path, ["--simulate", "--simulate.phase", PHASE, "--poll.interval",
+                                                  "250ms", "--config.file", str(tmp_path / "config.yml")])
+        wait_until(lambda: len(_states(server)) == 5, 30, 0.5, "every GPU evaluated")
+        page = http_get(server.url + "/").text
+    tables = _Tables()
+    tables.feed(page)
+    _, *rows = tables.tables["gpus"]
+    assert len(rows) == 5
+    for cells in rows:
+        evidence = cells[7][0]
+        assert "co-tenancy evidence: none (no_client_source)" in evidence, evidence
+        assert "active clients" not in evidence, evidence
+
+
+def test_evidence_text_names_a_partial_count_and_its_reason():
+    from exporter.serve.landing import _evidence
+
+    partial = {"gpu_contention_evidence_info": [({"evidence": "clients", "source": "fdinfo",
+                                                   "reason": "pid_namespace_private"}, 1.0)],
+               "gpu_active_clients": [({}, 2.0)]}
+    text = _evidence(partial, {})
+    assert "co-tenancy evidence: clients counted by fdinfo (partial: pid_namespace_private)" in text
+    assert "active clients 2" in text
+    none = {"gpu_contention_evidence_info": [({"evidence": "none", "source": "amdsmi",
+                                                "reason": "procfs_unreadable"}, 1.0)]}
+    assert "co-tenancy evidence: none (procfs_unreadable)" in _evidence(none, {})
+    # a MIG GPU: the GPU's own row, not an instance's
+    mig = {"gpu_contention_evidence_info": [({"evidence": "none", "source": "nvml", "reason": "no_permission"}, 1.0)],
+           "gpu_active_clients": [({"gpu_instance": "1", "mig_profile": "3g.40gb"}, 2.0)]}
+    assert "active clients" not in _evidence(mig, {})

@@ -151,3 +151,29 @@ def test_gpm_metrics_need_two_ordered_samples():
     fake.nvmlGpmSampleFree(s1)
     with pytest.raises(fake.NVMLError_InvalidArgument):
         fake.nvmlGpmSampleFree(s1)  # double free is an error
+
+
+def test_mig_process_lists_answer_per_mig_device_and_the_parent_only_when_privileged():
+    """NVML (nvmlDeviceGetComputeRunningProcesses): "In MIG mode, if device handle is provided,
+    the API returns aggregate information, only if the caller has appropriate privileges.
+    Per-instance information can be queried by using specific MIG device handles." """
+    gpu = pf.h100_mig_shared()
+    fake = pf.make_module([gpu])
+    fake.nvmlInit()
+    parent = fake.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(fake.NVMLError_NoPermission):
+        fake.nvmlDeviceGetComputeRunningProcesses(handle=parent)
+    n = fake.nvmlDeviceGetMaxMigDeviceCount(device=parent)
+    got = {}
+    for i in range(n):
+        try:
+            mh = fake.nvmlDeviceGetMigDeviceHandleByIndex(device=parent, index=i)
+        except fake.NVMLError_NotFound:
+            continue
+        got[fake.nvmlDeviceGetGpuInstanceId(mh)] = sorted(p.pid for p in fake.nvmlDeviceGetComputeRunningProcesses(mh))
+    assert got == {1: [5101, 5102], 2: [5201]}
+    gpu["mig_privileged"] = True
+    fake = pf.make_module([gpu])
+    fake.nvmlInit()
+    everyone = fake.nvmlDeviceGetComputeRunningProcesses(fake.nvmlDeviceGetHandleByIndex(0))
+    assert sorted((p.pid, p.gpuInstanceId) for p in everyone) == [(5101, 1), (5102, 1), (5201, 2)]

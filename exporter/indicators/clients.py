@@ -12,6 +12,7 @@ does not flip the state.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ..model import DeviceId
 from .config import StateConfig
@@ -22,15 +23,18 @@ log = logging.getLogger("exporter.indicators.engine")
 _MAX_CLIENTS = 256  # clients held over per device
 
 
-def held_clients(st: _DeviceState, labelled: LabelledSignals, now: float, scfg: StateConfig) -> dict[str, int]:
+def held_clients(st: _DeviceState, labelled: LabelledSignals, now: float, scfg: StateConfig,
+                 interval: float = 0.0) -> dict[str, int]:
     """Busy clients per GPU instance ("" outside MIG), each counted for
-    ``client_holdover_seconds`` after it was last seen busy; MIG instances without
+    ``client_holdover_seconds``, and at least two poll intervals (``interval``) of the source that
+    counted them, after it was last seen busy (a process list that misses a tenant for one poll
+    must not flip the state, whatever that source's interval); MIG instances without
     per-process utilization count their compute contexts instead."""
     seen = st.client_seen
     for client in labelled.busy(scfg.client_active_percent):
         seen[client] = now
     if seen:
-        hold = scfg.client_holdover_seconds
+        hold = max(scfg.client_holdover_seconds, 2.0 * interval)
         for client in [c for c, t in seen.items() if now - t > hold or t > now]:
             del seen[client]
         if len(seen) > _MAX_CLIENTS:  # bounded whatever the process churn
@@ -43,6 +47,12 @@ def held_clients(st: _DeviceState, labelled: LabelledSignals, now: float, scfg: 
         if gi not in counts:
             counts[gi] = -int(n)  # contexts: counted only while the instance is busy
     return counts
+
+
+def evidence_key(labels: Any, counted: bool, reason: str, source: str) -> tuple[str, tuple]:
+    """``gpu_contention_evidence_info``: whether the state could use a client count."""
+    return ("gpu_contention_evidence_info", labels.many(
+        ("evidence", "clients" if counted else "none"), ("reason", reason), ("source", source)))
 
 
 def trusted(evidence: str, count: int, scfg: StateConfig) -> int | None:

@@ -143,8 +143,9 @@ class StateConfig(_Strict):
     # 78 % and occupancy stayed at 71 %, so the 85 %/50 % signature never matched real
     # co-location.  100 keeps the seed's signature as the only route to "contended".
     shared_bandwidth_percent: float = Field(70.0, ge=0, le=100)
-    # a client seen active within this many seconds still counts (a process list that misses a
-    # time-sliced tenant for one poll does not flip the state)
+    # a client seen active within this many seconds (and at least two poll intervals of the
+    # source that counted it) still counts: a process list that misses a time-sliced tenant for
+    # one poll does not flip the state
     client_holdover_seconds: float = Field(3.0, ge=0)
     # per-process data showing one active client overrides a throughput drop
     single_client_vetoes_drop: bool = True

@@ -28,12 +28,12 @@ from collections.abc import Mapping
 
 from ..model import DeviceId, Frame, Frames, SeriesId
 from .baseline import BaselineStore
-from .clients import device_evidence, held_clients, say_evidence, trusted
+from .clients import device_evidence, evidence_key, held_clients, say_evidence, trusted
 from .config import IndicatorConfig
 from .contention import bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
 from .device_state import _DeviceInfo, _DeviceState, _Tick, interconnect_rate, variability_series
-from .mig import derive_gpu_state, instance_verdicts
+from .mig import mig_state
 from .outputs import BY_BASIS, BY_CAUSE, NO_LABELS, LabelSets, state_series
 from .robust import DeviationTracker, RobustBaseline
 from .rootcause import classify_values, dominant_cause, miss_rate_risen, throttle_explains
@@ -69,6 +69,7 @@ class IndicatorEngine:
         self._index = SeriesIndex()
         self._labels = LabelSets()
         self._evidence_said: set[tuple[str, str, str]] = set()  # evidence kinds logged so far
+        self._client_intervals: Mapping[DeviceId, float] = {}
         var = config.variability
         self._window_capacity = capacity_for(var.window_seconds, poll_interval, var.max_samples)
         # the interconnect ring spans two rate spans, so an idle link always has two points
@@ -95,14 +96,17 @@ class IndicatorEngine:
             fresh = self._state(device_id)
             fresh.contention_seconds = dict(st.contention_seconds)
             fresh.cost_dollars = st.cost_dollars
-            fresh.flagged_seconds = dict(st.flagged_seconds)
+            fresh.flagged_seconds, fresh.relearned = dict(st.flagged_seconds), dict(st.relearned)
             fresh.idle_seconds, fresh.drop_seconds, fresh.state = st.idle_seconds, st.drop_seconds, st.state
 
-    def update(self, now: float, frames: Mapping[DeviceId, Mapping[SeriesId, float]]) -> Frames:
+    def update(self, now: float, frames: Mapping[DeviceId, Mapping[SeriesId, float]],
+               client_intervals: Mapping[DeviceId, float] | None = None) -> Frames:
         """One step for every device of ``frames`` (its canonical series); the indicator series
-        per device (``{(name, own labels): value}``, the GPU's identity not among the labels)."""
+        per device (``{(name, own labels): value}``, the GPU's identity not among the labels).
+        ``client_intervals``: the poll interval of the source counting each device's clients."""
         if not self.config.enabled:
             return {}
+        self._client_intervals = client_intervals or {}
         return {device_id: self._update_device(now, device_id, series) for device_id, series in frames.items()}
 
     # -- per device -------------------------------------------------------------------------
@@ -150,7 +154,7 @@ class IndicatorEngine:
         labelled = self._gather(st, series)
         t = _Tick(now, dt, st, self.baseline_key(device_id), plain, labelled, {},
                   throttle_explains(labelled.throttle, labelled.clock_ratio(), cfg.rootcause))
-        t.held = held_clients(st, labelled, now, cfg.state)
+        t.held = held_clients(st, labelled, now, cfg.state, self._client_intervals.get(device_id, 0.0))
         t.evidence, ev_source, ev_reason = device_evidence(labelled)
         say_evidence(self._evidence_said, device_id, t.evidence, ev_source, ev_reason)
         t.clients = trusted(t.evidence, t.held.get("", 0), cfg.state)
@@ -192,12 +196,9 @@ class IndicatorEngine:
                          cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent,
                          t.plain.get(PROFILING_AVAILABLE) == 0.0)
         out, labelled = t.out, t.labelled
-        if labelled.instances:  # MIG: a state per GPU instance, the GPU's derived from them
-            inst = instance_verdicts(cfg, self._labels, labelled, t.held, t.evidence, t.throttled, out)
-            verdict, inst_basis, inst_bw = derive_gpu_state(verdict, inst)
-            if basis is None:
-                t.basis, t.bw_util = inst_basis, inst_bw
-            t.clients = None  # counted per instance: processes of two instances are no co-tenants
+        counted = t.clients is not None
+        if labelled.instances or labelled.contexts:  # MIG: a state per GPU instance, the GPU's from them
+            verdict, counted = mig_state(cfg, self._labels, t, verdict)
         t.state = st.state = verdict.state
         if ref is not None and t.dt > 0:
             if t.state == "idle":
@@ -213,9 +214,7 @@ class IndicatorEngine:
         labels = self._labels
         out.update(state_series(t.state))
         out[("gpu_memory_state_info", labels.two("state", t.state, "reason", verdict.reason))] = 1.0
-        out[("gpu_contention_evidence_info", labels.many(
-            ("evidence", "clients" if t.clients is not None or (labelled.instances and t.evidence != "none")
-             else "none"), ("reason", ev_reason), ("source", ev_source)))] = 1.0
+        out[evidence_key(labels, counted, ev_reason, ev_source)] = 1.0
         if t.clients is not None:
             out[("gpu_active_clients", NO_LABELS)] = float(t.clients)
             top = labelled.top_process(scfg.client_active_percent)
@@ -320,6 +319,7 @@ class IndicatorEngine:
             out[("gpu_baseline_long_mean", metric_labels)] = long_ref
         if stats is not None or long_ref is not None:
             out[("gpu_baseline_deviation", metric_labels)] = 1.0 if deviating else 0.0
+            st.relearned.setdefault(bw_metric, 0)  # 0 once warm: increase() sees the first relearning
         if bw_metric in st.relearned:
             out[("gpu_baseline_relearned_total", metric_labels)] = float(st.relearned[bw_metric])
         if stats is not None and util is not None:

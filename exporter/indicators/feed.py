@@ -19,6 +19,7 @@ from ..model import DeviceId, Frames
 from ..run.baseline_file import BaselineFile
 from . import USED_SERIES, IndicatorConfig, IndicatorEngine
 from .baseline import BaselineStore
+from .series import CLIENT_EVIDENCE, PROC_UTIL
 
 log = logging.getLogger("unified_gpu_exporter")
 # the canonical series the engine reads (exporter/indicators/signals.py; tests check that feeding
@@ -49,7 +50,8 @@ class IndicatorFeed:
         self._known: set[DeviceId] = set()
         self._last_seen: dict[DeviceId, float] = {}
         self._next_prune = 0.0
-        # per source: [full-poll frames seen, fast overlay applied, inputs per GPU, artefact values]
+        # per source: [full-poll frames seen, fast overlay applied, inputs per GPU, artefact values,
+        # GPUs whose clients it counts]
         self._by_source: dict[str, list] = {}
 
     def update(self, now: float, store: Store) -> Frames:
@@ -64,10 +66,15 @@ class IndicatorFeed:
             return
         devices: Frames = {}
         imported: Imported = []
+        # per GPU, the poll interval of the sources counting its clients (the client hold-over)
+        intervals: dict[DeviceId, float] = {}
         shared: set[DeviceId] = set()  # devices whose frame is a source's cached one (copy before merging)
         for st in store.sources.values():
-            per_device, from_artefacts = self._inputs(st)
+            per_device, from_artefacts, counting = self._inputs(st)
             imported += from_artefacts
+            if st.interval > 0:
+                for dev_id in counting:
+                    intervals[dev_id] = max(intervals.get(dev_id, 0.0), st.interval)
             for dev_id, frame in per_device.items():
                 have = devices.get(dev_id)
                 if have is None:
@@ -98,12 +105,12 @@ class IndicatorFeed:
         if now >= self._next_prune or len(self._last_seen) > MAX_TRACKED_DEVICES:
             self._next_prune = now + min(DEVICE_TTL_SECONDS / 10, 60.0)
             self.prune(now, set(devices))
-        self.latest = self.engine.update(now, devices)
+        self.latest = self.engine.update(now, devices, intervals)
 
-    def _inputs(self, st: SourceState) -> tuple[Frames, Imported]:
-        """One source's engine inputs per GPU, and its per-GPU values from profiler artefacts:
-        selected from the full poll's frames once per poll, refreshed in place with the fast
-        overlay when it changed."""
+    def _inputs(self, st: SourceState) -> tuple[Frames, Imported, set[DeviceId]]:
+        """One source's engine inputs per GPU, its per-GPU values from profiler artefacts and the
+        GPUs whose clients it counts: selected from the full poll's frames once per poll, the
+        inputs refreshed in place with the fast overlay when it changed."""
         cached = self._by_source.get(st.name)
         if cached is None or cached[0] is not st.frames:
             cached = self._by_source[st.name] = [st.frames, None, *_select(st.frames)]
@@ -117,7 +124,7 @@ class IndicatorFeed:
                     inputs[dev_id] = frame
                 else:
                     have.update(frame)
-        return cached[2], cached[3]
+        return cached[2], cached[3], cached[4]
 
     def prune(self, now: float, present: set[DeviceId]) -> int:
         """Forget devices gone for DEVICE_TTL_SECONDS (an identity storm must not grow memory
@@ -149,17 +156,20 @@ class IndicatorFeed:
             log.warning("saving indicator state failed", extra={"reason": str(exc)})
 
 
-def _select(frames: Frames) -> tuple[Frames, Imported]:
-    """The series of ``frames`` the engine reads (new dicts), and the per-GPU values of profiler
-    artefacts among them."""
+def _select(frames: Frames) -> tuple[Frames, Imported, set[DeviceId]]:
+    """The series of ``frames`` the engine reads (new dicts), the per-GPU values of profiler
+    artefacts among them, and the GPUs whose clients they count."""
     inputs = ENGINE_INPUTS
     out: Frames = {}
     imported: Imported = []
+    counting: set[DeviceId] = set()
     for dev_id, frame in frames.items():
         kept = {sid: v for sid, v in frame.items() if sid[0] in inputs}
         if kept:
             out[dev_id] = kept
             for (name, extra), value in kept.items():
-                if extra and {k for k, _ in extra} <= _ARTEFACT_LABELS:
+                if name in (CLIENT_EVIDENCE, PROC_UTIL):
+                    counting.add(dev_id)
+                elif extra and {k for k, _ in extra} <= _ARTEFACT_LABELS:
                     imported.append((dev_id, name, value))
-    return out, imported
+    return out, imported, counting

@@ -4,7 +4,9 @@ NVML reports no device-level utilization in MIG mode, so a MIG GPU's device-leve
 empty (``no_load_signal``) while its instances are busy.  Each instance is decided like a GPU of
 its own (``state.decide`` over its GPM / DCGM signals and its own busy clients: processes of two
 instances are not co-tenants), exported with ``gpu_instance`` and ``mig_profile``; the GPU reads
-the most severe of its instances' states.
+the most severe of its instances' states.  An instance without load signals of its own (pre-Hopper
+MIG: no GPM, no DCGM) on which processes hold compute contexts is busy but not evaluable
+(``no_instance_load_signal``), so the GPU is never ``no_load_signal`` while such an instance is in use.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from .clients import trusted
 from .config import IndicatorConfig
 from .contention import BANDWIDTH_UTIL, compute_signal
+from .device_state import _Tick
 from .series import LabelledSignals
 from .signals import UTILIZATION
 from .state import STATES, StateVerdict, decide
@@ -21,7 +24,8 @@ from .state import STATES, StateVerdict, decide
 # most severe first: the GPU's state is the first of these any instance is in
 SEVERITY = ("contended", "shared", "throttled", "unknown", "memory_bound", "healthy", "idle")
 
-Found = tuple[str, StateVerdict, str | None, float | None]  # (gpu instance, verdict, basis, bandwidth)
+# (gpu instance, verdict, basis, bandwidth, clients the state used)
+Found = tuple[str, StateVerdict, str | None, float | None, int | None]
 
 
 def derive_gpu_state(device: StateVerdict, instances: list[Found]) -> tuple[StateVerdict, str | None, float | None]:
@@ -48,11 +52,13 @@ def instance_outputs(labels: Any, gi: str, profile: str, verdict: StateVerdict, 
 
 
 def instance_verdicts(cfg: IndicatorConfig, labels: Any, labelled: LabelledSignals, held: dict[str, int],
-                  evidence: str, throttled: bool, out: dict[tuple[str, tuple], float]) -> list[Found]:
-    """One state per MIG GPU instance (exported with gpu_instance, mig_profile)."""
+                      evidence: str, throttled: bool, out: dict[tuple[str, tuple], float]) -> list[Found]:
+    """One state per MIG GPU instance (exported with gpu_instance, mig_profile): the instances
+    with load signals and those whose processes hold compute contexts."""
     found = []
-    for gi in sorted(labelled.instances):
-        values = labelled.instances[gi]
+    in_use = {gi for gi, n in labelled.contexts.items() if n > 0}
+    for gi in sorted(labelled.instances.keys() | in_use):
+        values = labelled.instances.get(gi, {})
         signal = compute_signal(values, cfg.contention.basis_order)
         basis, compute = signal if signal is not None else (None, None)
         bw = values.get(BANDWIDTH_UTIL)
@@ -63,7 +69,20 @@ def instance_verdicts(cfg: IndicatorConfig, labels: Any, labelled: LabelledSigna
             count = -count if busy else 0
         clients = trusted(evidence, count, cfg.state)
         verdict = decide(bw, util, basis, compute, throttled, clients, True, False, False, cfg.state,
-                         cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent)
+                         cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent,
+                         contexts=gi in in_use)
         instance_outputs(labels, gi, labelled.profiles.get(gi, ""), verdict, clients, out)
-        found.append((gi, verdict, basis, bw))
+        found.append((gi, verdict, basis, bw, clients))
     return found
+
+
+def mig_state(cfg: IndicatorConfig, labels: Any, t: _Tick, device: StateVerdict) -> tuple[StateVerdict, bool]:
+    """A MIG GPU's verdict, its instances' states written to ``t.out``; and whether the state
+    could use a client count (for gpu_contention_evidence_info).  The GPU's own client count
+    goes: processes of two instances are no co-tenants."""
+    found = instance_verdicts(cfg, labels, t.labelled, t.held, t.evidence, t.throttled, t.out)
+    verdict, basis, bw = derive_gpu_state(device, found)
+    if t.basis is None:
+        t.basis, t.bw_util = basis, bw
+    t.clients = None
+    return verdict, t.evidence == "complete" or any(f[4] is not None for f in found)

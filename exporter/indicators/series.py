@@ -105,7 +105,7 @@ class SeriesIndex:
                 kind = (PROC_UTIL, client)
                 self._names[client] = labels.get("process", "")
             elif name == CLIENT_CONTEXTS:
-                kind = (CLIENT_CONTEXTS, labels.get("gpu_instance", ""))
+                kind = (CLIENT_CONTEXTS, (labels.get("gpu_instance", ""), labels.get("mig_profile", "")))
             elif name == CLIENT_EVIDENCE and "evidence" in labels:
                 kind = (CLIENT_EVIDENCE, (labels["evidence"], labels.get("reason", "")))
             elif name in (CLOCK, CLOCK_MAX) and labels.get("domain") in CLOCK_DOMAINS:
@@ -172,7 +172,10 @@ class SeriesIndex:
         for key, family, what in labelled.other:
             value = series[key]
             if family == CLIENT_CONTEXTS:
-                out.contexts[what] = out.contexts.get(what, 0.0) + value
+                gi, profile = what
+                out.contexts[gi] = out.contexts.get(gi, 0.0) + value
+                if profile:
+                    out.profiles.setdefault(gi, profile)
             elif family == CLIENT_EVIDENCE:
                 source, reason = what
                 have = out.evidence.get(source)

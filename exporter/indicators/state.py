@@ -1,27 +1,29 @@
-"""The memory state of one GPU: one of idle, healthy, memory_bound, contended, throttled, unknown.
+"""The memory state of one GPU (or MIG instance): one of ``STATES``.
 
-A pure decision over what the GPU reports this poll (see docs/detection.md for the table):
+A pure decision over what the GPU reports this poll.  ``decide`` evaluates ``ROWS`` top to
+bottom, the first matching row wins; docs/detection.md prints ``ROWS`` as its decision table
+(``decision_table``) and explains each row.  In short:
 
-1. ``idle``: every load signal the GPU reports (compute utilization, bandwidth utilization,
-   the compute signal) is below its idle bar.
-2. ``unknown``: busy, but without a bandwidth signal, or with the memory-bound signature and no
-   evidence source at all (no per-process data and no warm reference of its own).  The reason
-   is exported; a GPU that cannot be evaluated is never reported healthy.
-3. The memory-bound signature: bandwidth utilization above the classic 85 %, and, where the GPU
-   reports a compute-starvation signal (occupancy or SM active), that signal below the classic
-   50 %.  Without a starvation signal (AMD, Intel, NVIDIA without GPM/DCGM) bandwidth alone is
-   the signature, and only evidence decides.
-4. Two or more active clients (with the signature, or with bandwidth above ``shared_bandwidth_percent`` (70 %)) ->
-   ``contended``, whatever the throttle reasons: time-sliced tenants lower the aggregate bandwidth
-   and keep occupancy up (measured on an H200, docs/detection.md).
-5. ``throttled``: a thermal or power throttle reason is active while the GPU is busy.
-6. Signature + evidence of interference -> ``contended``: two or more active clients on the GPU
-   (per-process utilization), or the compute signal persistently below the GPU's own memory-bound
-   reference (a throughput drop; unconfirmed by per-process data it counts only for
-   ``drop_confirm_seconds``, then the state is ``unknown``: a neighbour and a new job with a
-   lower compute signal look the same).  Signature + evidence sources that show no interference (one
-   active client, or a warm reference that holds) -> ``memory_bound``.
-7. Anything else busy -> ``healthy``.
+1. ``unknown`` without any load signal (``no_load_signal``; a MIG instance whose processes hold
+   compute contexts but which reports no load signal of its own, as on pre-Hopper MIG without
+   GPM / DCGM, is busy but not evaluable: ``no_instance_load_signal``); ``idle`` below the idle
+   bars; ``unknown`` while the profiling counters read zero on a busy GPU.
+2. Co-tenancy first, whatever the throttle reasons: two or more active clients are ``contended``
+   with the memory-bound signature (bandwidth above 85 % and, where the GPU reports a
+   compute-starvation signal, that signal below 50 %) or with bandwidth above
+   ``shared_bandwidth_percent`` (time-sliced tenants lower the aggregate bandwidth and keep
+   occupancy up, measured on an H200), otherwise ``shared``.  Co-tenancy is never ``healthy`` or
+   ``throttled``.
+3. ``throttled`` only with a throttle reason that explains a loss: a thermal / hardware
+   slowdown, or a power reason with the compute clock cut by ``power_clock_drop_fraction``
+   (``rootcause.throttle_explains``); a power cap at the board limit alone explains nothing.
+4. No signature: ``healthy``.
+5. The signature with a throughput drop against the GPU's own memory-bound reference:
+   ``contended`` (``memory_bound`` when process data shows one client; without process data the
+   drop counts for ``drop_confirm_seconds``, then ``unknown``: a neighbour and a job's own
+   level change look the same).  The signature without a drop: ``memory_bound`` with process
+   data, else ``unknown`` with a reason that says what is missing (never a confident answer
+   without evidence).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
            compute: float | None, throttled: bool, clients: int | None, reference_warm: bool,
            throughput_drop: bool, drop_unconfirmed: bool, cfg: StateConfig,
            bandwidth_percent: float = 85.0, compute_percent: float = 50.0,
-           profiling_unavailable: bool = False) -> StateVerdict:
+           profiling_unavailable: bool = False, contexts: bool = False) -> StateVerdict:
     """The memory state of one GPU from what it reports this poll (positional: the engine
     decides every device at every fast poll).  The rows are ``ROWS``, in order.
 
@@ -82,10 +84,12 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
 
     ``throttled``: a throttle reason that explains a loss (``rootcause.throttle_explains``: a
     hardware / thermal slowdown, or a power cap with the clock cut), not a power cap alone.
-    ``clients``: busy clients (held over ``client_holdover_seconds``), None without evidence."""
+    ``clients``: busy clients (held over ``client_holdover_seconds``), None without evidence.
+
+    ``contexts``: processes hold compute contexts on it (a MIG instance's process list)."""
     is_busy = _busy(utilization, bandwidth_util, basis, compute, cfg)
     if is_busy is None:
-        return _verdict("unknown", "no_load_signal", False)
+        return _verdict("unknown", "no_instance_load_signal" if contexts else "no_load_signal", False)
     if not is_busy:
         return _verdict("idle", "below_idle_bars", False)
     if profiling_unavailable:
@@ -132,6 +136,9 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
 ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("1", "no load signal at all (no utilization, bandwidth or compute signal)", "unknown",
      "`no_load_signal`"),
+    ("1a", "a MIG instance (and its GPU) with no load signal of its own while processes hold compute "
+     "contexts on it (pre-Hopper MIG: no GPM, no DCGM): busy, not evaluable", "unknown",
+     "`no_instance_load_signal`"),
     ("2", "all load signals below the idle bars", "idle", "`below_idle_bars`"),
     ("2a", "busy while the profiling counters read zero or blank (`gpu_profiling_available` 0: another "
      "profiler holds them, or the profiling module is not loaded)", "unknown", "`profiling_unavailable`"),

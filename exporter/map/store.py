@@ -27,6 +27,7 @@ class SourceState:
     reason: str = ""
     up: bool = False
     polls: int = 0
+    interval: float = 0.0           # seconds between full polls (0: not scheduled, e.g. a test)
     last_duration: float = 0.0
     last_success: float = 0.0       # unix time of the last successful poll
     errors: Counter[str] = field(default_factory=Counter)

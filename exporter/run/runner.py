@@ -253,7 +253,7 @@ def build_runner(col: Collector, explicit: bool, context: SourceContext, mapping
                  interval: float, timeout: float, store: Store) -> SourceRunner:
     """The runner of one enabled collector, its state added to ``store``.  A source that cannot
     even be created is kept, down or absent, so its reason shows in the self-metrics."""
-    state = SourceState(col.name, explicit=explicit)
+    state = SourceState(col.name, explicit=explicit, interval=interval)
     source: Source | None
     try:
         source = create_source(col, context)

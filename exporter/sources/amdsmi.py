@@ -8,7 +8,12 @@ series comes from two sources:
     xgmi.link_up (1/0, label ``link``), xgmi.{read,write}_kb (label ``link``; unmapped by default,
         amdgpu's gpu_metrics provides the same counters)
     client.engine_usage.gfx ns per client (label ``client``) and ``client.evidence``: the
-        busy-client count of the default ``processes: count`` (sources/evidence.py), never exported
+        busy-client count of the default ``processes: count`` (sources/evidence.py), never exported.
+        amdsmi builds its process list by walking ``/proc`` of the exporter's own PID namespace
+        and skipping, silently, every process whose ``/proc/<pid>/fdinfo`` it may not read
+        (ROCm amdsmi, ``gpuvsmi_get_pids``), so the count is complete only in the host PID
+        namespace with every fdinfo readable; otherwise it is partial
+        (``pid_namespace_private`` / ``procfs_unreadable``, as DRM fdinfo's)
     process.{vram_mem,gtt_mem,cpu_mem,mem} bytes and process.engine_usage.{gfx,enc} ns, labels
         ``pid`` and ``process`` (with ``options: {processes: series}``, top ``process_top_n``)
 
@@ -36,7 +41,7 @@ from typing import Any
 
 from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
-from .evidence import mark
+from .evidence import host_pid_namespace, mark, procfs_visibility
 from .options import AmdsmiOptions
 
 NOT_SUPPORTED = 2  # amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED
@@ -83,8 +88,14 @@ def _num(value: Any) -> float | None:
 class AmdsmiSource(SourceBase):
     name = "amdsmi"
 
-    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, module: ModuleType | Any | None = None):
+    def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *, module: ModuleType | Any | None = None,
+                 procfs: Path | str = "/proc"):
         self.sysfs = Path(context.sysfs)
+        # the /proc the library walks for its process list: always the process's own, whatever
+        # --path.procfs says (a test hands a fixture tree)
+        self.procfs = Path(procfs)
+        self._host_pids = False
+        self._visible: tuple[bool, str] = (False, "")
         self.options = context.typed(AmdsmiOptions)
         self._module = module
         self._smi: Any = None
@@ -141,6 +152,7 @@ class AmdsmiSource(SourceBase):
             self._smi = None
             raise SourceUnavailable("amdsmi found no AMD GPUs")
         self._handles = [(h, self._identity(h, i)) for i, h in enumerate(handles)]
+        self._host_pids = host_pid_namespace(self.procfs)  # a process keeps its PID namespace
 
     def close(self) -> None:
         if self._smi is not None:
@@ -181,6 +193,8 @@ class AmdsmiSource(SourceBase):
     # -------------------------------------------------------------------------------- poll
     def poll(self) -> PollResult:
         sample = PollResult()
+        if self.options.processes != "off":  # what amdsmi's process list can see, once per poll
+            self._visible = procfs_visibility(self.procfs, self._host_pids)
         for handle, dev in self._handles:
             sample.devices.append(dev)
             sample.device_up[dev.key] = True
@@ -226,7 +240,7 @@ class AmdsmiSource(SourceBase):
         if not isinstance(procs, list):
             mark(sample, key, "amdsmi", False, "not_supported")
             return
-        mark(sample, key, "amdsmi", True)
+        mark(sample, key, "amdsmi", *self._visible)
         if mode == "count":  # the busy-client count only: the gfx engine counter per pid
             for p in procs:
                 if isinstance(p, dict) and _num(p.get("pid")) is not None:

@@ -44,7 +44,7 @@ from typing import ClassVar
 from .. import safefile
 from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
-from .evidence import mark
+from .evidence import host_pid_namespace, mark
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
 from .fdinfo_scan import FdScanner
 from .options import FdinfoOptions
@@ -130,15 +130,6 @@ def card_drivers(sysfs: Path) -> dict[str, str]:
         except OSError:
             continue
     return out
-
-
-def host_pid_namespace(procfs: Path) -> bool:
-    """Whether ``procfs`` shows the host's processes: kthreadd is pid 2 only in the initial PID
-    namespace (a container without hostPID sees its own processes only)."""
-    try:
-        return safefile.read_path(Path(procfs) / "2" / "comm", COMM_MAX_BYTES).strip() == b"kthreadd"
-    except OSError:
-        return False
 
 
 def card_indices(sysfs: Path) -> dict[str, str]:

@@ -21,12 +21,45 @@ what is missing: ``pid_namespace_private``, ``procfs_unreadable``, ``not_support
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from .. import safefile
 from .base import PollResult
 
 EVIDENCE_RAW = "client.evidence"
+_COMM_MAX_BYTES = 4096
 
 
 def mark(sample: PollResult, key: str, source: str, complete: bool, reason: str = "") -> None:
     """Say that ``source`` counted (``complete``) or could not count the clients of GPU ``key``."""
     sample.add(key, EVIDENCE_RAW, 1.0 if complete else 0.0,
                (("evidence", source), ("reason", "" if complete else reason)))
+
+
+def host_pid_namespace(procfs: Path) -> bool:
+    """Whether ``procfs`` shows the host's processes: kthreadd is pid 2 only in the initial PID
+    namespace (a container without hostPID sees its own processes only)."""
+    try:
+        return safefile.read_path(Path(procfs) / "2" / "comm", _COMM_MAX_BYTES).strip() == b"kthreadd"
+    except OSError:
+        return False
+
+
+def procfs_visibility(procfs: Path, host_pids: bool) -> tuple[bool, str]:
+    """(complete, reason) of a client count made by walking ``procfs`` the way amdsmi's process
+    list does (``/proc/<pid>/fdinfo`` of every process it may ``access(R_OK)``; the others are
+    skipped silently): complete only in the host PID namespace with every fdinfo directory
+    accessible (a ptrace-read check for other users' processes: root or CAP_SYS_PTRACE)."""
+    if not host_pids:
+        return False, "pid_namespace_private"
+    try:
+        with os.scandir(procfs) as entries:
+            pids = [e.name for e in entries if e.name.isascii() and e.name.isdigit()]
+    except OSError:
+        return False, "procfs_unreadable"
+    for pid in pids:
+        path = f"{procfs}/{pid}/fdinfo"
+        if not os.access(path, os.R_OK) and os.path.isdir(f"{procfs}/{pid}"):  # not one that just exited
+            return False, "procfs_unreadable"
+    return True, ""

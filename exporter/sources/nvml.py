@@ -42,7 +42,6 @@ from .nvml_readers import DEFAULT_FIELDS, DeviceReader, GpuState, MigInstance, f
 from .options import NvmlOptions
 
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
-_CI_PREFIX = re.compile(r"^\d+c\.")
 
 
 def _text(v: Any) -> str:
@@ -317,11 +316,10 @@ class NvmlSource(SourceBase):
                 if inst.gpu_instance in seen:
                     continue
                 seen.add(inst.gpu_instance)
-                labels = (("gpu_instance", str(inst.gpu_instance)),
-                          ("mig_profile", _CI_PREFIX.sub("", inst.profile)))
+                labels = (("gpu_instance", str(inst.gpu_instance)), ("mig_profile", inst.gi_profile))
                 self.gpm.read(sample, st.key, st.handle, now, gi=inst.gpu_instance, labels=labels)
         if self.procs is not None:
-            self.procs.read(sample, st.key, st.handle, mig=bool(st.mig))
+            self.procs.read(sample, st.key, st.handle, mig=st.mig)
 
     def _read_xid(self, sample: PollResult) -> None:
         if self.xid is None:

@@ -3,19 +3,23 @@
 Two modes (``processes`` option, sources/evidence.py).  ``count`` (the default) reads only what
 the busy-client count needs: ``client.sm_util`` (label ``client``, the pid, never exported) from
 nvmlDeviceGetProcessUtilization, and on MIG GPUs (where NVML reports no per-process
-utilization) ``client.contexts`` per GPU instance from the compute process list; each GPU is
-marked with ``client.evidence`` (1 when the call answered).  No name is read.  ``series``
-exports the per-process series below as well.
+utilization) ``client.contexts`` per GPU instance from the compute process list of each MIG
+device, asked with the MIG device's own handle (NVML documents that the parent handle returns
+the aggregate in MIG mode only to a caller with the privilege for it); each GPU is marked with
+``client.evidence`` (1 when every call answered; else 0 and the reason: ``no_permission``,
+``not_supported``, ``read_error``).  No name is read.  ``series`` exports the per-process
+series below as well.
 
 Raw fields of ``series``: ``process.sm_util`` (percent, from nvmlDeviceGetProcessUtilization samples since the
 last poll) and ``process.memory_used`` (bytes, from nvmlDeviceGetComputeRunningProcesses), with
 labels ``pid`` and ``process`` (the command name from ``<procfs>/<pid>/comm``, else NVML's
-process name) plus ``gpu_instance``/``compute_instance`` on MIG.  Processes beyond the top N
+process name) plus ``gpu_instance``/``compute_instance`` on MIG (memory only there).  Processes beyond the top N
 (ranked by utilization, then memory) are summed under ``pid="other", process="other"``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +27,7 @@ from typing import Any
 from .base import PollResult
 from .evidence import mark
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
-
-INVALID_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
+from .nvml_readers import MigInstance
 
 
 @dataclass
@@ -63,9 +66,15 @@ class ProcessReader:
         self._names[pid] = name
         return name
 
-    def read(self, sample: PollResult, key: str, handle: Any, mig: bool = False) -> None:
+    def read(self, sample: PollResult, key: str, handle: Any, mig: Sequence[MigInstance] = ()) -> None:
+        """The GPU's clients (and, in ``series`` mode, its per-process series).  ``mig``: the
+        GPU's MIG devices, which are asked one by one (the parent handle answers only a
+        privileged caller in MIG mode)."""
+        if mig:
+            self._mig(sample, key, mig)
+            return
         if self.mode == "count":
-            self._count(sample, key, handle, mig)
+            self._count(sample, key, handle)
             return
         errors = sample.errors
         procs: dict[int, _Proc] = {}
@@ -75,16 +84,15 @@ class ProcessReader:
             pr = procs.setdefault(int(p.pid), _Proc(int(p.pid)))
             if p.usedGpuMemory is not None:
                 pr.mem = float(p.usedGpuMemory)
-            gi = getattr(p, "gpuInstanceId", INVALID_ID)
-            ci = getattr(p, "computeInstanceId", INVALID_ID)
-            if gi is not None and gi != INVALID_ID:
-                pr.gi, pr.ci = int(gi), (int(ci) if ci is not None and ci != INVALID_ID else None)
         answered = self._utilization(sample, key, handle)
         mark(sample, key, "nvml", answered is not None, "not_supported")
-        latest = answered or {}
-        for pid, sm in latest.items():
+        for pid, sm in (answered or {}).items():
             procs.setdefault(pid, _Proc(pid)).sm = sm
-        ranked = sorted(procs.values(), key=lambda p: (p.sm or 0.0, p.mem or 0.0, -p.pid), reverse=True)
+        self._emit(sample, key, list(procs.values()))
+
+    def _emit(self, sample: PollResult, key: str, procs: list[_Proc]) -> None:
+        """``series`` mode: the top N processes by utilization, then memory; the rest pooled."""
+        ranked = sorted(procs, key=lambda p: (p.sm or 0.0, p.mem or 0.0, -p.pid), reverse=True)
         top, rest = ranked[: self.top_n], ranked[self.top_n:]
         for p in top:
             labels: tuple[tuple[str, str], ...] = (("pid", str(p.pid)), ("process", self.name(p.pid)))
@@ -119,24 +127,8 @@ class ProcessReader:
             self.last_ts[key] = max(self.last_ts.get(key, 0), int(s.timeStamp))
         return {pid: float(s.smUtil) for pid, s in latest.items()}
 
-    def _count(self, sample: PollResult, key: str, handle: Any, mig: bool) -> None:
-        """Count-only evidence: per-client utilization (internal), or on MIG the compute
-        contexts per GPU instance; no names, no memory."""
-        if mig:
-            running = self.guard.call(sample.errors, key, "client.contexts",
-                                      "nvmlDeviceGetComputeRunningProcesses", handle)
-            if running is None:
-                mark(sample, key, "nvml", False, "not_supported")
-                return
-            per_gi: dict[int, int] = {}
-            for p in running:
-                gi = getattr(p, "gpuInstanceId", INVALID_ID)
-                if gi is not None and gi != INVALID_ID:
-                    per_gi[int(gi)] = per_gi.get(int(gi), 0) + 1
-            for gi, n in sorted(per_gi.items()):
-                sample.add(key, "client.contexts", n, (("gpu_instance", str(gi)),))
-            mark(sample, key, "nvml", True)
-            return
+    def _count(self, sample: PollResult, key: str, handle: Any) -> None:
+        """Count-only evidence: per-client utilization (internal); no names, no memory."""
         latest = self._utilization(sample, key, handle)
         if latest is None:
             mark(sample, key, "nvml", False, "not_supported")
@@ -144,3 +136,37 @@ class ProcessReader:
         for pid, sm in sorted(latest.items()):
             sample.add(key, "client.sm_util", sm, (("client", str(pid)),))
         mark(sample, key, "nvml", True)
+
+    def _mig(self, sample: PollResult, key: str, instances: Sequence[MigInstance]) -> None:
+        """A MIG GPU: the processes holding a compute context on each MIG device, asked with
+        that device's own handle (NVML gives no per-process utilization in MIG mode), counted per
+        GPU instance.  The evidence is complete only when every MIG device answered; one that
+        did not leaves the count partial (its instance gets no count: never "0 clients")."""
+        per_gi: dict[int, set[int]] = {}
+        profiles: dict[int, str] = {}
+        procs: list[_Proc] = []
+        failed = ""
+        for inst in instances:
+            profiles.setdefault(inst.gpu_instance, inst.gi_profile)
+            field = f"client.contexts.{inst.gpu_instance}.{inst.compute_instance}"
+            running = self.guard.call(sample.errors, key, field, "nvmlDeviceGetComputeRunningProcesses",
+                                      inst.handle)
+            if running is None:
+                failed = failed or self.guard.failure_reason(key, field)
+                continue
+            pids = per_gi.setdefault(inst.gpu_instance, set())
+            for p in running:
+                pid = int(p.pid)
+                if pid in pids:
+                    continue
+                pids.add(pid)
+                if self.mode == "series":
+                    mem = float(p.usedGpuMemory) if p.usedGpuMemory is not None else None
+                    procs.append(_Proc(pid, None, mem, inst.gpu_instance, inst.compute_instance))
+        for gi, pids in sorted(per_gi.items()):
+            if pids:
+                sample.add(key, "client.contexts", len(pids),
+                           (("gpu_instance", str(gi)), ("mig_profile", profiles[gi])))
+        mark(sample, key, "nvml", not failed, failed)
+        if self.mode == "series":
+            self._emit(sample, key, procs)

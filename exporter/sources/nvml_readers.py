@@ -17,6 +17,7 @@ Static values (max clocks, bus width, max power limit) are read once per discove
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from .base import Device, PollResult
 from .nvml_calls import LOST_CODES, SUCCESS, CallGuard, DeviceLost
 
+_CI_PREFIX = re.compile(r"^\d+c\.")  # a compute instance's profile: <n>c.<gpu instance profile>
 CLOCKS = (("graphics", "NVML_CLOCK_GRAPHICS"), ("sm", "NVML_CLOCK_SM"),
           ("memory", "NVML_CLOCK_MEM"), ("video", "NVML_CLOCK_VIDEO"))
 
@@ -56,6 +58,11 @@ class MigInstance:
     gpu_instance: int
     compute_instance: int
     profile: str
+
+    @property
+    def gi_profile(self) -> str:
+        """The GPU instance's profile (``1c.2g.10gb`` -> ``2g.10gb``: compute-instance prefix off)."""
+        return _CI_PREFIX.sub("", self.profile)
 
     @property
     def labels(self) -> tuple[tuple[str, str], ...]:

@@ -7,7 +7,11 @@ their own ``nvmlReturn``).  ``tests/test_nvml_fake.py`` checks names and constan
 the installed real binding.
 
 ``make_module(gpus)`` builds a fresh module object per test; scenario helpers (``h100()``,
-``a100_mig()``, ``t4()``, ``h100_mig()``) return plain dicts that a test may edit.  Test controls
+``a100_mig()``, ``a100_mig_busy()``, ``t4()``, ``h100_mig()``, ``h100_mig_shared()``) return plain
+dicts that a test may edit.  In MIG mode the parent handle's compute process list answers
+NO_PERMISSION unless the GPU's ``mig_privileged`` is set (NVML returns that aggregate only to a
+privileged caller); MIG device handles answer for their own instance (``processes_error`` on a
+MIG entry makes one fail).  Test controls
 are module attributes starting with ``fake_`` (they do not exist in the real binding):
 ``fake_advance(s)`` moves the fake clock and the counters, ``fake_lose(i)``/``fake_recover(i)``
 make GPU i answer GpuIsLost, ``fake_inject_xid(i, code)`` queues an XID event, ``fake_calls``
@@ -273,6 +277,9 @@ def _gpu(**kw: Any) -> dict[str, Any]:
         "fields": {}, "rates": {}, "nvlink_links": 0, "ecc": None, "remapped": None,
         "gpm_supported": False, "gpm": {}, "mig": None, "processes": [], "xid_supported": True,
         "unsupported": set(), "missing": set(), "mig_capable": True,
+        # MIG mode: the parent handle's process list answers only a privileged caller (NVML:
+        # "aggregate information, only if the caller has appropriate privileges")
+        "mig_privileged": False,
         "gpm_unsupported_rc": ERRORS["NVML_ERROR_INVALID_ARGUMENT"],
     }
     base.update(kw)
@@ -351,6 +358,17 @@ def a100_mig(i: int = 0) -> dict[str, Any]:
                                                                "used": 3 * mib, "free": 9853 * mib}},
         ],
     )
+
+
+def a100_mig_busy(i: int = 0) -> dict[str, Any]:
+    """a100_mig with compute processes: two on instance 13, one on instance 11, none on 5.  No
+    GPM before Hopper, so the instances report no load signal of their own."""
+    g = a100_mig(i)
+    mib = 1 << 20
+    g["processes"] = [{"pid": 6101, "name": "etl", "mem": 900 * mib, "gi": 13, "ci": 0},
+                      {"pid": 6102, "name": "train", "mem": 800 * mib, "gi": 13, "ci": 0},
+                      {"pid": 6201, "name": "infer", "mem": 1500 * mib, "gi": 11, "ci": 0}]
+    return g
 
 
 def t4(i: int = 0) -> dict[str, Any]:
@@ -819,8 +837,15 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     # -- processes ------------------------------------------------------------------------------------
     @api
     def nvmlDeviceGetComputeRunningProcesses(h: c_nvmlDevice_t) -> list[Any]:
+        spec, m = spec_of(h), mig_of(h)
+        if m is None and spec["mig"] is not None and not spec["mig_privileged"]:
+            fail(ERRORS["NVML_ERROR_NO_PERMISSION"])  # the parent handle in MIG mode, unprivileged
+        if m is not None and m.get("processes_error"):
+            fail(m["processes_error"])  # a MIG device that cannot answer (test control)
         out = []
-        for p in spec_of(h)["processes"]:
+        for p in spec["processes"]:
+            if m is not None and (p.get("gi"), p.get("ci", 0)) != (m["gi"], m["ci"]):
+                continue  # a MIG device handle answers for its own instance only
             out.append(types.SimpleNamespace(pid=p["pid"], usedGpuMemory=p.get("mem"),
                                              gpuInstanceId=p.get("gi", INVALID_ID),
                                              computeInstanceId=p.get("ci", INVALID_ID)))
