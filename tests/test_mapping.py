@@ -161,6 +161,13 @@ fields:
      "fields.0.colour", "Extra inputs are not permitted"),
     ("vendor: nvidia\nfields:\n  - raw: x\n    metric: [unclosed\n", 5, "", "invalid YAML"),
     ("vendor: acme\nfields: []\n", 1, "vendor", "Input should be"),
+    # unit evidence is between schemas; a schema a rule names must be one the file lists
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_power_watts\n    integer: true\n", 3,
+     "fields[0]", "only for a raw field qualified by one"),
+    ("vendor: nvidia\nfields:\n  - raw: 'x{schema=\"a\"}'\n    metric: gpu_power_watts\n    unit_help: '('\n", 3,
+     "fields[0]", "unit_help is not a regular expression"),
+    ("vendor: nvidia\nschemas: [{name: a}]\nfields:\n  - raw: 'x{schema=\"b\"}'\n    metric: gpu_power_watts\n", 4,
+     "fields[0].raw", "names a schema the file does not list"),
 ])
 def test_invalid_mapping_names_file_line_and_field(tmp_path, schema, body, line, field, message):
     path = tmp_path / "bad.yaml"
