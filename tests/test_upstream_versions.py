@@ -49,6 +49,9 @@ H100 = {
     m("gpu_compute_occupancy_percent"): 31,
     m("gpu_tensor_utilization_percent"): 43.21,
     m("gpu_profiling_available"): 1,
+    # NVLINK_BANDWIDTH_TOTAL 12500 (DCGM: KiB/s / 1000, so x 1024000 B/s), integrated over the
+    # 1 s between the two polls from 0
+    m("gpu_interconnect_bytes_total", interconnect="nvlink", direction="total"): 12_800_000_000,
 }
 # 4.9 collects FB_CAPACITY_BYTES by default: the total, and the utilization derived from it
 FB_CAPACITY = {m("gpu_memory_total_bytes"): 81559 * MiB,

@@ -30,7 +30,9 @@ class FieldRule(BaseModel):
     offset: float = 0.0
     labels: dict[str, str] = {}
     label_map: dict[str, str] = {}
-    transform: Literal["none", "rate"] = "none"
+    # rate: per-second rate of a raw counter (a gauge); integrate: a counter accumulated from a
+    # raw throughput gauge (value x scale x seconds between polls)
+    transform: Literal["none", "rate", "integrate"] = "none"
     wrap: float | None = Field(default=None, gt=0)
     invalid: list[float] = []
     # a lookup applied to the raw value before scale/offset (e.g. PCIe generation -> GT/s); a raw
@@ -148,6 +150,7 @@ class Rule:
     series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
     values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
     profiling: bool = False  # subject to the file's profiling guard
+    integrate: bool = False  # a counter accumulated from a throughput gauge
     unit_help: re.Pattern[str] | None = None  # HELP text that says a target serves this unit
     integer: bool = False  # a raw value in this unit is a whole number
 
@@ -193,6 +196,8 @@ def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
         return f"{rule.metric} requires labels {sorted(missing)}"
     if mdef.type == "counter" and rule.transform == "rate":
         return f"transform: rate makes a gauge, but {rule.metric} is a counter"
+    if rule.transform == "integrate" and (mdef.type != "counter" or rule.wrap is not None):
+        return f"transform: integrate makes a counter (no wrap), but {rule.metric} is a {mdef.type}"
     if rule.values and (mdef.type != "gauge" or rule.transform != "none"):
         return "values: (a lookup table) applies to gauges mapped as read"
     if rule.wrap is not None and mdef.type != "counter" and rule.transform != "rate":
@@ -229,7 +234,7 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
             values=tuple(sorted(fr.values.items())), profiling=fr.profiling,
             unit_help=re.compile(fr.unit_help) if fr.unit_help is not None else None,
-            integer=fr.integer))
+            integer=fr.integer, integrate=fr.transform == "integrate"))
     guard = parsed.profiling_guard
     if any(fr.profiling for fr in parsed.fields):
         if guard.busy_metric not in schema.metrics:
