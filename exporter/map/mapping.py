@@ -151,7 +151,7 @@ class Rule:
     values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
     profiling: bool = False  # subject to the file's profiling guard
     integrate: bool = False  # a counter accumulated from a throughput gauge
-    unit_help: re.Pattern[str] | None = None  # HELP text that says a target serves this unit
+    unit_help: re.Pattern[str] | None = None  # a help text saying the target serves this unit
     integer: bool = False  # a raw value in this unit is a whole number
 
 

@@ -27,7 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families as parse_pro
 
 from ..http_deadline import Deadline, opener
 from .base import PollFailed
-from .options import UpstreamBasicAuth, UpstreamOptions, UpstreamTls
 from .upstream_identity import (
     EXPORTERS,
     ExporterSpec,
@@ -91,8 +90,9 @@ class Target:
 # --- configuration -------------------------------------------------------------------------
 
 
-def parse_targets(options: UpstreamOptions) -> list[Target]:
-    """Targets of the typed ``upstream`` options (``sources/options.py``: the only defaults).
+def parse_targets(options: Any) -> list[Target]:
+    """Targets of the typed ``upstream`` options (``options.UpstreamOptions``: the only defaults;
+    read by attribute, as options.py imports this module to run it at load).
 
     What the model only types is resolved here: the TLS context (files read), the basic-auth
     header (password file read); raises ``ValueError``/``OSError`` naming the bad entry."""
@@ -114,7 +114,7 @@ def parse_targets(options: UpstreamOptions) -> list[Target]:
     return targets
 
 
-def _ssl_context(tls: UpstreamTls | None) -> ssl.SSLContext:
+def _ssl_context(tls: Any) -> ssl.SSLContext:  # options.UpstreamTls | None
     ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls and tls.ca_file else None)
     if tls is None:
         return ctx
@@ -126,7 +126,7 @@ def _ssl_context(tls: UpstreamTls | None) -> ssl.SSLContext:
     return ctx
 
 
-def _authorization(auth: UpstreamBasicAuth | None, where: str) -> str:
+def _authorization(auth: Any, where: str) -> str:  # options.UpstreamBasicAuth | None
     if auth is None:
         return ""
     if not auth.username:
