@@ -123,11 +123,12 @@ def _check_upstream(config: Config, mappings: MappingSet) -> None:
     """A target's ``schema`` pin must name a schema of its exporter's mapping file (the rest of
     a target, TLS and password files included, is checked by its options model at load)."""
     from ..sources.options import UpstreamOptions
-    from ..sources.upstream_identity import EXPORTERS
 
     options = config.collector("upstream").options
-    if not isinstance(options, UpstreamOptions):
-        return
+    if not isinstance(options, UpstreamOptions) or not any(t.schema_pin for t in options.targets):
+        return  # the default path loads none of the upstream code
+    from ..sources.upstream_identity import EXPORTERS
+
     errors = []
     for i, target in enumerate(options.targets):
         if not target.schema_pin:
