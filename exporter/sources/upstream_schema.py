@@ -70,14 +70,6 @@ def qualify(field: str, schema: str) -> str:
     return f'{field}{{schema="{schema}"}}'
 
 
-def detect(cm: Any, names: Iterable[str], label_names: Iterable[str]) -> str:
-    """The newest schema of ``cm`` with a marker among ``names``/``label_names`` (the lower
-    bound), else its last schema; "" when the mapping lists none."""
-    if cm is None or not cm.schemas:
-        return ""
-    return cm.schemas[_lower_bound(cm, set(names), set(label_names))].name
-
-
 def _lower_bound(cm: Any, names: set[str], labels: set[str]) -> int:
     for i, schema in enumerate(cm.schemas):
         if (names.intersection(schema.names) or labels.intersection(schema.labels)
