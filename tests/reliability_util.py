@@ -76,15 +76,19 @@ class ExporterProcess:
     """The real exporter as a subprocess on 127.0.0.1:<free port>."""
 
     def __init__(self, args: list[str], tmp_path: Path, ready_timeout: float = 15.0,
-                 ready: bytes = b"unified_gpu_exporter_source_up"):
-        """Ready once a scrape contains ``ready`` (e.g. a source_up line with value 1)."""
+                 ready: bytes = b"unified_gpu_exporter_source_up", module: str = "exporter",
+                 env: dict[str, str] | None = None):
+        """Ready once a scrape contains ``ready`` (e.g. a source_up line with value 1).  ``module``:
+        what ``python -m`` runs (``tests.fakes.nvml_exporter``: the exporter with the NVML fake);
+        ``env``: added to the environment."""
         self._ready = ready
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / f"exporter-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{self.port}", *args]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+        cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{self.port}", *args]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env} if env else None)
         self._wait_ready(ready_timeout)
 
     @property

@@ -96,6 +96,29 @@ fields:
     assert run(m, 6.0, ("idle_ms", 510))[key] == pytest.approx(50.0)
 
 
+def test_integrate_turns_a_throughput_gauge_into_a_byte_counter(tmp_path, schema):
+    """DCGM's NVLink throughput (units of 1024000 B/s, averaged by DCGM over its window): each
+    poll adds value x scale x seconds since the previous one; from 0, never down."""
+    ms = make_set(tmp_path, schema, """
+vendor: nvidia
+fields:
+  - {raw: nvl, metric: gpu_interconnect_bytes_total, labels: {interconnect: nvlink, direction: total},
+     transform: integrate, scale: 1024000, invalid: [9.223372036854775808e+18]}
+""")
+    m = Mapper(ms)
+    key = ("gpu_interconnect_bytes_total", DL + (("direction", "total"), ("interconnect", "nvlink")))
+    assert run(m, 10.0, ("nvl", 100))[key] == 0                       # first sight: starts at 0
+    assert run(m, 12.0, ("nvl", 100))[key] == 100 * 1024000 * 2        # 2 s at 100
+    assert run(m, 12.5, ("nvl", 0))[key] == 100 * 1024000 * 2          # idle
+    s = PollResult(monotonic=13.5)
+    s.add(DEV.key, "nvl", -5)                                           # a negative rate: malformed
+    assert m.map(s, {DEV.key: DEV}).malformed == 1
+    assert key not in run(m, 14.5, ("nvl", 2.0**63))                  # a blank: no value
+    # nothing is assumed for the polls without a value: the next one restarts the window
+    assert run(m, 15.5, ("nvl", 50))[key] == 100 * 1024000 * 2
+    assert run(m, 16.5, ("nvl", 50))[key] == 100 * 1024000 * 2 + 50 * 1024000 * 1.0
+
+
 def test_first_listed_rule_wins_and_invalid_values_are_counted(tmp_path, schema):
     ms = make_set(tmp_path, schema, """
 vendor: amd
@@ -161,6 +184,15 @@ fields:
      "fields.0.colour", "Extra inputs are not permitted"),
     ("vendor: nvidia\nfields:\n  - raw: x\n    metric: [unclosed\n", 5, "", "invalid YAML"),
     ("vendor: acme\nfields: []\n", 1, "vendor", "Input should be"),
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_power_watts\n    transform: integrate\n", 4,
+     "fields[0].metric", "transform: integrate makes a counter"),
+    # unit evidence is between schemas; a schema a rule names must be one the file lists
+    ("vendor: nvidia\nfields:\n  - raw: x\n    metric: gpu_power_watts\n    integer: true\n", 3,
+     "fields[0]", "only for a raw field qualified by one"),
+    ("vendor: nvidia\nfields:\n  - raw: 'x{schema=\"a\"}'\n    metric: gpu_power_watts\n    unit_help: '('\n", 3,
+     "fields[0]", "unit_help is not a regular expression"),
+    ("vendor: nvidia\nschemas: [{name: a}]\nfields:\n  - raw: 'x{schema=\"b\"}'\n    metric: gpu_power_watts\n", 4,
+     "fields[0].raw", "names a schema the file does not list"),
 ])
 def test_invalid_mapping_names_file_line_and_field(tmp_path, schema, body, line, field, message):
     path = tmp_path / "bad.yaml"

@@ -313,14 +313,24 @@ def test_counter_names_are_read_as_written_on_the_wire() -> None:
 
 
 def test_options_are_validated() -> None:
-    with pytest.raises(ValueError, match="exporter must be one of"):
+    """A dict (tools, tests) goes through the same typed model as the configuration file."""
+    with pytest.raises(ValueError, match="unknown exporter 'dcgm'"):
         UpstreamSource(SourceContext(options={"targets": [{"url": "http://x/metrics", "exporter": "dcgm"}]}))
-    with pytest.raises(ValueError, match="url must be"):
-        UpstreamSource(SourceContext(options={"targets": [{"url": "localhost:9400", "exporter": "dcgm-exporter"}]}))
+    for url in ("localhost:9400", "http:///metrics", "ftp://h/metrics"):
+        with pytest.raises(ValueError, match="http:// or https:// URL with a host"):
+            UpstreamSource(SourceContext(options={"targets": [{"url": url, "exporter": "dcgm-exporter"}]}))
     with pytest.raises(ValueError, match="used twice"):
         UpstreamSource(SourceContext(options={"targets": [target("http://a/m", name="x"), target("http://b/m", name="x")]}))
-    with pytest.raises(ValueError, match="timeout"):
-        UpstreamSource(SourceContext(options={"targets": [target("http://a/m", timeout=0)]}))
+    for bad in ({"timeout": 0}, {"timeout": 7200}, {"max_series": 0}, {"max_label_values": True},
+                {"max_series": 2_000_000}, {"max_series": "lots"}, {"schema": "no spaces allowed"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            UpstreamSource(SourceContext(options={"targets": [target("http://a/m", **bad)]}))
     with pytest.raises(SourceUnavailable, match="no upstream targets"):
         UpstreamSource(SourceContext(options={})).open()
+    # the caps and the pin the README documents reach the target, defaults from the model alone
+    src = UpstreamSource(SourceContext(options={"targets": [
+        target("http://a/m", max_series=500, max_label_values=50, schema="dcgm-4.6"), target("http://b/m", name="u")]}))
+    (a, b) = src._targets
+    assert (a.max_series, a.max_label_values, a.schema, a.timeout) == (500, 50, "dcgm-4.6", 5.0)
+    assert (b.max_series, b.max_label_values, b.schema) == (20_000, 1_000, "")
     assert UpstreamSource.secondary is True  # native sources win for the same GPU

@@ -113,6 +113,18 @@ def test_dcgm_source_busy_gpu_with_zero_dcp_fields(mappings) -> None:
     assert got[m("gpu_compute_occupancy_percent")] == 25 and got[m("gpu_profiling_available")] == 1
 
 
+def test_dcgm_field_203_as_a_float_is_not_read_as_a_percent(mappings) -> None:
+    """Field 203 is DCGM_FT_INT64 0-100 % (DCGM 4.6.0); a float for it would be a redefined unit
+    (a 0-1 ratio): skipped and counted, not exported as 0.97 %."""
+    values = {0: {203: 0.97, 1003: 0.25}}
+    got, sample = map_polls(DcgmSource(module=fake_bindings(values)[0]), mappings)
+    assert m("gpu_compute_utilization_percent") not in got
+    assert sample.errors["unit_ambiguous"] == 1 and got[m("gpu_compute_occupancy_percent")] == 25
+    values[0][203] = 97
+    got, sample = map_polls(DcgmSource(module=fake_bindings(values)[0]), mappings)
+    assert got[m("gpu_compute_utilization_percent")] == 97 and sample.errors["unit_ambiguous"] == 0
+
+
 def test_gpm_busy_gpu_with_zero_metrics(mappings) -> None:
     gpu = pf.h100(0)
     gpu["gpm"] = {k: 0.0 for k in gpu["gpm"]}
@@ -176,6 +188,29 @@ def test_daemon_reads_unknown_not_healthy(tmp_path, server) -> None:
     finally:
         exp.stop()
     assert re.search(r'^gpu_memory_state\{.*state="unknown".*\} 1', text, re.MULTILINE)
+
+
+def test_daemon_with_gpm_reading_zero_on_a_busy_gpu_reads_unknown(tmp_path) -> None:
+    """Our own NVML source: the faithful fake H100 at 99 % utilization with every GPM metric 0
+    (another profiler holds the counters), through the real daemon (tests.fakes.nvml_exporter)."""
+    empty_sys = tmp_path / "sys"
+    empty_sys.mkdir()
+    exp = ExporterProcess(["--path.sysfs", str(empty_sys), "--poll.interval", "500ms",
+                           "--state.dir", str(tmp_path / "state")], tmp_path, ready_timeout=30.0,
+                          ready=b"gpu_profiling_available{", module="tests.fakes.nvml_exporter",
+                          env={"FAKE_NVML_GPUS": "h100_gpm_held"})
+    try:
+        text = _wait_for(exp, r'^gpu_memory_state_info\{.*reason="profiling_unavailable".*state="unknown".*\} 1',
+                         timeout=30.0)
+    finally:
+        exp.stop()
+    assert re.search(r'^gpu_profiling_available\{.*\} 0(\.0)?$', text, re.MULTILINE)
+    assert re.search(r'^gpu_compute_utilization_percent\{.*vendor="nvidia"\} 99(\.0)?$', text, re.MULTILINE)
+    for metric in PROF:  # the zeros are not exported as values
+        assert not re.search(rf"^{metric}\{{", text, re.MULTILINE), metric
+    assert re.search(r'^unified_gpu_exporter_source_errors_total\{kind="profiling_unavailable",source="nvml"\} [1-9]',
+                     text, re.MULTILINE)
+    assert not re.search(r'^gpu_memory_state_info\{.*state="(idle|healthy)".*\} 1', text, re.MULTILINE)
 
 
 # ------------------------------------------------------------------ mapping file checks

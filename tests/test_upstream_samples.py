@@ -114,6 +114,8 @@ def test_dcgm_exporter_a100_mig(server, mappings, shared_fixtures: Path) -> None
         m("gpu_tensor_utilization_percent", **mig): 93.0433,
         m("gpu_memory_bandwidth_utilization_percent", **mig): 80.0339,
         m("gpu_profiling_available"): 1,
+        # NVLINK_BANDWIDTH_TOTAL 0 (a throughput gauge): its integral from the first poll on
+        m("gpu_interconnect_bytes_total", interconnect="nvlink", direction="total"): 0,
     }
 
 

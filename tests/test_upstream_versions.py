@@ -4,8 +4,9 @@ the same GPU served in the oldest supported format (units included).
 The dcgm-exporter files in tests/upstream_versions/ are BUILT, not captured: no public scrape of
 dcgm-exporter 4.8.3 or later exists; they follow each release's collector CSV, release notes and
 the DCGM headers (tests/upstream_versions/SOURCES.md names the source of every name, and which
-DCGM 4.7 names are inferred).  The AMD DME 1.4.1 form is derived here from the v1.4.2+ doc sample
-in ../shared/fixtures (metricslist.md @ v1.4.1 shows the GPU_CLOCK_TYPE_* values).
+DCGM 4.7 names are inferred).  The AMD DME files there are built from each tag's GaugeVec names;
+the DME 1.4.1 form of the vendor doc sample is derived here (GPU_CLOCK_TYPE_* enum values up to
+v1.4.1).  nvidia_gpu_exporter: tests/test_upstream_versions_nge.py.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ H100 = {
     m("gpu_compute_occupancy_percent"): 31,
     m("gpu_tensor_utilization_percent"): 43.21,
     m("gpu_profiling_available"): 1,
+    # NVLINK_BANDWIDTH_TOTAL 12500 (DCGM: KiB/s / 1000, so x 1024000 B/s), integrated over the
+    # 1 s between the two polls from 0
+    m("gpu_interconnect_bytes_total", interconnect="nvlink", direction="total"): 12_800_000_000,
 }
 # 4.9 collects FB_CAPACITY_BYTES by default: the total, and the utilization derived from it
 FB_CAPACITY = {m("gpu_memory_total_bytes"): 81559 * MiB,
@@ -137,19 +141,80 @@ def test_a_renamed_field_is_counted_and_logged(server, caplog) -> None:
 
 def test_amd_dme_clock_types_before_and_after_1_4_2(server, mappings, shared_fixtures: Path) -> None:
     """v1.4.2 normalized clock_type ("system"); up to v1.4.1 it is the enum name
-    ("GPU_CLOCK_TYPE_SYSTEM"): both give the same clocks."""
+    ("GPU_CLOCK_TYPE_SYSTEM"): the vendor doc's sample in both spellings gives the same series,
+    every one of them (three GPUs, device labels kept), min/max clocks aside (v1.4.2+ only)."""
     new = amd_blocks(shared_fixtures)[5]
     assert 'clock_type="system"' in new
     old = re.sub(r'clock_type="([a-z]+)"', lambda mt: f'clock_type="GPU_CLOCK_TYPE_{mt[1].upper()}"', new)
     old = "\n".join(ln for ln in old.splitlines() if not ln.startswith(("gpu_min_clock", "gpu_max_clock")))
-    got_new = mapped(server, mappings, "/dme142", new, exporter="amd-device-metrics-exporter")
-    got_old = mapped(server, mappings, "/dme141", old, exporter="amd-device-metrics-exporter")
-    clocks = {k: v for k, v in got_new.items() if k[0] == "gpu_clock_mhz"}
-    assert clocks and {k: v for k, v in got_old.items() if k[0] == "gpu_clock_mhz"} == clocks
-    assert self_samples(source(server, "/dme141", old, exporter="amd-device-metrics-exporter"))[
-        "upstream_schema_info"]["schema"] != "dme-1.4.2"
-    assert self_samples(source(server, "/dme142", new, exporter="amd-device-metrics-exporter"))[
-        "upstream_schema_info"]["schema"] == "dme-1.4.2"
+    dme = "amd-device-metrics-exporter"
+    got_new = map_source_once(source(server, "/dme142", new, exporter=dme), mappings=mappings)
+    got_old = map_source_once(source(server, "/dme141", old, exporter=dme), mappings=mappings)
+    clocks = [k for k in got_new if k[0] == "gpu_clock_mhz"]
+    assert len(clocks) == 5 and any(k[0] == "gpu_interconnect_bytes_total" for k in got_new)
+    assert got_old == {k: v for k, v in got_new.items() if k[0] not in ("gpu_clock_min_mhz", "gpu_clock_max_mhz")}
+    assert self_samples(source(server, "/dme141", old, exporter=dme))["upstream_schema_info"]["schema"] != "dme-1.4.2"
+    assert self_samples(source(server, "/dme142", new, exporter=dme))["upstream_schema_info"]["schema"] == "dme-1.4.2"
+
+
+# one MI300X OAM in the oldest DME format tested (v1.3.1: xgmi_neighbor_*, clock_type enum names),
+# by hand from tests/upstream_versions/dme-1.3.1.prom (units converted as commented)
+MI300X = {
+    m("gpu_compute_utilization_percent"): 87,                # gpu_gfx_activity
+    m("gpu_memory_bandwidth_utilization_percent"): 41,       # gpu_umc_activity
+    m("gpu_temperature_celsius", sensor="junction"): 71,
+    m("gpu_temperature_celsius", sensor="memory"): 63,       # edge 0: no sensor on MI3xx, absent
+    m("gpu_power_watts"): 642,
+    m("gpu_energy_joules_total"): 8123456.789,               # 8.123456789e12 uJ
+    m("gpu_memory_used_bytes"): 150000 * MiB,                # VRAM in MB (MiB as amdsmi computes it)
+    m("gpu_memory_free_bytes"): 46256 * MiB,
+    m("gpu_memory_total_bytes"): 196256 * MiB,
+    m("gpu_memory_utilization_percent"): round(150000 / 196256 * 100, 6),
+    m("gpu_memory_visible_used_bytes"): 150000 * MiB,
+    m("gpu_memory_visible_total_bytes"): 196256 * MiB,
+    m("gpu_memory_gtt_used_bytes"): 12 * MiB,
+    m("gpu_memory_gtt_total_bytes"): 257000 * MiB,
+    m("gpu_pcie_link_speed_gts"): 32,
+    m("gpu_pcie_link_max_speed_gts"): 32,
+    m("gpu_pcie_replays_total"): 4,
+    m("gpu_ecc_errors_total", severity="corrected"): 7,
+    m("gpu_ecc_errors_total", severity="uncorrected"): 0,
+    m("gpu_interconnect_bytes_total", interconnect="xgmi", direction="rx", link="1"): 2776148269 * 1024,  # KB
+    m("gpu_interconnect_bytes_total", interconnect="xgmi", direction="tx", link="1"): 3539423344 * 1024,
+    m("gpu_compute_occupancy_percent"): 38.5,                # gpu_prof_occupancy_percent
+    m("gpu_tensor_utilization_percent"): 22.25,
+    m("gpu_profiling_available"): 1,
+    m("gpu_clock_mhz", domain="graphics"): 2100,             # clock_type GPU_CLOCK_TYPE_SYSTEM
+    m("gpu_clock_mhz", domain="memory"): 1300,
+    m("gpu_clock_mhz", domain="video"): 1523,
+    m("gpu_clock_mhz", domain="soc"): 1143,
+    m("gpu_clock_mhz", domain="fabric"): 1400,               # clock_type data (fclk)
+}
+# v1.4.2+ also serves the clock limits
+MI300X_LIMITS = {
+    **{m("gpu_clock_min_mhz", domain=d): v for d, v in
+       (("graphics", 100), ("memory", 900), ("video", 100), ("soc", 100), ("fabric", 100))},
+    **{m("gpu_clock_max_mhz", domain=d): v for d, v in
+       (("graphics", 2100), ("memory", 1300), ("video", 1523), ("soc", 1143), ("fabric", 1400))},
+}
+DME_GENERATIONS = [  # file, schema recognised, series beyond the oldest format's
+    ("dme-1.3.1.prom", "dme-1.0", {}),
+    ("dme-1.4.1.prom", "dme-1.4", {}),
+    ("dme-1.4.2.prom", "dme-1.4.2", MI300X_LIMITS),
+]
+
+
+@pytest.mark.parametrize(("name", "schema", "extra"), DME_GENERATIONS, ids=[g[0] for g in DME_GENERATIONS])
+def test_every_dme_release_gives_the_series_of_the_oldest(server, mappings, name, schema, extra) -> None:
+    """v1.3.1 (xgmi_neighbor_*), v1.4.0/1.4.1 (gpu_xgmi_nbr_*, *_processor_hot_*,
+    pcie_bidirectional_bandwidth; clock_type enum names) and v1.4.2+ (normalized clock_type,
+    gpu_min/max_clock): every canonical value equal; the generation recognised; no unknown name."""
+    dme = "amd-device-metrics-exporter"
+    body = (DATA / name).read_text()
+    assert mapped(server, mappings, f"/{name}", body, exporter=dme) == {**MI300X, **extra}
+    info = self_samples(source(server, f"/{name}", body, exporter=dme))
+    assert info["upstream_schema_info"]["schema"] == schema
+    assert info["upstream_unknown_fields"]["value"] == 0
 
 
 def test_amd_dme_clock_sentinel_is_not_a_value(server, mappings) -> None:

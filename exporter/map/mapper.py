@@ -117,8 +117,14 @@ class Mapper:
                             continue
                         value = looked_up
                     if rule.is_counter:
-                        delta = self._delta(skey, rule, value, now)
-                        initial = value * rule.scale
+                        if rule.integrate:  # a throughput gauge: its integral, from 0
+                            if not (isfinite(value) and value >= 0):
+                                malformed += 1
+                                continue
+                            delta, initial = self._integral(skey, rule, value, now), 0.0
+                        else:
+                            delta = self._delta(skey, rule, value, now)
+                            initial = value * rule.scale
                         if not isfinite(initial) or (delta is not None and not isfinite(delta)):
                             malformed += 1
                             continue
@@ -248,6 +254,16 @@ class Mapper:
         """Scaled increase of a raw counter since its last reading; None on first sight."""
         step = self._step(skey, rule, raw, now)
         return None if step is None else step[0] * rule.scale
+
+    def _integral(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
+        """A throughput gauge (the vendor's average over the window ending now) times the seconds
+        since its reading in the previous poll; None on first sight, after a poll without a value
+        (missed, blank, malformed: nothing is assumed for that time) or when no time passed."""
+        st = self._raw.get(skey)
+        self._raw[skey] = _RawState(raw, now, self._poll)
+        if st is None or st.seen != self._poll - 1 or now <= st.last_t:
+            return None
+        return raw * rule.scale * (now - st.last_t)
 
     def _rate(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
         """Per-second rate of a raw counter between two polls, then scale and offset."""

@@ -9,6 +9,7 @@ resets, the previous value for rates), is ``exporter.map.mapper.Mapper``, one pe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,9 @@ class FieldRule(BaseModel):
     offset: float = 0.0
     labels: dict[str, str] = {}
     label_map: dict[str, str] = {}
-    transform: Literal["none", "rate"] = "none"
+    # rate: per-second rate of a raw counter (a gauge); integrate: a counter accumulated from a
+    # raw throughput gauge (value x scale x seconds between polls)
+    transform: Literal["none", "rate", "integrate"] = "none"
     wrap: float | None = Field(default=None, gt=0)
     invalid: list[float] = []
     # a lookup applied to the raw value before scale/offset (e.g. PCIe generation -> GT/s); a raw
@@ -46,6 +49,12 @@ class FieldRule(BaseModel):
     # a profiling counter (DCGM DCP, NVML GPM): subject to the file's profiling_guard ("a zero is
     # not always a value"), and a blank (``invalid``) reading of it counts as profiling_unavailable
     profiling: bool = False
+    # evidence of the unit, for a rule qualified by a schema (``name{schema="S"}``, the reading of
+    # a name whose unit depends on the generation): HELP text the target serves in this unit (a
+    # regular expression), and whether a raw value in this unit is always a whole number (DCGM
+    # INT64 fields).  Values outside ``valid`` after scale/offset are evidence against it as well.
+    unit_help: str | None = Field(default=None, max_length=200)
+    integer: bool = False
 
     @model_validator(mode="after")
     def _names(self) -> FieldRule:
@@ -63,6 +72,14 @@ class FieldRule(BaseModel):
             raise ValueError("valid: [low, high] with low <= high, no .nan")
         if any(math.isnan(v) for v in self.invalid):
             raise ValueError("invalid: .nan never matches; NaN values are always skipped")
+        if (self.unit_help is not None or self.integer) and 'schema="' not in self.raw:
+            raise ValueError("unit_help/integer are evidence between schemas: only for a raw field "
+                             'qualified by one (name{schema="S"})')
+        if self.unit_help is not None:
+            try:
+                re.compile(self.unit_help)
+            except re.error as exc:
+                raise ValueError(f"unit_help is not a regular expression: {exc}") from None
         return self
 
 
@@ -100,6 +117,9 @@ class MappingFile(BaseModel):
     schemas: list[SchemaRule] = []
     # raw names the exporter serves that are deliberately not mapped (not counted as unknown)
     not_mapped: list[str] = []
+    # the schema reported for a target whose schema-dependent fields could not be read with one
+    # proven unit this scrape (they are skipped and counted as unit_ambiguous)
+    schema_ambiguous: str = Field("ambiguous", pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
     @model_validator(mode="after")
     def _schema_names(self) -> MappingFile:
@@ -130,6 +150,9 @@ class Rule:
     series: str  # the sample name written: the metric, or metric_bucket/_sum/_count
     values: tuple[tuple[float, float], ...] = ()  # raw value lookup, before scale and offset
     profiling: bool = False  # subject to the file's profiling guard
+    integrate: bool = False  # a counter accumulated from a throughput gauge
+    unit_help: re.Pattern[str] | None = None  # a help text saying the target serves this unit
+    integer: bool = False  # a raw value in this unit is a whole number
 
 
 @dataclass(slots=True)
@@ -141,6 +164,10 @@ class CompiledMapping:
     profiling_guard: ProfilingGuard | None = None  # set when the file has profiling rules
     schemas: tuple[SchemaRule, ...] = ()
     not_mapped: frozenset[str] = frozenset()
+    schema_ambiguous: str = "ambiguous"
+
+
+_SCHEMA_SELECTOR = re.compile(r'(?:,|\{)schema="([^"\\]*)"')
 
 
 def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
@@ -169,6 +196,8 @@ def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
         return f"{rule.metric} requires labels {sorted(missing)}"
     if mdef.type == "counter" and rule.transform == "rate":
         return f"transform: rate makes a gauge, but {rule.metric} is a counter"
+    if rule.transform == "integrate" and (mdef.type != "counter" or rule.wrap is not None):
+        return f"transform: integrate makes a counter (no wrap), but {rule.metric} is a {mdef.type}"
     if rule.values and (mdef.type != "gauge" or rule.transform != "none"):
         return "values: (a lookup table) applies to gauges mapped as read"
     if rule.wrap is not None and mdef.type != "counter" and rule.transform != "rate":
@@ -185,7 +214,12 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
     except ValidationError as exc:
         raise ConfigError(validation_message(path, lines, exc)) from None
     rules: dict[str, list[Rule]] = {}
+    schema_names = {sr.name for sr in parsed.schemas}
     for i, fr in enumerate(parsed.fields):
+        if any(n not in schema_names for n in _SCHEMA_SELECTOR.findall(fr.raw)):
+            raise ConfigError(f"{path}:{lines.get(('fields', i, 'raw')) or lines.get(('fields', i))}: "
+                              f"fields[{i}].raw: {fr.raw!r} names a schema the file does not list "
+                              f"({sorted(schema_names)})")
         problem = _check_rule(schema, fr)
         if problem:
             line = lines.get(("fields", i, "metric")) or lines.get(("fields", i))
@@ -198,7 +232,9 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
             valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
-            values=tuple(sorted(fr.values.items())), profiling=fr.profiling))
+            values=tuple(sorted(fr.values.items())), profiling=fr.profiling,
+            unit_help=re.compile(fr.unit_help) if fr.unit_help is not None else None,
+            integer=fr.integer, integrate=fr.transform == "integrate"))
     guard = parsed.profiling_guard
     if any(fr.profiling for fr in parsed.fields):
         if guard.busy_metric not in schema.metrics:
@@ -209,7 +245,7 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
         guard = None
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()}, guard, tuple(parsed.schemas),
-                           frozenset(parsed.not_mapped))
+                           frozenset(parsed.not_mapped), parsed.schema_ambiguous)
 
 
 class MappingSet:

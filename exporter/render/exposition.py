@@ -51,7 +51,8 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                  "interval, not collected at scrape time."),
     "source_errors_total": ("counter",
                             "Errors per source by kind (timeout, exception, malformed_value, "
-                            "not_supported, read_error, device_lost, parse_error, ...)."),
+                            "not_supported, read_error, device_lost, parse_error, "
+                            "profiling_unavailable, unit_ambiguous, ...)."),
     "source_series": ("gauge", "Canonical series produced by the source's last poll."),
     "device_up": ("gauge", "1 while the device answers its source, 0 after it was lost."),
     "render_duration_seconds": ("gauge", "Time spent rendering the last exposition, in seconds."),
@@ -67,7 +68,9 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
     "upstream_schema_info": ("gauge",
                              "Value 1 per upstream target that answered its last poll: the exporter "
                              "and the naming generation (schema) its series were recognised as "
-                             "(mappings/upstream/<exporter>.yaml, schemas)."),
+                             "(mappings/upstream/<exporter>.yaml, schemas); e.g. dcgm-ambiguous "
+                             "while a name's unit is not proven (source_errors_total"
+                             "{kind=\"unit_ambiguous\"} counts the values skipped)."),
     "upstream_unknown_fields": ("gauge",
                                 "Metric names of an upstream target, in its last poll, that no "
                                 "mapping knows (an upgrade that added or renamed fields); the "

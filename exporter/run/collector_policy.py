@@ -35,7 +35,7 @@ def enabled_collectors(settings: Settings, config: Config) -> list[tuple[Collect
                 out.append((col, True))
             continue
         if name == "upstream" and flag is None and conf is None:
-            conf = bool(config.collector(name).options_dict().get("targets"))
+            conf = bool(getattr(config.collector(name).options, "targets", None))
         explicit = flag is True or (flag is None and conf is True)
         on = flag if flag is not None else (conf if conf is not None else col.default)
         # with --simulate, hardware collectors run only when asked for explicitly

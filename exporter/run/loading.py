@@ -6,7 +6,6 @@ start; config and mapping errors are reported together, each naming file, line a
 
 from __future__ import annotations
 
-import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -68,7 +67,7 @@ def prepare(settings: Settings) -> Loaded:
     assert cloud is not None
     if settings.simulate is not None:
         config = _with_scenario_prices(config, _check_scenario(settings, mappings))
-    _check_upstream(settings, config)
+    _check_upstream(config, mappings)
     return Loaded(config, schema, mappings, cloud, k8s, series_filter, _otel_mapping(config, schema, mdir))
 
 
@@ -120,18 +119,29 @@ def _check_static_labels(config: Config, schema: Schema, k8s: PodResourcesEnrich
         raise ConfigError("\n".join(errors))
 
 
-def _check_upstream(settings: Settings, config: Config) -> None:
-    """Upstream targets are validated at load (--check-config, reload): http(s) URLs only."""
-    options = config.collector("upstream").options_dict()
-    if not options.get("targets"):
-        return
-    from ..sources.upstream import parse_targets
+def _check_upstream(config: Config, mappings: MappingSet) -> None:
+    """A target's ``schema`` pin must name a schema of its exporter's mapping file (the rest of
+    a target, TLS and password files included, is checked by its options model at load)."""
+    from ..sources.options import UpstreamOptions
 
-    try:
-        parse_targets(options)
-    except (ValueError, TypeError, OSError, ssl.SSLError) as exc:
-        where = str(settings.config_path or "configuration")
-        raise ConfigError(f"{where}: collectors.upstream.options: {exc}") from None
+    options = config.collector("upstream").options
+    if not isinstance(options, UpstreamOptions) or not any(t.schema_pin for t in options.targets):
+        return  # the default path loads none of the upstream code
+    from ..sources.upstream_identity import EXPORTERS
+
+    errors = []
+    for i, target in enumerate(options.targets):
+        if not target.schema_pin:
+            continue
+        cm = mappings.get(EXPORTERS[target.exporter].mapping)
+        known = [s.name for s in cm.schemas] if cm is not None else []
+        if target.schema_pin not in known:
+            where = config.where("collectors", "upstream", "options", "targets", i, "schema")
+            errors.append(f"{where}: collectors.upstream.options.targets[{i}].schema: "
+                          f"{target.schema_pin!r} is not a schema of {target.exporter} "
+                          f"(known: {', '.join(known) or 'none'})")
+    if errors:
+        raise ConfigError("\n".join(errors))
 
 
 def _series_filter(settings: Settings, config: Config, schema: Schema) -> SeriesFilter | None:

@@ -33,6 +33,14 @@ BINDING_PATHS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/l
 # fields all read 0 (another profiler holds the counters): those zeros are not values.
 DEFAULT_FIELD_IDS = (203, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012)
 
+# fields read as INT64 percent (0-100): 203, DCGM_FI_DEV_GPU_UTIL (DCGM_FT_INT64 in
+# dcgmlib/src/dcgm_fields.cpp @ DCGM 4.6.0; DCGM_FI_DEV_GPU_UTIL_RATIO is its 4.6 name, same id
+# and unit).  DCGM gives new units new ids (4.6.1's base-unit fields 1600-1612 replace legacy ones,
+# which "are retained for backward compatibility"), and a 0-1 ratio cannot be an INT64; should a
+# release ever serve one of these ids as a float, that value's unit is not proven: skipped and
+# counted (unit_ambiguous), never read as a percent.
+INT64_PERCENT_FIELDS = frozenset({203})
+
 # dcgm_structs.h: DCGM_INT64_BLANK = 0x7ffffffffffffff0 (and +1..+3), DCGM_FP64_BLANK = 140737488355328.0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 FP64_BLANK = 140737488355328.0
@@ -134,6 +142,9 @@ class DcgmSource(SourceBase):
                     if (gpu_id, fid) not in self._blank:
                         self._blank.add((gpu_id, fid))
                         errors["not_supported"] += 1
+                    continue
+                if fid in INT64_PERCENT_FIELDS and isinstance(value, float):
+                    errors["unit_ambiguous"] += 1
                     continue
                 sample.add(dev.key, f"dcgm.{int(fid)}", value)
         return sample

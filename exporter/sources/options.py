@@ -162,19 +162,37 @@ class UpstreamBasicAuth(Options):
 
 
 class UpstreamTarget(Options):
+    """One vendor exporter the upstream source scrapes (the defaults here are the only ones)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     url: str
     exporter: str
-    name: str | None = None
-    timeout: Duration = 5.0
+    name: str | None = None  # default: "<exporter>-<position>"
+    timeout: Duration = Field(5.0, le=3600)  # seconds for the whole request (connect + body)
     metric_prefix: str = ""
     tls: UpstreamTls | None = None
     basic_auth: UpstreamBasicAuth | None = None
+    # per poll; above either the target fails that poll (limit_exceeded), as a Prometheus scrape
+    # past sample_limit fails as a whole
+    max_series: int = Field(20_000, ge=1, le=1_000_000, strict=True)
+    max_label_values: int = Field(1_000, ge=1, le=100_000, strict=True)  # distinct values of one label name
+    # the naming generation the target serves, for an operator who knows it (one of the
+    # `schemas` of mappings/upstream/<exporter>.yaml, checked at load); default: recognised per
+    # scrape.  ("schema" is a BaseModel attribute, hence the alias.)
+    schema_pin: str | None = Field(None, alias="schema", pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        from urllib.parse import urlsplit
+
+        try:
+            parsed = urlsplit(value)
+            ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+        except ValueError:  # a malformed port or IPv6 literal
+            ok = False
+        if not ok:
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
         return value
 
     @field_validator("exporter")
@@ -190,11 +208,14 @@ class UpstreamTarget(Options):
 class UpstreamOptions(Options):
     targets: list[UpstreamTarget] = []
 
+    def target_names(self) -> list[str]:
+        """Each target's name (its own, else ``<exporter>-<position>``)."""
+        return [t.name or f"{t.exporter}-{i}" for i, t in enumerate(self.targets)]
+
     @model_validator(mode="after")
     def _unique_names(self) -> UpstreamOptions:
         seen: set[str] = set()
-        for i, target in enumerate(self.targets):
-            name = target.name or f"{target.exporter}-{i}"
+        for i, name in enumerate(self.target_names()):
             if name in seen:
                 raise ValueError(f"targets[{i}].name {name!r} is used twice")
             seen.add(name)
@@ -204,7 +225,7 @@ class UpstreamOptions(Options):
         from .upstream_fetch import parse_targets
 
         try:
-            parse_targets(self.options_dict())
+            parse_targets(self)
         except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
             raise ValueError(str(exc)) from None
         return self

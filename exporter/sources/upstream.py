@@ -12,6 +12,9 @@ Options (the ``upstream`` section of the config)::
         basic_auth: {username: ..., password: ... | password_file: ...}
         max_series: 20000               # per poll; above it the target fails (limit_exceeded)
         max_label_values: 1000          # distinct values of one label name, likewise
+        schema: dcgm-4.7                # optional: the naming generation, when known
+
+The model (``options.UpstreamTarget``) holds the only defaults; ``parse_targets`` resolves it.
 
 Only http:// and https:// URLs with a host are accepted (checked at config load), redirects are
 refused, proxies from the environment are not used, and a body is limited to MAX_BODY_BYTES both
@@ -22,9 +25,10 @@ selector labels, see ``upstream_identity``), value = the sample value, labels = 
 dimension labels.  The device's mapping file is ``mappings/upstream/<exporter>.yaml``.
 
 Per scrape the target's naming generation is recognised from the mapping file's ``schemas``
-(``upstream_schema``): a raw field whose unit depends on it is qualified with it
-(``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``), and the poll reports the self-metrics
-``upstream_schema_info{target, exporter, schema}`` and ``upstream_unknown_fields{target,
+(``upstream_schema``): a raw field whose unit depends on it is qualified with the schema whose
+unit the names, HELP texts and values prove (``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``),
+or, unproven, dropped and counted (error kind ``unit_ambiguous``); the poll reports the
+self-metrics ``upstream_schema_info{target, exporter, schema}`` and ``upstream_unknown_fields{target,
 exporter}`` (metric names no mapping knows; each new set is logged once, the first names).
 
 A target that fails in a poll (refused, timeout, HTTP error, unparsable body) contributes no
@@ -50,7 +54,7 @@ from typing import Any, ClassVar
 
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
-from .options import Options
+from .options import UpstreamOptions
 from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: importable from here
     MAX_BODY_BYTES,
     FetchError,
@@ -67,7 +71,7 @@ from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: import
 from .upstream_identity import (
     SeriesIdentity,
 )
-from .upstream_schema import detect, qualify, schema_dependent, unknown
+from .upstream_schema import qualify, resolve, schema_dependent, unknown
 
 log = logging.getLogger(__name__)
 # after a target's own deadline, how long its parse may take before the poll stops waiting
@@ -85,14 +89,14 @@ class UpstreamSource(SourceBase):
     secondary: ClassVar[bool] = abilities.secondary  # the flag's older spelling
 
     def __init__(self, context: SourceContext = DEFAULT_CONTEXT) -> None:
-        # parse_targets is the one parser of targets (UpstreamOptions runs it at load as well):
-        # it resolves what the model only types (TLS files, password files, names)
-        given = context.options
-        self._targets = parse_targets(given.options_dict() if isinstance(given, Options) else dict(given or {}))
+        # the typed options (validated with the configuration file; a dict from a tool or test is
+        # validated here); parse_targets resolves what the model only types (TLS, password files)
+        self._targets = parse_targets(context.typed(UpstreamOptions))
         # the daemon's loaded mapping set: schemas and known names come from it; without one (a
         # bare test source) no schema is recognised and nothing counted unknown
         self._mappings = context.mappings
         self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
+        self._ambiguous_logged: dict[str, frozenset[str]] = {}  # target name -> fields last logged
         self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
@@ -121,7 +125,7 @@ class UpstreamSource(SourceBase):
                 # bound only keeps one stuck thread from holding the others' results
                 wait = started + target.timeout + RESULT_GRACE_S - time.monotonic()
                 try:
-                    result, extra = future.result(timeout=max(0.0, wait))
+                    result, extra, ambiguous = future.result(timeout=max(0.0, wait))
                 except FutureTimeout:
                     raise FetchError("timeout", f"no answer within {target.timeout} s") from None
             except FetchError as e:
@@ -138,35 +142,71 @@ class UpstreamSource(SourceBase):
                 log.info("upstream target %s (%s) answers again", target.name, target.url)
             self._add_target(target, result, sample, keys_taken)
             sample.self_samples.extend(extra)
+            if ambiguous:
+                sample.errors["unit_ambiguous"] += ambiguous
         if failures and len(failures) == len(self._targets):
             errors = Counter(sample.errors)
             cls = UpstreamTimeout if set(errors) == {"timeout"} else UpstreamDown
             raise cls(errors, "; ".join(failures))
         return sample
 
-    def _scrape(self, target: Target) -> tuple[TargetReadings, list]:
-        """``scrape_target`` plus the schema: raw fields qualified where the unit depends on it,
-        the schema and the unknown names as self-metric samples (run on the target's thread)."""
+    def _scrape(self, target: Target) -> tuple[TargetReadings, list, int]:
+        """``scrape_target`` plus the schema (run on the target's thread): schema-dependent raw
+        fields qualified with the schema ``resolve`` proved for them or dropped (their count is
+        the third value), the schema and the unknown names as self-metric samples."""
         text, content_type = fetch(target)
-        samples = parse_exposition(text, content_type)
+        helps: dict[str, str] = {}
+        samples = parse_exposition(text, content_type, helps)
         result = read_series(target, samples)
         cm = self._mappings.get(target.spec.mapping) if self._mappings is not None else None
         prefix = target.metric_prefix
-        names = {n[len(prefix):] if prefix and n.startswith(prefix) else n for n, _, _ in samples}
+
+        def bare(name: str) -> str:
+            return name[len(prefix):] if prefix and name.startswith(prefix) else name
+
+        names = {bare(n) for n, _, _ in samples}
         names.update(fld for _, fld, _, _ in result.readings)  # with selector labels, too
-        schema = detect(cm, names, {k for _, labels, _ in samples for k in labels})
         dependent = schema_dependent(cm)
-        if schema and dependent:
-            result.readings = [(ref, qualify(fld, schema) if fld in dependent else fld, value, dims)
-                               for ref, fld, value, dims in result.readings]
+        values: dict[str, list[float]] = {}
+        if dependent:
+            for _, fld, value, _ in result.readings:
+                if fld in dependent:
+                    values.setdefault(fld, []).append(value)
+        res = resolve(cm, names, {k for _, labels, _ in samples for k in labels}, values,
+                      {bare(n): h for n, h in helps.items()}, target.schema)
+        skipped = 0
+        if values:
+            kept = []
+            for ref, fld, value, dims in result.readings:
+                if fld in values:
+                    schema = res.chosen.get(fld)
+                    if schema is None:
+                        skipped += 1
+                        continue
+                    fld = qualify(fld, schema)
+                kept.append((ref, fld, value, dims))
+            result.readings = kept
+        self._say_ambiguous(target, res.skipped)
         labels = (("target", target.name), ("exporter", target.spec.name))
         extra = []
         if cm is not None:
             unknown_names = self._unknown(target, cm, {fld for _, fld, _, _ in result.readings})
             extra.append(("upstream_unknown_fields", labels, float(len(unknown_names))))
-        if schema:
-            extra.append(("upstream_schema_info", (*labels, ("schema", schema)), 1.0))
-        return result, extra
+        if res.schema:
+            extra.append(("upstream_schema_info", (*labels, ("schema", res.schema)), 1.0))
+        return result, extra, skipped
+
+    def _say_ambiguous(self, target: Target, skipped: frozenset[str]) -> None:
+        """Log once per target and change which fields are skipped for want of a proven unit."""
+        if self._ambiguous_logged.get(target.name, frozenset()) == skipped:
+            return
+        if len(self._ambiguous_logged) < 1024:  # bounded: target names come from the config
+            self._ambiguous_logged[target.name] = skipped
+        if skipped:
+            log.warning("upstream target %s (%s): %s not mapped: the names, HELP texts and values of the "
+                        "scrape do not prove one unit (counted as unit_ambiguous; set the target's "
+                        "schema option if you know the exporter's version)", target.name,
+                        target.spec.name, ", ".join(sorted(skipped)[:20]))
 
     def _unknown(self, target: Target, cm: Any, fields: set[str]) -> set[str]:
         names = unknown(cm, fields)

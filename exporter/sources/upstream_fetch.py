@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import http.client
 import logging
-import math
 import re
 import ssl
 import time
@@ -18,7 +17,7 @@ import urllib.parse
 import urllib.request
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +37,9 @@ from .upstream_identity import (
 
 log = logging.getLogger("exporter.sources.upstream")
 
-DEFAULT_TIMEOUT_S = 5.0
 MAX_BODY_BYTES = 32 * 1024 * 1024       # on the wire, and again after decompression
-# per target and poll; past a limit the target fails this poll (kind limit_exceeded), as a
-# Prometheus scrape past sample_limit / label_value_length_limit fails as a whole
-DEFAULT_MAX_SERIES = 20_000
-DEFAULT_MAX_LABEL_VALUES = 1_000           # distinct values of one label name
+# per target and poll (max_series, max_label_values: the target's options); past a limit the
+# target fails this poll (kind limit_exceeded), as a Prometheus scrape past sample_limit fails
 MAX_LABEL_VALUE_LENGTH = 1_024
 MAX_ERROR_TEXT = 300                       # characters of an error (a malformed line) kept/logged
 _ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
@@ -77,87 +73,68 @@ class UpstreamTimeout(UpstreamDown, TimeoutError):
 
 @dataclass(frozen=True, slots=True)
 class Target:
+    """A resolved target (``parse_targets``); every value comes from ``UpstreamTarget``."""
+
     name: str
     url: str
     spec: ExporterSpec
-    timeout: float = DEFAULT_TIMEOUT_S
-    metric_prefix: str = ""
-    ssl_context: ssl.SSLContext | None = None
-    authorization: str = ""
-    max_series: int = DEFAULT_MAX_SERIES
-    max_label_values: int = DEFAULT_MAX_LABEL_VALUES
+    timeout: float
+    metric_prefix: str
+    ssl_context: ssl.SSLContext | None
+    authorization: str
+    max_series: int
+    max_label_values: int
+    schema: str  # the operator's pin (a schema of the mapping file), "" = recognised per scrape
 
 
 # --- configuration -------------------------------------------------------------------------
 
 
-def parse_targets(options: Mapping[str, Any]) -> list[Target]:
-    """Validate the ``targets`` option; raises ``ValueError`` naming the bad entry."""
-    raw = options.get("targets") or []
-    if not isinstance(raw, list):
-        raise ValueError("upstream.targets must be a list")
+def parse_targets(options: Any) -> list[Target]:
+    """Targets of the typed ``upstream`` options (``options.UpstreamOptions``: the only defaults;
+    read by attribute, as options.py imports this module to run it at load).
+
+    What the model only types is resolved here: the TLS context (files read), the basic-auth
+    header (password file read); raises ``ValueError``/``OSError`` naming the bad entry."""
     targets: list[Target] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(raw):
+    for i, (entry, name) in enumerate(zip(options.targets, options.target_names(), strict=True)):
         where = f"upstream.targets[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{where} must be a mapping")
-        url = str(entry.get("url", ""))
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"{where}.url must be an http:// or https:// URL with a host, got {url!r}")
-        exporter = str(entry.get("exporter", ""))
-        if exporter not in EXPORTERS:
-            raise ValueError(f"{where}.exporter must be one of {sorted(EXPORTERS)}, got {exporter!r}")
-        name = str(entry.get("name") or f"{exporter}-{i}")
-        if name in seen:
-            raise ValueError(f"{where}.name {name!r} is used twice")
-        seen.add(name)
-        timeout = float(entry.get("timeout", DEFAULT_TIMEOUT_S))
-        if not math.isfinite(timeout) or not 0.01 <= timeout <= 3600:
-            raise ValueError(f"{where}.timeout must be a number of seconds from 0.01 to 3600")
-        limits = {}
-        for key, default, top in (("max_series", DEFAULT_MAX_SERIES, 1_000_000),
-                                  ("max_label_values", DEFAULT_MAX_LABEL_VALUES, 100_000)):
-            v = entry.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
-                raise ValueError(f"{where}.{key} must be a whole number from 1 to {top}")
-            limits[key] = v
         targets.append(Target(
             name=name,
-            url=url,
-            spec=EXPORTERS[exporter],
-            timeout=timeout,
-            metric_prefix=str(entry.get("metric_prefix", "")),
-            ssl_context=_ssl_context(entry.get("tls"), where) if url.startswith("https://") else None,
-            authorization=_authorization(entry.get("basic_auth"), where),
-            **limits,
+            url=entry.url,
+            spec=EXPORTERS[entry.exporter],
+            timeout=entry.timeout,
+            metric_prefix=entry.metric_prefix,
+            ssl_context=_ssl_context(entry.tls) if entry.url.startswith("https://") else None,
+            authorization=_authorization(entry.basic_auth, where),
+            max_series=entry.max_series,
+            max_label_values=entry.max_label_values,
+            schema=entry.schema_pin or "",
         ))
     return targets
 
 
-def _ssl_context(tls: Any, where: str) -> ssl.SSLContext:
-    tls = tls or {}
-    if not isinstance(tls, Mapping):
-        raise ValueError(f"{where}.tls must be a mapping")
-    ctx = ssl.create_default_context(cafile=tls.get("ca_file") or None)
-    if tls.get("cert_file"):
-        ctx.load_cert_chain(tls["cert_file"], tls.get("key_file") or None)
-    if tls.get("insecure_skip_verify"):
+def _ssl_context(tls: Any) -> ssl.SSLContext:  # options.UpstreamTls | None
+    ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls and tls.ca_file else None)
+    if tls is None:
+        return ctx
+    if tls.cert_file:
+        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+    if tls.insecure_skip_verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
-def _authorization(auth: Any, where: str) -> str:
-    if not auth:
+def _authorization(auth: Any, where: str) -> str:  # options.UpstreamBasicAuth | None
+    if auth is None:
         return ""
-    if not isinstance(auth, Mapping) or not auth.get("username"):
+    if not auth.username:
         raise ValueError(f"{where}.basic_auth needs a username")
-    password = auth.get("password", "")
-    if auth.get("password_file"):
-        password = Path(auth["password_file"]).read_text().rstrip("\n")
-    token = base64.b64encode(f"{auth['username']}:{password}".encode()).decode("ascii")
+    password = auth.password
+    if auth.password_file:
+        password = Path(auth.password_file).read_text().rstrip("\n")
+    token = base64.b64encode(f"{auth.username}:{password}".encode()).decode("ascii")
     return f"Basic {token}"
 
 
@@ -239,8 +216,13 @@ def _fetch(target: Target, deadline: Deadline) -> tuple[str, str]:
         raise FetchError("parse_error", f"body is not UTF-8: {e}") from e
 
 
-def parse_exposition(text: str, content_type: str = "") -> list[tuple[str, dict[str, str], float]]:
-    """All samples of a Prometheus text (or OpenMetrics) body as (name, labels, value).
+MAX_HELP_TEXT = 512  # characters of a HELP text kept (the unit evidence of upstream_schema)
+
+
+def parse_exposition(text: str, content_type: str = "",
+                     helps: dict[str, str] | None = None) -> list[tuple[str, dict[str, str], float]]:
+    """All samples of a Prometheus text (or OpenMetrics) body as (name, labels, value); with
+    ``helps``, the HELP text of each sample name is stored there.
 
     Raises ``FetchError("parse_error")`` when any line is malformed: a half-understood body is
     not trusted at all.  ``X_created`` samples of counters ``X_total`` are dropped.
@@ -253,12 +235,15 @@ def parse_exposition(text: str, content_type: str = "") -> list[tuple[str, dict[
     munged = set() if openmetrics else {
         m[1] for m in _COUNTER_TYPE_RE.finditer(text) if not m[1].endswith("_total")
     }
+    samples = []
     try:
-        samples = [
-            (_wire_name(s.name, family, munged), dict(s.labels), s.value)
-            for family in parser(text)
-            for s in family.samples
-        ]
+        for family in parser(text):
+            doc = family.documentation
+            for s in family.samples:
+                name = _wire_name(s.name, family, munged)
+                samples.append((name, dict(s.labels), s.value))
+                if helps is not None and doc and name not in helps:
+                    helps[name] = doc[:MAX_HELP_TEXT]
     except Exception as e:  # the parsers raise ValueError, but also TypeError/IndexError on junk
         raise FetchError("parse_error", f"malformed exposition: {e}") from e
     names = {name for name, _, _ in samples}

@@ -311,6 +311,15 @@ def h100(i: int = 0) -> dict[str, Any]:
     )
 
 
+def h100_gpm_held(i: int = 0) -> dict[str, Any]:
+    """The H100 at 99 % utilization while another profiler (Nsight Compute, a DCGM profiling
+    session) holds the performance counters: every GPM metric reads 0 (dcgm-exporter #662)."""
+    g = h100(i)
+    g["util"] = (99, 11)
+    g["gpm"] = {k: 0.0 for k in g["gpm"]}
+    return g
+
+
 def h100_mig(i: int = 0) -> dict[str, Any]:
     """H100 with MIG: GPM per GPU instance through nvmlGpmMigSampleGet."""
     g = h100(i)
