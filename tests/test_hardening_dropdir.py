@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter.importers import nsys_sqlite
 from exporter.importers.detect import import_file
 from exporter.importers.dropdir import DropDir
 from exporter.importers.isolate import Importer
@@ -162,20 +161,7 @@ def test_sqlite_view_bomb_is_refused_at_once(tmp_path, kind):
     assert res.ok and "REJECTED" in res.out and f"defines a {kind}" in res.out, res
 
 
-def test_sqlite_import_has_a_time_limit_and_stops_at_shutdown(shared_fixtures, monkeypatch, tmp_path):
-    fixture = shared_fixtures / "profilers" / "nsys-2026.2.1-schema3.25.0-h100x2-trimmed.sqlite.gz"
-    assert import_file(fixture).kernels
-    monkeypatch.setattr(nsys_sqlite, "TIME_LIMIT_S", 0.0)
-    with pytest.raises(ProfileRejected, match="time limit"):
-        import_file(fixture)
-    monkeypatch.setattr(nsys_sqlite, "TIME_LIMIT_S", 120.0)
-    d = DropDir(tmp_path / "drop", settle=0)
-    d.setup()
-    (tmp_path / "drop" / "x.sqlite.gz").write_bytes(fixture.read_bytes())
-    d.stopping.set()  # the daemon is stopping: a running SQLite query ends at once
-    [out] = d.scan(now=time.time() + 10)
-    assert out.profile is None and "at shutdown" in out.reason
-    d.close()
+# the SQLite time limit and the shutdown: tests/test_hardening_isolate.py, on a generated export
 
 
 # ------------------------------------------------------------------ 3: the sidecar's size

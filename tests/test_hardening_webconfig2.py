@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 
 from exporter.serve.listeners import SniffingTLSSite, guard_connections
-from exporter.serve.stats import STATS
 from exporter.serve.server import make_app
+from exporter.serve.stats import STATS
 from exporter.serve.webconfig import WebConfig, WebConfigError, WebConfigWatcher, auth_middleware
 from tests.test_webconfig_tls import basic, client_ctx, tls_cfg, tls_files, write_cfg  # noqa: F401
 
@@ -199,8 +199,8 @@ LOOSER = ["users", "client_auth", "sans", "min_version", "tls"]
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
 @pytest.mark.parametrize("drop", LOOSER)
-def test_a_looser_file_is_refused_and_the_stricter_one_keeps_serving(tmp_path, tls_files, caplog, drop,
-                                                                       loop_kind):  # noqa: F811
+def test_a_looser_file_is_refused_and_the_stricter_one_keeps_serving(tmp_path, tls_files, caplog, drop,  # noqa: F811
+                                                                       loop_kind):
     """A valid file that loosens access at run time: refused, logged once, counted; the config
     in force keeps serving (no 500, no failed handshake for a client it admits); a restart applies
     it.  Before: everything was refused until the file was undone or the exporter restarted."""
