@@ -20,6 +20,7 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .. import safefile
 from . import kineto_json, ncu_csv, nsys_sqlite, rocprof_csv, unitrace_csv
@@ -30,6 +31,7 @@ MAX_BYTES = 512 * 1024 * 1024  # per file, after decompression
 MAX_EVENTS = 1_000_000  # trace events, rows of one table or kernel records per file
 MAX_SIDECAR_BYTES = 64 * 1024  # a <file>.meta.json holds a trace id, not data
 SIDECAR = ".meta.json"
+T = TypeVar("T")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _TRACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 _RANGE_TRACE_RE = re.compile(r"trace[_ -]?id\s*[=:]\s*([A-Za-z0-9][A-Za-z0-9._:-]{0,63})", re.I)
@@ -44,14 +46,20 @@ def import_file(path: str | os.PathLike, trace_id: str | None = None, max_bytes:
                 max_events: int = MAX_EVENTS) -> Profile:
     """Parse one artifact named by the caller (the CLI: a symlink the user typed is resolved).
     Raises ProfileRejected (or CompanionFile) with a precise reason."""
+    return in_folder(path, lambda dir_fd, name: import_at(dir_fd, name, trace_id=trace_id, max_bytes=max_bytes,
+                                                          path=str(path), max_events=max_events))
+
+
+def in_folder(path: str | os.PathLike, parse: Callable[[int, str], T]) -> T:
+    """``parse(dir_fd, name)`` for a path the caller named (a symlink the user typed is
+    resolved), its folder held open meanwhile; ProfileRejected when the folder is unreadable."""
     real = Path(os.path.realpath(path))
     try:
         dir_fd = safefile.open_dir(real.parent)
     except OSError as exc:
         raise ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}") from None
     try:
-        return import_at(dir_fd, real.name, trace_id=trace_id, max_bytes=max_bytes, path=str(path),
-                         max_events=max_events)
+        return parse(dir_fd, real.name)
     finally:
         os.close(dir_fd)
 

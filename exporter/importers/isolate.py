@@ -46,7 +46,7 @@ from pathlib import Path
 from .. import safefile
 from ..model import Device, PollResult, Reading
 from .convert import checked_sample, summary
-from .detect import MAX_BYTES, MAX_EVENTS, import_at
+from .detect import MAX_BYTES, MAX_EVENTS, import_at, in_folder
 from .model import CompanionFile, Profile, ProfileRejected, clean_profile
 from .worker import BOOT
 
@@ -115,15 +115,7 @@ class Importer:
 
     def file(self, path: str | os.PathLike, trace_id: str | None = None) -> Imported:
         """A path the caller named (the ``import`` command: a symlink the user typed is resolved)."""
-        real = Path(os.path.realpath(path))
-        try:
-            dir_fd = safefile.open_dir(real.parent)
-        except OSError as exc:
-            raise ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}") from None
-        try:
-            return self(dir_fd, real.name, path=str(path), trace_id=trace_id)
-        finally:
-            os.close(dir_fd)
+        return in_folder(path, lambda dir_fd, name: self(dir_fd, name, path=str(path), trace_id=trace_id))
 
     # ------------------------------------------------------------------ in this process
     def _here(self, dir_fd: int, name: str, path: str | None, single_link: bool, trace_id: str | None,
