@@ -13,6 +13,7 @@ from . import __version__
 from .config import parse_duration
 from .logs import setup_logging
 from .run import gctune
+from .run.baseline_file import check_state_dir
 from .run.daemon import Daemon
 from .run.settings import Settings
 from .sources.registry import COLLECTORS
@@ -281,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     daemon = Daemon(settings_from(args))
     try:
+        if args.state_dir is not None:
+            check_state_dir(args.state_dir)  # before anything reads or writes there
         if args.check_config:
             daemon.load()
             if args.web_config is not None:

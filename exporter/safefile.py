@@ -23,7 +23,7 @@ import os
 import stat
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 CHUNK = 1 << 20
@@ -167,21 +167,62 @@ def read_path(path: str | os.PathLike, limit: int) -> bytearray:
         os.close(dir_fd)
 
 
+def owner_problem(st: os.stat_result, *, root_ok: bool = False, sticky_ok: bool = False) -> str:
+    """Why a directory is one another user could redirect ("" when it is not): owned by someone
+    other than the exporter's user (or root with ``root_ok``), or writable by group or others
+    (unless sticky with ``sticky_ok``, like /tmp)."""
+    euid = os.geteuid()
+    if st.st_uid != euid and not (root_ok and st.st_uid == 0):
+        return f"owned by uid {st.st_uid}, not by the exporter's uid {euid}" + (" or root" if root_ok else "")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def check_swappable(dirs: Iterable[Path]) -> None:
+    """Each of ``dirs`` must be owned by root or the exporter's user and be writable by nobody
+    else unless sticky (like /tmp): otherwise another user could swap what is inside for a
+    symlink.  Raises Refused naming the culprit."""
+    euid = os.geteuid()
+    for d in dirs:
+        st = os.lstat(d)
+        if owner_problem(st, root_ok=True, sticky_ok=True):
+            raise Refused(errno.EPERM, f"{d} must be owned by uid 0 or {euid} and writable by nobody else "
+                                       f"unless sticky (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): "
+                                       f"another user could swap what is inside")
+
+
 def private_dir(path: str | os.PathLike | None, prefix: str) -> Path:
     """A fresh directory (mode 0700, unpredictable name) inside ``path`` (default: the system
-    temp dir).  ``path`` and every ancestor must be owned by root or the exporter's user and be
-    writable by nobody else unless sticky (like /tmp): otherwise another user could swap the
-    fresh directory for a symlink and have files written where they choose.  Raises Refused
-    naming the culprit (nothing is created then)."""
+    temp dir), which must pass ``check_swappable`` with every ancestor: otherwise another user
+    could swap the fresh directory for a symlink and have files written where they choose.
+    Raises Refused naming the culprit (nothing is created then)."""
     base = Path(os.path.abspath(path if path is not None else tempfile.gettempdir()))
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode):
         raise Refused(errno.ENOTDIR, f"{base} is {_kind(st.st_mode)}, not a directory")
-    euid = os.geteuid()
-    for d in (base, *base.parents):
-        st = os.lstat(d)
-        if st.st_uid not in (0, euid) or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
-            raise Refused(errno.EPERM, f"{d} must be owned by uid 0 or {euid} and writable by nobody else "
-                                       f"unless sticky (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): "
-                                       f"another user could swap what is inside")
+    check_swappable((base, *base.parents))
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def owned_dir(path: str | os.PathLike, what: str) -> Path:
+    """Check (creating it 0700 when missing) a directory the exporter keeps its own files in
+    (``--state.dir``): not a symlink, a directory owned by the exporter's user or root and
+    writable by nobody else, under ancestors nobody else can swap.  Raises Refused naming
+    ``what`` and the culprit."""
+    p = Path(os.path.abspath(path))
+    try:
+        p.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(p)
+        if not stat.S_ISDIR(st.st_mode):
+            raise Refused(errno.ENOTDIR, f"{what} {p} is {_kind(st.st_mode)}, not a directory")
+        problem = owner_problem(st, root_ok=True)
+        if problem:
+            raise Refused(errno.EPERM, f"{what} {p} is {problem}: another user could replace the files "
+                                       "the exporter keeps there; chown/chmod it (e.g. chmod go-w)")
+        check_swappable(p.parents)
+    except Refused:
+        raise
+    except OSError as exc:
+        raise Refused(exc.errno or errno.EIO, f"{what} {p}: {exc.strerror or exc}") from None
+    return p

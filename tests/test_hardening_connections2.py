@@ -11,7 +11,9 @@ import subprocess
 import pytest
 from aiohttp import web
 
+from exporter.serve import listeners
 from exporter.serve.listeners import SniffingTLSSite, guard_connections
+from exporter.serve.stats import STATS
 
 LOOPS = ["asyncio"]
 try:
@@ -204,3 +206,90 @@ def test_stalled_tls_handshakes_count_in_the_cap(loop_kind, cert):
         finally:
             await runner.cleanup()
     _run(loop_kind, go())
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_stalled_tls_handshake_below_the_cap_is_closed_at_the_handshake_timeout(loop_kind, cert):
+    """One client, far below the cap, sends one byte of a ClientHello and nothing more: the
+    handshake timeout alone (here 0.5 s; asyncio's default is 60 s) closes it and frees its
+    place in the cap."""
+    crt, key = cert
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(crt, key)
+
+    async def go():
+        runner = await _app_runner()
+        guard = guard_connections(runner, max_connections=64, header_timeout=30)
+        site = SniffingTLSSite(runner, "127.0.0.1", 0, ssl_context=ctx, header_timeout=0.5)
+        await site.start()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", site.port)
+            w.write(b"\x16")  # the first byte of a TLS record: the listener starts the handshake
+            while guard.open_connections < 1:
+                await asyncio.sleep(0.01)
+            started = asyncio.get_running_loop().time()
+            assert await _closed_by_server(r, 20.0)  # not left to asyncio's 60 s default
+            assert asyncio.get_running_loop().time() - started >= 0.4  # by the timeout, not at once
+            while guard.open_connections:  # its place in the cap is free again
+                await asyncio.sleep(0.01)
+            assert guard.evicted == 0  # the timeout closed it, not the cap
+            w.close()
+        finally:
+            await runner.cleanup()
+    _run(loop_kind, go())
+
+
+def test_idle_eviction_self_check_finds_the_attributes_it_reads():
+    async def go():
+        runner = await _app_runner()
+        try:
+            guard = guard_connections(runner)
+            assert listeners.idle_check(runner.server._server) == "" and guard.idle_eviction
+            assert STATS.eviction is True
+        finally:
+            await runner.cleanup()
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_without_the_attributes_idle_eviction_is_off_loudly(loop_kind, monkeypatch, caplog):
+    """An aiohttp whose protocol lacks what the check reads (renamed in a release): a warning,
+    the self-metric says 0, and a connection after its first request is never evicted (rather
+    than guessed idle); new connections are admitted over the cap instead."""
+    monkeypatch.setattr(listeners, "_IDLE_ATTRS", ("_waiter", "_renamed_in_a_later_release"))
+    cap = 4
+
+    async def go():
+        runner = await _app_runner()
+        guard = guard_connections(runner, max_connections=cap, header_timeout=30)
+        assert not guard.idle_eviction and STATS.eviction is False
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            idle = []
+            for _ in range(cap):
+                r, w = await asyncio.open_connection("127.0.0.1", port)
+                assert (await _get(r, w)).startswith(b"HTTP/1.1 200")
+                idle.append((r, w))
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            assert (await _get(r, w)).startswith(b"HTTP/1.1 200")  # admitted over the cap
+            w.close()
+            assert guard.evicted == 0
+            for _, w in idle:
+                w.close()
+        finally:
+            await runner.cleanup()
+    _run(loop_kind, go())
+    warned = [r for r in caplog.records if "cannot be evicted" in r.getMessage()]
+    assert warned and "_renamed_in_a_later_release" in warned[0].getMessage()
+    text = _exposition()
+    assert "unified_gpu_exporter_idle_connection_eviction 0" in text
+
+
+def _exposition() -> str:
+    from exporter.map.schema import default_mappings_dir, load_schema
+    from exporter.map.store import Store
+    from exporter.render.exposition import Renderer
+    schema = load_schema(default_mappings_dir() / "canonical.yaml")
+    return Renderer(schema).render(Store()).text.decode()

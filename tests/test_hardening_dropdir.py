@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.importers import nsys_sqlite
 from exporter.importers.detect import import_file
 from exporter.importers.dropdir import DropDir
+from exporter.importers.isolate import Importer
 from exporter.importers.model import ProfileRejected
 from exporter.importers.profiles_source import ProfilesSource
 from exporter.map.mapping import MappingSet
@@ -161,20 +161,7 @@ def test_sqlite_view_bomb_is_refused_at_once(tmp_path, kind):
     assert res.ok and "REJECTED" in res.out and f"defines a {kind}" in res.out, res
 
 
-def test_sqlite_import_has_a_time_limit_and_stops_at_shutdown(shared_fixtures, monkeypatch, tmp_path):
-    fixture = shared_fixtures / "profilers" / "nsys-2026.2.1-schema3.25.0-h100x2-trimmed.sqlite.gz"
-    assert import_file(fixture).kernels
-    monkeypatch.setattr(nsys_sqlite, "TIME_LIMIT_S", 0.0)
-    with pytest.raises(ProfileRejected, match="time limit"):
-        import_file(fixture)
-    monkeypatch.setattr(nsys_sqlite, "TIME_LIMIT_S", 120.0)
-    d = DropDir(tmp_path / "drop", settle=0)
-    d.setup()
-    (tmp_path / "drop" / "x.sqlite.gz").write_bytes(fixture.read_bytes())
-    d.stopping.set()  # the daemon is stopping: a running SQLite query ends at once
-    [out] = d.scan(now=time.time() + 10)
-    assert out.profile is None and "at shutdown" in out.reason
-    d.close()
+# the SQLite time limit and the shutdown: tests/test_hardening_isolate.py, on a generated export
 
 
 # ------------------------------------------------------------------ 3: the sidecar's size
@@ -244,20 +231,20 @@ def test_leased_file_is_rejected_at_once_never_read_past_the_limit(tmp_path):
 
 def test_file_grown_after_the_size_check_is_cut_at_the_limit(tmp_path, monkeypatch):
     """The size check and the read are one: a file that grows between them (the producer still
-    owns the inode) is refused at the limit, never read whole."""
+    owns the inode) is refused at the limit, never read whole.  (Parsed in this process, so that
+    the growth can be timed after the size check, as the child process does it.)"""
     from exporter import safefile
     drop = tmp_path / "drop"
-    d = DropDir(drop, settle=0, max_bytes=MiB)
+    d = DropDir(drop, settle=0, max_bytes=MiB, importer=Importer(isolated=False))
     d.setup()
     (drop / "trace.json").write_bytes(kineto())
-    real_open = safefile.open_regular
+    real_is_gzip = safefile.is_gzip
 
-    def open_then_grow(name, dir_fd, **kw):
-        fd, st = real_open(name, dir_fd, **kw)
-        with open(os.open(name, os.O_WRONLY | os.O_APPEND, dir_fd=dir_fd), "wb") as w:
+    def grow_then_read(fd):  # right after the size check, right before the read
+        with open(os.open(drop / "processing" / "trace.json", os.O_WRONLY | os.O_APPEND), "wb") as w:
             w.write(b" " * (4 * MiB))  # the producer appends after fstat
-        return fd, st
-    monkeypatch.setattr(safefile, "open_regular", open_then_grow)
+        return real_is_gzip(fd)
+    monkeypatch.setattr(safefile, "is_gzip", grow_then_read)
     [o] = d.scan(now=time.time() + 10)
     assert o.profile is None and "above the limit of 1048576" in o.reason
     d.close()
@@ -330,7 +317,8 @@ def test_per_import_caps_reject_the_file(tmp_path, mappings, opts, content, matc
         (tmp_path / "drop" / "many.json").write_bytes(content)
         assert src.scan_once() == 0
         s = src.poll()
-        assert s.devices == [] and s.readings == [] and s.errors["profile_rejected"] == 1
+        kind = "devices" if "GPUs" in match else "series"  # counted by the cap it hit
+        assert s.devices == [] and s.readings == [] and s.errors[f"profile_rejected_{kind}"] == 1
         import re
         assert re.search(match, (tmp_path / "drop" / "rejected" / "many.json.reason").read_text())
     finally:
@@ -352,3 +340,100 @@ def test_new_options_pass_the_strict_config(tmp_path):
         """))
     src = ProfilesSource(SourceContext(options=load_config(cfg).collector("profiles").options_dict()))
     assert (src.max_devices, src.max_series, src.trigger.cfg.staging_dir) == (4, 1000, str(tmp_path))
+
+
+# ------------------------------------------------------------------ trace ids fully matched
+@pytest.mark.parametrize("tid", ["abc\n", "abc\r\n", "\nabc", "a" * 65, "-abc"])
+def test_trace_id_is_matched_whole(tmp_path, tid):
+    from exporter.importers.detect import valid_trace_id
+    assert not valid_trace_id(tid)  # "abc\n" passed a $-anchored .match
+    drop = tmp_path / "drop"
+    d = DropDir(drop, settle=0)
+    d.setup()
+    (drop / "a.csv").write_text(ROCPROF_V1)
+    (drop / "a.csv.meta.json").write_text(json.dumps({"trace_id": tid}))
+    [o] = d.scan(now=time.time() + 10)
+    assert o.profile.trace_id == "" and o.profile.trace_id_from == ""
+    assert not [r for r in o.result.sample.readings if dict(r.labels).get("trace_id")]
+    with pytest.raises(ProfileRejected, match="invalid trace id"):
+        import_file(drop / "imported" / "a.csv", trace_id=tid)
+    d.close()
+
+
+def test_trace_id_up_to_64_characters_is_kept(tmp_path):
+    from exporter.importers.detect import valid_trace_id
+    assert valid_trace_id("a" * 64) and valid_trace_id("job-42.step:7_x")
+
+
+# ------------------------------------------------------------------ capture staging on another filesystem
+def _exdev_after(grow: int):
+    """os.rename that raises EXDEV (staging on another filesystem), growing the file first by
+    ``grow`` bytes (a capture tool still writing through a descriptor it kept)."""
+    import errno
+    real = os.rename
+
+    def rename(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        if src_dir_fd is None:
+            return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if grow:
+            with open(os.open(src, os.O_WRONLY | os.O_APPEND, dir_fd=src_dir_fd), "ab") as w:
+                w.write(b" " * grow)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    return rename
+
+
+@pytest.mark.parametrize("grow", [0, 4 * MiB])
+def test_cross_filesystem_capture_copy_is_bounded(tmp_path, monkeypatch, grow):
+    drop = tmp_path / "drop"
+    d = DropDir(drop, settle=0, max_bytes=MiB)
+    d.setup()
+    staging = tmp_path / "staging"
+    staging.mkdir(mode=0o700)
+    (staging / "run.csv").write_text(ROCPROF_V1)
+    monkeypatch.setattr(os, "rename", _exdev_after(grow))
+    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        outs = d.adopt(fd, ["run.csv"], {"trace_id": "job1"})
+    finally:
+        os.close(fd)
+        d.close()
+    if not grow:  # copied through the fd, imported with its sidecar
+        assert [o.profile.trace_id for o in outs] == ["job1"]
+        assert sorted(p.name for p in (drop / "imported").iterdir()) == ["run.csv", "run.csv.meta.json"]
+        return
+    # grown past max_bytes while copied: the copy stops at the limit and leaves nothing behind
+    assert outs == []
+    for folder in ("processing", "imported", "rejected"):
+        assert list((drop / folder).iterdir()) == [], folder
+
+
+# ------------------------------------------------------------------ a total series cap across imports
+def _kineto_on(device: int) -> bytes:
+    return json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": device, "tid": 7, "ts": 1,
+                                        "dur": 5, "args": {"device": device, "stream": 7}}]}).encode()
+
+
+def test_total_series_cap_evicts_the_oldest_imports(tmp_path, mappings):
+    one = ProfilesSource(SourceContext(options={"dir": str(tmp_path / "probe")}, wanted=mappings.raw_fields()))
+    per_import = len(one._convert(import_file(_write(tmp_path / "p.json", _kineto_on(0))))[1].readings)
+    src = ProfilesSource(SourceContext(options={
+        "dir": str(tmp_path / "drop"), "settle": 0, "scan_interval": 3600, "ttl": 0,
+        "max_series_per_import": per_import, "max_series_total": 2 * per_import + per_import // 2},
+        wanted=mappings.raw_fields()))
+    src.open()
+    try:
+        for gpu in range(3):
+            (tmp_path / "drop" / f"gpu{gpu}.json").write_bytes(_kineto_on(gpu))
+            assert src.scan_once() == 1
+        s = src.poll()
+        # three imports would be 3 x per_import series: the oldest (GPU 0) left to make room
+        assert sorted(d.index for d in s.devices) == ["1", "2"]
+        assert len([r for r in s.readings if r.field != "profile.imports"]) == 2 * per_import
+        assert s.errors["profile_evicted"] == 1
+    finally:
+        src.close()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

@@ -226,3 +226,35 @@ def test_api_client_ignores_proxy_environment(tmp_path, monkeypatch):
         proxy.stop()
     assert proxy.seen == []
     assert len(api.seen) == 1 and api.seen[0][1] == "Bearer sa-token-123"
+
+
+@pytest.mark.asyncio
+async def test_metadata_answer_sent_in_delayed_chunks_is_read_whole():
+    """A valid answer that arrives in pieces (a slow metadata service, a proxy flushing early):
+    read to its end, never cut at whatever had arrived when the first read returned."""
+    import asyncio
+    body = json.dumps(AWS_DOC).encode()
+
+    async def token(_req: web.Request) -> web.Response:
+        return web.Response(text="tok")
+
+    async def document(req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_length = len(body)
+        await resp.prepare(req)
+        step = len(body) // 4 + 1
+        for i in range(0, len(body), step):
+            await resp.write(body[i:i + step])
+            await asyncio.sleep(0.2)  # the client has read what arrived before the next piece
+        await resp.write_eof()
+        return resp
+    app = web.Application()
+    app.router.add_put("/latest/api/token", token)
+    app.router.add_get("/latest/dynamic/instance-identity/document", document)
+    aws, other = await start(app), await start(not_found_app())
+    try:
+        ident = await detect(endpoints={"aws": url(aws), "azure": url(other), "gcp": url(other)}, timeout=10)
+    finally:
+        await aws.close()
+        await other.close()
+    assert ident is not None and ident.instance_id == AWS_DOC["instanceId"]

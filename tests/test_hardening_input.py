@@ -127,7 +127,8 @@ def test_surrogate_file_in_imported_restores_cleanly(tmp_path):
     d.setup()
     (tmp_path / "drop" / "imported" / "trace.json").write_text(SURROGATE_KINETO)
     profs = d.restore(16)
-    assert len(profs) == 1 and profs[0].profile.kernels[0].name == "\ufffd"
+    assert len(profs) == 1
+    assert {dict(r.labels).get("kernel") for r in profs[0].result.sample.readings} >= {"\ufffd"}
     d.close()
 
 

@@ -134,3 +134,82 @@ def test_symlinked_fdinfo_and_comm_are_not_followed(tmp_path):
     sample = _poll(proc, sysfs)
     assert _pids(sample) == {"100"} and sample.errors["read_error"] == 1
     assert {dict(r.labels)["process"] for r in sample.readings if r.field.startswith("process.")} == {"unknown"}
+
+
+# ---------------------------------------------------------------- the state directory itself
+def _check(tmp_path, state_dir) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from exporter.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["--check-config", "--state.dir", str(state_dir), "--config.file", str(tmp_path / "none.yaml")])
+    return rc, err.getvalue()
+
+
+def test_state_dir_others_can_write_or_swap_is_refused_at_start(tmp_path):
+    (tmp_path / "none.yaml").write_text("{}\n")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    assert _check(tmp_path, state) == (0, "")
+    os.chmod(state, 0o777)  # anyone could plant indicator-baselines.json
+    rc, err = _check(tmp_path, state)
+    assert rc == 1 and "--state.dir" in err and "writable by group or others (mode 777)" in err
+    os.chmod(state, 0o1777)  # sticky does not help: a file another user plants first stays theirs
+    assert _check(tmp_path, state)[0] == 1
+    os.chmod(state, 0o755)
+    os.symlink(state, tmp_path / "link")
+    rc, err = _check(tmp_path, tmp_path / "link")
+    assert rc == 1 and "a symlink, not a directory" in err
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # a parent others can write: they could swap the state dir itself
+    rc, err = _check(tmp_path, shared / "state")
+    assert rc == 1 and f"{shared} must be owned by uid 0 or" in err
+    if os.geteuid() == 0:
+        os.chown(state, 65534, 65534)
+        rc, err = _check(tmp_path, state)
+        assert rc == 1 and "owned by uid 65534, not by the exporter's uid 0 or root" in err
+    fresh = tmp_path / "fresh" / "state"
+    assert _check(tmp_path, fresh) == (0, "") and oct(fresh.stat().st_mode & 0o777) == "0o700"
+
+
+def _full_store(devices: int) -> BaselineStore:
+    """``devices`` GPUs with every baseline window of the default config full."""
+    import random
+
+    from exporter.indicators.config import IndicatorConfig
+    from exporter.indicators.robust import RobustBaseline
+    cfg, rnd, store = IndicatorConfig(), random.Random(1), BaselineStore()
+    b, s = cfg.baseline, cfg.state
+
+    def vals(n: int) -> list[float]:
+        return [rnd.uniform(-4000, 4000) for _ in range(n)]
+    for d in range(devices):
+        key = f"GPU-{d:08d}-{rnd.getrandbits(96):024x}"
+        for m in ("bandwidth", "bandwidth_utilization", "l2_miss_rate", "interconnect_throughput"):
+            store.get(key, m, lambda: RobustBaseline(b.bin_seconds, b.fast_bins, b.long_bin_bins, b.long_bins)) \
+                .restore(vals(b.fast_bins), vals(b.long_bins), vals(b.long_bin_bins - 1), 1e6)
+        for basis in ("occupancy", "sm_active", "utilization"):
+            store.get(key, "memory_bound_" + basis, lambda: RobustBaseline(
+                s.reference_bin_seconds, s.reference_bins, s.reference_bins, 1)) \
+                .restore(vals(s.reference_bins), vals(1), vals(s.reference_bins - 1), 1e6)
+    return store
+
+
+def test_state_file_limit_fits_a_real_file_and_no_more(tmp_path):
+    from exporter.indicators.config import IndicatorConfig
+    from exporter.indicators.feed import MAX_BASELINE_DEVICES
+    from exporter.run.baseline_file import state_bytes_limit
+    limit = state_bytes_limit(IndicatorConfig(), MAX_BASELINE_DEVICES)
+    assert limit < 8 << 20  # was 64 MiB: a few hundred MB of Python objects at start
+    BaselineFile(tmp_path).save(_full_store(MAX_BASELINE_DEVICES))
+    size = (tmp_path / STATE_FILE).stat().st_size
+    assert 1 << 20 < size < limit / 2  # 64 GPUs, every window full: ~1.6 MB
+    assert BaselineFile(tmp_path, limit).load(BaselineStore())
+    with open(tmp_path / STATE_FILE, "r+b") as f:  # padded past the limit: set aside, not parsed
+        f.seek(0, os.SEEK_END)
+        f.write(b" " * (limit - size + 1))
+    assert not BaselineFile(tmp_path, limit).load(BaselineStore())
+    assert (tmp_path / (STATE_FILE + ".corrupt")).exists()

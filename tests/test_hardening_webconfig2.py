@@ -1,8 +1,9 @@
 """Issue 26, findings 8 and 15 and the Server header: the web config fails closed for every
 content that is not a valid config (whitespace, comments, null, ``---``, ``basic_auth_users:``,
 a file cut short by a non-atomic rewrite), a run-time change may tighten access but never loosen
-it, and a tightened client-certificate policy applies at once (new handshakes and kept-alive
-connections).  Real TLS, the listener and middleware wired as ``exporter/cli.py`` does."""
+it (a looser file is refused and the stricter config keeps serving), and a tightened
+client-certificate policy applies at once (new handshakes and kept-alive connections).  Real TLS,
+the listener and middleware wired as ``exporter/cli.py`` does, under asyncio and uvloop."""
 
 from __future__ import annotations
 
@@ -16,10 +17,20 @@ from aiohttp import web
 
 from exporter.serve.listeners import SniffingTLSSite, guard_connections
 from exporter.serve.server import make_app
+from exporter.serve.stats import STATS
 from exporter.serve.webconfig import WebConfig, WebConfigError, WebConfigWatcher, auth_middleware
 from tests.test_webconfig_tls import basic, client_ctx, tls_cfg, tls_files, write_cfg  # noqa: F401
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
+LOOPS = ["asyncio", "uvloop"]  # uvloop is a dependency (cli.py serves on it)
+
+
+def _run(loop_kind: str, coro) -> None:
+    if loop_kind == "uvloop":
+        import uvloop
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)
 NOT_A_CONFIG = ["", "\n", "   \n  \n", "# a comment only\n", "null\n", "~\n", "---\n", "--- # c\n...\n",
                 "{}\n", "basic_auth_users:\n", "basic_auth_users: {}\n", "basic_auth_users: null\n"]
 
@@ -67,90 +78,165 @@ def test_not_a_config_is_refused_at_start(tmp_path, text):
         WebConfig.load(write_cfg(tmp_path, text))
 
 
-@pytest.mark.asyncio
-async def test_plain_http_basic_auth_never_turns_off_by_rewriting_the_file(tmp_path):
-    good = f"basic_auth_users:\n  u: '{HASH}'\n"
-    p = write_cfg(tmp_path, good)
-    srv = await _serve(WebConfigWatcher(p))
-    try:
-        assert await _status(srv.url) == 401
-        for text in NOT_A_CONFIG + ["http_server_config: {headers: {X-Frame-Options: deny}}\n"]:
-            p.write_text(text)
-            assert await _status(srv.url) == 500, text  # never 200 without credentials
-            assert await _status(srv.url, headers=basic("u", "s3cret")) == 500, text
-            p.write_text(good)
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_plain_http_basic_auth_never_turns_off_by_rewriting_the_file(tmp_path, loop_kind):
+    async def go() -> None:
+        good = f"basic_auth_users:\n  u: '{HASH}'\n"
+        p = write_cfg(tmp_path, good)
+        srv = await _serve(WebConfigWatcher(p))
+        try:
+            assert await _status(srv.url) == 401
+            for text in NOT_A_CONFIG:  # not a config: everything refused until it is fixed
+                p.write_text(text)
+                assert await _status(srv.url) == 500, text  # never 200 without credentials
+                assert await _status(srv.url, headers=basic("u", "s3cret")) == 500, text
+                p.write_text(good)
+                assert await _status(srv.url) == 401
+                assert await _status(srv.url, headers=basic("u", "s3cret")) == 200
+            # a valid config without users: refused, the users in force keep being asked for
+            p.write_text("http_server_config: {headers: {X-Frame-Options: deny}}\n")
             assert await _status(srv.url) == 401
             assert await _status(srv.url, headers=basic("u", "s3cret")) == 200
-    finally:
-        await srv.runner.cleanup()
+        finally:
+            await srv.runner.cleanup()
+    _run(loop_kind, go())
 
 
-@pytest.mark.asyncio
-async def test_a_file_cut_short_mid_rewrite_never_serves_without_auth(tmp_path, tls_files):  # noqa: F811
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_a_file_cut_short_mid_rewrite_never_serves_without_auth(tmp_path, tls_files, loop_kind):  # noqa: F811
     """Every prefix of the file (as a reader sees it during a non-atomic rewrite): no request
     without a client certificate or without credentials gets a 200."""
-    good = tls_cfg(tls_files, f"  client_auth_type: RequireAndVerifyClientCert\n"
-                              f"  client_ca_file: {tls_files['clientca.pem']}\n"
-                              f"  client_allowed_sans: [scraper.example]\n"
-                              f"basic_auth_users:\n  u: '{HASH}'\n  v: '{HASH}'\n")
-    p = write_cfg(tmp_path, good)
-    srv = await _serve(WebConfigWatcher(p))
-    with_cert, without = client_ctx(tls_files, "client"), client_ctx(tls_files)
-    try:
-        assert await _status(srv.url, with_cert, basic("u", "s3cret")) == 200
-        cuts = sorted({good.find("\n", i) + 1 for i in range(0, len(good), 7)} | set(range(0, len(good), 13)))
-        for cut in cuts:
-            if cut in (0, len(good)):
-                continue
-            p.write_text(good[:cut])
-            assert await _status(srv.url, without) != 200, good[:cut]
-            assert await _status(srv.url, with_cert) != 200, good[:cut]
-        p.write_text(good)
-        assert await _status(srv.url, with_cert, basic("u", "s3cret")) == 200
-    finally:
-        await srv.runner.cleanup()
+    async def go() -> None:
+        good = tls_cfg(tls_files, f"  client_auth_type: RequireAndVerifyClientCert\n"
+                                  f"  client_ca_file: {tls_files['clientca.pem']}\n"
+                                  f"  client_allowed_sans: [scraper.example]\n"
+                                  f"basic_auth_users:\n  u: '{HASH}'\n  v: '{HASH}'\n")
+        p = write_cfg(tmp_path, good)
+        srv = await _serve(WebConfigWatcher(p))
+        with_cert, without = client_ctx(tls_files, "client"), client_ctx(tls_files)
+        try:
+            assert await _status(srv.url, with_cert, basic("u", "s3cret")) == 200
+            cuts = sorted({good.find("\n", i) + 1 for i in range(0, len(good), 7)} | set(range(0, len(good), 13)))
+            for cut in cuts:
+                if cut in (0, len(good)):
+                    continue
+                p.write_text(good[:cut])
+                assert await _status(srv.url, without) != 200, good[:cut]
+                assert await _status(srv.url, with_cert) != 200, good[:cut]
+            p.write_text(good)
+            assert await _status(srv.url, with_cert, basic("u", "s3cret")) == 200
+        finally:
+            await srv.runner.cleanup()
+    _run(loop_kind, go())
 
 
-@pytest.mark.asyncio
-async def test_tightened_client_cert_policy_applies_at_once(tmp_path, tls_files):  # noqa: F811
-    p = write_cfg(tmp_path, tls_cfg(tls_files))
-    srv = await _serve(WebConfigWatcher(p))
-    without, with_cert = client_ctx(tls_files), client_ctx(tls_files, "client")
-    try:
-        async with aiohttp.ClientSession() as kept:  # a keep-alive connection without a cert
-            async with kept.get(srv.url, ssl=without) as r:
-                assert r.status == 200
-            p.write_text(tls_cfg(tls_files, "  client_auth_type: RequireAndVerifyClientCert\n"
-                                            f"  client_ca_file: {tls_files['clientca.pem']}\n"))
-            assert await _status(srv.url, without) == "refused"  # a new handshake
-            assert await _status(srv.url, with_cert) == 200
-            status: int | str
-            try:  # the kept connection: closed, never answered 200
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_tightened_client_cert_policy_applies_at_once(tmp_path, tls_files, loop_kind):  # noqa: F811
+    async def go() -> None:
+        p = write_cfg(tmp_path, tls_cfg(tls_files))
+        srv = await _serve(WebConfigWatcher(p))
+        without, with_cert = client_ctx(tls_files), client_ctx(tls_files, "client")
+        try:
+            async with aiohttp.ClientSession() as kept:  # a keep-alive connection without a cert
                 async with kept.get(srv.url, ssl=without) as r:
-                    status = r.status
-            except aiohttp.ClientError:
-                status = "closed"
-            assert status != 200
-        # loosening back at run time is refused (restart to apply), never "no client cert"
-        p.write_text(tls_cfg(tls_files))
-        assert await _status(srv.url, without) != 200
-        assert await _status(srv.url, with_cert) != 200
-    finally:
-        await srv.runner.cleanup()
+                    assert r.status == 200
+                p.write_text(tls_cfg(tls_files, "  client_auth_type: RequireAndVerifyClientCert\n"
+                                                f"  client_ca_file: {tls_files['clientca.pem']}\n"))
+                assert await _status(srv.url, without) == "refused"  # a new handshake
+                assert await _status(srv.url, with_cert) == 200
+                status: int | str
+                try:  # the kept connection: closed, never answered 200
+                    async with kept.get(srv.url, ssl=without) as r:
+                        status = r.status
+                except aiohttp.ClientError:
+                    status = "closed"
+                assert status != 200
+            # loosening back at run time is refused: the stricter policy keeps serving
+            p.write_text(tls_cfg(tls_files))
+            assert await _status(srv.url, without) == "refused"
+            assert await _status(srv.url, with_cert) == 200
+        finally:
+            await srv.runner.cleanup()
+    _run(loop_kind, go())
 
 
-@pytest.mark.asyncio
-async def test_min_version_raised_at_run_time_applies_at_once(tmp_path, tls_files):  # noqa: F811
-    p = write_cfg(tmp_path, tls_cfg(tls_files))
-    srv = await _serve(WebConfigWatcher(p))
-    tls12 = client_ctx(tls_files, maximum_version=ssl.TLSVersion.TLSv1_2)
-    try:
-        assert await _status(srv.url, tls12) == 200
-        p.write_text(tls_cfg(tls_files, "  min_version: TLS13\n"))
-        assert await _status(srv.url, tls12) == "refused"
-        assert await _status(srv.url, client_ctx(tls_files)) == 200
-    finally:
-        await srv.runner.cleanup()
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_min_version_raised_at_run_time_applies_at_once(tmp_path, tls_files, loop_kind):  # noqa: F811
+    async def go() -> None:
+        p = write_cfg(tmp_path, tls_cfg(tls_files))
+        srv = await _serve(WebConfigWatcher(p))
+        tls12 = client_ctx(tls_files, maximum_version=ssl.TLSVersion.TLSv1_2)
+        try:
+            assert await _status(srv.url, tls12) == 200
+            p.write_text(tls_cfg(tls_files, "  min_version: TLS13\n"))
+            assert await _status(srv.url, tls12) == "refused"
+            assert await _status(srv.url, client_ctx(tls_files)) == 200
+        finally:
+            await srv.runner.cleanup()
+    _run(loop_kind, go())
+
+
+def _strict(files, drop: str = "") -> str:
+    """TLS 1.3 only, a verified client certificate with an allowed SAN, basic auth; ``drop``
+    leaves one of them out (a looser file)."""
+    parts = {
+        "client_auth": (f"  client_auth_type: RequireAndVerifyClientCert\n"
+                        f"  client_ca_file: {files['clientca.pem']}\n"),
+        "sans": "  client_allowed_sans: [scraper.example]\n",
+        "min_version": "  min_version: TLS13\n",
+    }
+    if drop == "client_auth":  # no client certificate at all: the SAN list must go with it
+        parts.pop("sans")
+    tls = "".join(v for k, v in parts.items() if k != drop)
+    users = "" if drop == "users" else f"basic_auth_users:\n  u: '{HASH}'\n"
+    if drop == "tls":
+        return users + "http_server_config: {headers: {X-Frame-Options: deny}}\n"
+    return tls_cfg(files, tls) + users
+
+
+LOOSER = ["users", "client_auth", "sans", "min_version", "tls"]
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+@pytest.mark.parametrize("drop", LOOSER)
+def test_a_looser_file_is_refused_and_the_stricter_one_keeps_serving(tmp_path, tls_files, caplog, drop,  # noqa: F811
+                                                                       loop_kind):
+    """A valid file that loosens access at run time: refused, logged once, counted; the config
+    in force keeps serving (no 500, no failed handshake for a client it admits); a restart applies
+    it.  Before: everything was refused until the file was undone or the exporter restarted."""
+    scraper, no_cert = client_ctx(tls_files, "client"), client_ctx(tls_files)
+    tls12 = client_ctx(tls_files, "client", maximum_version=ssl.TLSVersion.TLSv1_2)
+    intruder = client_ctx(tls_files, "intruder")  # a verified certificate without the allowed SAN
+    creds = basic("u", "s3cret")
+
+    async def go() -> None:
+        p = write_cfg(tmp_path, _strict(tls_files))
+        srv = await _serve(WebConfigWatcher(p))
+        before = dict(STATS.reloads)
+        try:
+            assert await _status(srv.url, scraper, creds) == 200
+            for text in (_strict(tls_files, drop), _strict(tls_files, drop) + "# rewritten\n"):
+                p.write_text(text)  # twice: counted each time, logged once
+                assert await _status(srv.url, scraper, creds) == 200  # still served, never 500
+                assert await _status(srv.url, scraper) == 401  # users still asked for
+                assert await _status(srv.url, no_cert, creds) == "refused"  # client cert still required
+                assert await _status(srv.url, intruder, creds) in ("refused", 403)  # SANs still checked
+                assert await _status(srv.url, tls12, creds) == "refused"  # TLS 1.3 still required
+            assert STATS.reloads["refused_looser"] - before["refused_looser"] == 2
+            assert STATS.reloads["invalid"] == before["invalid"]
+        finally:
+            await srv.runner.cleanup()
+        logged = [r for r in caplog.records if "at run time is refused" in r.getMessage()]
+        assert len(logged) == 1 and "stricter config in force keeps serving" in logged[0].getMessage()
+        restarted = await _serve(WebConfigWatcher(p))  # a restart applies the looser file
+        try:
+            looser = {"users": (scraper, None), "client_auth": (no_cert, creds), "sans": (intruder, creds),
+                      "min_version": (tls12, creds), "tls": (None, creds)}[drop]
+            assert await _status(restarted.url, *looser) == 200
+        finally:
+            await restarted.runner.cleanup()
+    caplog.set_level("INFO", logger="exporter.serve.webconfig")
+    _run(loop_kind, go())
 
 
 @pytest.mark.asyncio
@@ -175,25 +261,25 @@ async def test_no_server_header_discloses_versions(tmp_path):
 
 
 @pytest.mark.asyncio
-async def test_unique_wrong_passwords_never_queue_a_verified_scraper(tmp_path):
+async def test_unique_wrong_passwords_never_queue_a_verified_scraper(tmp_path, monkeypatch):
     """300 clients with unique wrong passwords (each one bcrypt, one at a time, as in
     exporter-toolkit) evict only other failures: a scraper verified once is answered from the
-    cache while they wait, not after them."""
-    # cost 7 (~14 ms a check here): the wave queues ~4 s, so arrivals outrun the checks on a busy box
-    cost = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(7)).decode()
-    p = write_cfg(tmp_path, f"basic_auth_users:\n  u: '{cost}'\n")
+    cache while every one of them still waits for bcrypt (held here until the scraper has its
+    answer: a condition, not a race against the clock)."""
+    import threading
+
+    from exporter.serve.webconfig import auth
+    p = write_cfg(tmp_path, f"basic_auth_users:\n  u: '{HASH}'\n")
     watcher = WebConfigWatcher(p)
-    arrived = 0
+    srv = await _serve(watcher)
+    held, real = threading.Event(), auth._bcrypt_ok
+    waiting = 0
 
-    class Counting:  # counts the requests that reached the middleware
-        def current(self) -> WebConfig:
-            nonlocal arrived
-            arrived += 1
-            return watcher.current()
-
-        def __getattr__(self, name):
-            return getattr(watcher, name)
-    srv = await _serve(Counting())  # type: ignore[arg-type]
+    def gated(password: bytes, hashed: bytes) -> bool:
+        nonlocal waiting
+        waiting += 1
+        held.wait(30)  # bounded: released as soon as the scraper was answered
+        return real(password, hashed)
     done = 0
 
     async def wrong(i: int) -> None:
@@ -204,12 +290,16 @@ async def test_unique_wrong_passwords_never_queue_a_verified_scraper(tmp_path):
     try:
         assert await _status(srv.url, headers=basic("u", "s3cret")) == 200  # verified once
         await asyncio.gather(*(wrong(i) for i in range(300)))  # the first wave fills the cache
-        done, before = 0, arrived
+        monkeypatch.setattr(auth, "_bcrypt_ok", gated)
+        done = 0
         wave = [asyncio.ensure_future(wrong(1000 + i)) for i in range(300)]
-        while arrived < before + 300:  # the whole wave waits in the bcrypt queue
+        while waiting < 1:  # the wave is in the bcrypt queue, its first check held
             await asyncio.sleep(0.005)
-        assert await _status(srv.url, headers=basic("u", "s3cret")) == 200
-        assert done < 150, done  # answered while most of the wave still waited, not after it
+        answer = await asyncio.wait_for(_status(srv.url, headers=basic("u", "s3cret")), 20)
+        assert answer == 200 and done == 0  # answered while the whole wave still waited
+        held.set()
         await asyncio.gather(*wave)
+        assert done == 300
     finally:
+        held.set()
         await srv.runner.cleanup()

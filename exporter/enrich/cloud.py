@@ -67,10 +67,15 @@ async def _body(r: aiohttp.ClientResponse, what: str, limit: int = MAX_BODY_BYTE
     """At most ``limit`` bytes of an answer (a bigger one is not the metadata service's)."""
     if r.status != 200:  # redirects are not followed (allow_redirects=False): a 3xx lands here
         raise _NotThisCloud(f"{what} answered {r.status}")
-    body = await r.content.read(limit + 1)
+    body = bytearray()  # read() returns what has arrived: read on until the end or past the limit
+    while len(body) <= limit:
+        chunk = await r.content.read(limit + 1 - len(body))
+        if not chunk:
+            break
+        body += chunk
     if len(body) > limit:
         raise _NotThisCloud(f"{what}: answer over {limit} bytes")
-    return body
+    return bytes(body)
 
 
 def _json(body: bytes, what: str) -> dict:

@@ -3,8 +3,9 @@
 For engineers comparing runs offline: prints the canonical series the daemon would export for
 these files (``--format text``, the Prometheus text format) or, with ``--format json``, a
 per-file summary (kernels, launch delay, timeline aligned to the artifact's zero), the files
-grouped by trace id, and the canonical series.  Exit status 0 when every file was imported (or
-is a companion file), 1 when any was rejected, 2 on usage errors.
+grouped by trace id, and the canonical series.  Each file is parsed in a child process with the
+daemon's default limits (``isolate``).  Exit status 0 when every file was imported (or is a
+companion file), 1 when any was rejected, 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from ..map.mapper import Mapper
 from ..map.mapping import MappingSet
 from ..map.schema import default_mappings_dir, load_schema
 from ..map.store import SourceState, Store
-from ..model import identity_labels
+from ..model import PollResult, identity_labels
 from ..render.exposition import Renderer
 from ..yamlfile import ConfigError
-from .convert import summary, to_sample
-from .detect import MAX_BYTES, import_file, valid_trace_id
+from .detect import MAX_BYTES, valid_trace_id
+from .isolate import Imported, Importer, ImportLimits
 from .model import CompanionFile, ProfileRejected
 
 
@@ -45,11 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 _HISTOGRAM_PART = re.compile(r"_(bucket|count|sum)$")
 
 
-def _map(profiles: list, top_kernels: int, allowed, mappings: MappingSet) -> tuple[dict, object]:
-    """(devices by key, mapping result) of these profiles."""
-    sample = to_sample(profiles, top_kernels, allowed)
-    sample.monotonic = 1.0
-    devices = {d.key: d for d in sample.devices}
+def _map(imports: list[Imported], mappings: MappingSet) -> tuple[dict, object]:
+    """(devices by key, mapping result) of these imports."""
+    sample = PollResult(monotonic=1.0)
+    devices: dict = {}
+    for imp in imports:
+        sample.readings.extend(imp.sample.readings)
+        for d in imp.devices:
+            devices.setdefault(d.key, d)
+    sample.devices = list(devices.values())
     return devices, Mapper(mappings).map(sample, devices)
 
 
@@ -68,23 +73,26 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    profiles, rejected, companions = [], [], []
+    imports: list[Imported] = []
+    rejected, companions = [], []
+    importer = Importer(ImportLimits(max_bytes=args.max_bytes), args.top_kernels, mappings.raw_fields(),
+                        summary=args.format == "json")
     for f in args.files:
         try:
-            profiles.append(import_file(f, trace_id=args.trace_id, max_bytes=args.max_bytes))
+            imports.append(importer.file(f, trace_id=args.trace_id))
         except CompanionFile as exc:
             companions.append({"path": f, "note": str(exc)})
         except ProfileRejected as exc:
             rejected.append({"path": f, "reason": str(exc)})
-    allowed = mappings.raw_fields()  # per mapping file, the raw fields it maps
-    devices, result = _map(profiles, args.top_kernels, allowed, mappings)
+    devices, result = _map(imports, mappings)
     for r in rejected:
         print(f"rejected: {r['path']}: {r['reason']}", file=sys.stderr)
     for c in companions:
         print(f"companion: {c['path']}: {c['note']}", file=sys.stderr)
-    for p in profiles:  # what each file gave; a file that gives nothing but identity is suspect
+    for imp in imports:  # what each file gave; a file that gives nothing but identity is suspect
+        p = imp.profile
         names = sorted({_HISTOGRAM_PART.sub("", name)
-                        for frame in _map([p], args.top_kernels, allowed, mappings)[1].frames.values()
+                        for frame in _map([imp], mappings)[1].frames.values()
                         for name, _ in frame})
         if names:
             print(f"imported: {p.path} ({p.tool}): {len(names)} metrics: {', '.join(names)}", file=sys.stderr)
@@ -94,14 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
     if args.format == "json":
         traces: dict[str, list[dict]] = {}
-        for p in profiles:
-            if p.trace_id:
-                t0 = p.t0_ns
-                traces.setdefault(p.trace_id, []).append({
-                    "path": p.path, "tool": p.tool,
-                    "wall_zero_unix_ns": p.wall_zero_ns + round(t0) if p.wall_zero_ns is not None and t0 is not None
-                    else None})
-        out = {"profiles": [summary(p, args.top_kernels) for p in profiles], "rejected": rejected,
+        for imp in imports:
+            if imp.profile.trace_id:
+                traces.setdefault(imp.profile.trace_id, []).append({
+                    "path": imp.profile.path, "tool": imp.profile.tool,
+                    "wall_zero_unix_ns": (imp.summary or {}).get("timeline", {}).get("wall_zero_unix_ns")})
+        out = {"profiles": [imp.summary for imp in imports], "rejected": rejected,
                "companions": companions, "traces": traces,
                "series": [{"name": name, "labels": dict(labels), "value": value}
                           for name, labels, value in sorted(

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from ..model import Device, PollResult
-from .model import DeviceInfo, KernelRecord, Profile, quantile
+from .model import DeviceInfo, KernelRecord, Profile, ProfileRejected, quantile
 
 QUANTILES = (("50", 0.5), ("95", 0.95), ("99", 0.99), ("100", 1.0))  # (percentile label, q)
 MAX_NAME = 120
@@ -155,6 +155,21 @@ def to_sample(profiles: Iterable[Profile], top_n: int = 10,
             seen.setdefault(dev.key, dev)
     sample.devices = list(seen.values())
     return sample
+
+
+def checked_sample(prof: Profile, top_n: int, allowed: dict[str, set[str]] | None, max_devices: int,
+                   max_series: int) -> tuple[list[Device], PollResult]:
+    """One profile's devices and readings, or ProfileRejected above the per-import caps."""
+    sample = PollResult()
+    devices = add_profile(sample, prof, top_n, allowed)
+    if len(devices) > max_devices:
+        raise ProfileRejected(f"has kernels on {len(devices)} GPUs, above max_devices_per_import "
+                              f"({max_devices})", "devices")
+    if len(sample.readings) > max_series:
+        raise ProfileRejected(f"gives {len(sample.readings)} series, above max_series_per_import "
+                              f"({max_series})", "series")
+    sample.devices = devices
+    return devices, sample
 
 
 def summary(prof: Profile, top_n: int = 10) -> dict:

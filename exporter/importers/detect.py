@@ -4,7 +4,11 @@
 CLI) never raise anything but ``ProfileRejected`` (or its ``CompanionFile`` subclass): a parser
 bug on a hostile file becomes a rejection with the exception named, so the drop directory and
 the CLI keep going.  Every file is read under the ``exporter.safefile`` rule; ``max_bytes``
-bounds the content after decompression (a gzip member cannot inflate past it).
+bounds the content after decompression (a gzip member cannot inflate past it) and
+``max_events`` the events (trace events, table rows, kernel records) read from it.
+
+These parse in the calling process: the daemon and the ``import`` command run them in a child
+with kernel-enforced limits (``isolate``), which passes the file it opened (``import_fd``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .. import safefile
 from . import kineto_json, ncu_csv, nsys_sqlite, rocprof_csv, unitrace_csv
@@ -23,104 +28,143 @@ from .model import CompanionFile, Profile, ProfileRejected
 from .siblings import Siblings
 
 MAX_BYTES = 512 * 1024 * 1024  # per file, after decompression
+MAX_EVENTS = 1_000_000  # trace events, rows of one table or kernel records per file
 MAX_SIDECAR_BYTES = 64 * 1024  # a <file>.meta.json holds a trace id, not data
 SIDECAR = ".meta.json"
+T = TypeVar("T")
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_TRACE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+_TRACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 _RANGE_TRACE_RE = re.compile(r"trace[_ -]?id\s*[=:]\s*([A-Za-z0-9][A-Za-z0-9._:-]{0,63})", re.I)
 _NAME_TRACE_RE = re.compile(r"(?:trace_id=|traceid-)([A-Za-z0-9][A-Za-z0-9:-]{0,63})")
 
 
 def valid_trace_id(value: str) -> bool:
-    return bool(_TRACE_ID_RE.match(value))
+    return _TRACE_ID_RE.fullmatch(value) is not None  # "abc\n" is not one
 
 
-def import_file(path: str | os.PathLike, trace_id: str | None = None, max_bytes: int = MAX_BYTES) -> Profile:
+def import_file(path: str | os.PathLike, trace_id: str | None = None, max_bytes: int = MAX_BYTES,
+                max_events: int = MAX_EVENTS) -> Profile:
     """Parse one artifact named by the caller (the CLI: a symlink the user typed is resolved).
     Raises ProfileRejected (or CompanionFile) with a precise reason."""
+    return in_folder(path, lambda dir_fd, name: import_at(dir_fd, name, trace_id=trace_id, max_bytes=max_bytes,
+                                                          path=str(path), max_events=max_events))
+
+
+def in_folder(path: str | os.PathLike, parse: Callable[[int, str], T]) -> T:
+    """``parse(dir_fd, name)`` for a path the caller named (a symlink the user typed is
+    resolved), its folder held open meanwhile; ProfileRejected when the folder is unreadable."""
     real = Path(os.path.realpath(path))
     try:
         dir_fd = safefile.open_dir(real.parent)
     except OSError as exc:
         raise ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}") from None
     try:
-        return import_at(dir_fd, real.name, trace_id=trace_id, max_bytes=max_bytes, path=str(path))
+        return parse(dir_fd, real.name)
     finally:
         os.close(dir_fd)
 
 
 def import_at(dir_fd: int, name: str, *, trace_id: str | None = None, max_bytes: int = MAX_BYTES,
               path: str | None = None, single_link: bool = False,
-              cancel: Callable[[], bool] | None = None) -> Profile:
+              cancel: Callable[[], bool] | None = None, max_events: int = MAX_EVENTS) -> Profile:
     """Parse ``name`` in the directory ``dir_fd`` under the ``safefile`` rule: opened without
     following a symlink, a regular file (with one link when ``single_link``), read through the
     opened fd with ``max_bytes`` as a hard limit (after decompression too), never by path again;
     its companions and sidecar are read the same way.  ``path`` names it in the profile and in
     messages; ``cancel`` stops a long SQLite import (the daemon is stopping)."""
+    try:
+        fd, _ = safefile.open_regular(name, dir_fd, single_link=single_link)
+    except OSError as exc:
+        raise _rejection(exc) from None
+    try:
+        return import_fd(fd, dir_fd, name, trace_id=trace_id, max_bytes=max_bytes, path=path,
+                         single_link=single_link, cancel=cancel, max_events=max_events)
+    finally:
+        os.close(fd)
+
+
+def import_fd(fd: int, dir_fd: int | None, name: str, *, trace_id: str | None = None,
+              max_bytes: int = MAX_BYTES, path: str | None = None, single_link: bool = False,
+              cancel: Callable[[], bool] | None = None, max_events: int = MAX_EVENTS,
+              tmp_dir: str | None = None, sqlite: dict | None = None) -> Profile:
+    """``import_at`` of a file the caller opened (``fd``, read from offset 0; ``dir_fd``: its
+    directory, for companions and the sidecar).  ``tmp_dir``: where the private copy of a SQLite
+    file goes (default: a fresh temp dir); ``sqlite``: keyword limits for ``nsys_sqlite.parse``."""
     siblings = Siblings(dir_fd, max_bytes, single_link=single_link)
     shown = path or name
     try:
-        prof = _import(dir_fd, name, shown, siblings, max_bytes, single_link, cancel)
+        prof = _import(fd, shown, siblings, max_bytes, cancel, max_events, tmp_dir, sqlite or {})
     except ProfileRejected:
         raise
-    except safefile.TooLarge as exc:
-        raise ProfileRejected(f"{exc} (the import limit)") from None
-    except safefile.Refused as exc:
-        raise ProfileRejected(f"not read: {exc}") from None
-    except (OSError, EOFError, zlib.error) as exc:
-        raise ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}") from None
-    except RecursionError:
-        raise ProfileRejected("too deeply nested") from None
-    except MemoryError:
-        raise ProfileRejected("too large to parse in memory") from None
     except Exception as exc:  # noqa: BLE001 - a parser must never take the importer down
-        raise ProfileRejected(f"parser error: {type(exc).__name__}: {exc}") from None
+        raise _rejection(exc) from None
     _attach_trace_id(prof, name, siblings, trace_id)
     return prof
 
 
-def _import(dir_fd: int, name: str, shown: str, siblings: Siblings, max_bytes: int, single_link: bool,
-            cancel: Callable[[], bool] | None) -> Profile:
-    fd, st = safefile.open_regular(name, dir_fd, single_link=single_link)
-    try:
-        if st.st_size == 0:
-            raise ProfileRejected("empty file")
-        if st.st_size > max_bytes:
-            raise ProfileRejected(f"file is {st.st_size} bytes, above the import limit of {max_bytes}")
-        gz = safefile.is_gzip(fd)
-        parts = safefile.chunks(fd, max_bytes, gunzip=gz)
-        first = next(parts, b"")
-        if first.startswith(SQLITE_MAGIC):
-            # SQLite reads its file by path: it gets a private copy (0700 temp dir), never the
-            # producer's inode, so the bytes it reads are the ones counted against the limit
-            with tempfile.TemporaryDirectory(prefix="ugx-import-") as tmp:
-                copy = os.path.join(tmp, "export.sqlite")
-                with open(copy, "wb") as out:
-                    out.write(first)
-                    for c in parts:
-                        out.write(c)
-                return nsys_sqlite.parse(shown, copy, cancel=cancel)
-        raw = bytearray(first)
-        for c in parts:
-            raw += c
-    finally:
-        os.close(fd)
+def _rejection(exc: BaseException) -> ProfileRejected:
+    if isinstance(exc, safefile.TooLarge):
+        return ProfileRejected(f"{exc} (the import limit max_file_bytes)", "size")
+    if isinstance(exc, safefile.Refused):
+        return ProfileRejected(f"not read: {exc}")
+    if isinstance(exc, (OSError, EOFError, zlib.error)):
+        return ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}")
+    if isinstance(exc, RecursionError):
+        return ProfileRejected("too deeply nested")
+    if isinstance(exc, MemoryError):
+        return ProfileRejected("too large to parse in memory (the import memory limit)", "memory")
+    return ProfileRejected(f"parser error: {type(exc).__name__}: {exc}")
+
+
+def _import(fd: int, shown: str, siblings: Siblings, max_bytes: int, cancel: Callable[[], bool] | None,
+            max_events: int, tmp_dir: str | None, sqlite: dict) -> Profile:
+    st = os.fstat(fd)
+    if st.st_size == 0:
+        raise ProfileRejected("empty file")
+    if st.st_size > max_bytes:
+        raise ProfileRejected(f"file is {st.st_size} bytes, above the import limit max_file_bytes "
+                              f"({max_bytes})", "size")
+    gz = safefile.is_gzip(fd)
+    parts = safefile.chunks(fd, max_bytes, gunzip=gz)
+    first = next(parts, b"")
+    if first.startswith(SQLITE_MAGIC):
+        # SQLite reads its file by path: it gets a private copy (0700 temp dir), never the
+        # producer's inode, so the bytes it reads are the ones counted against the limit
+        with tempfile.TemporaryDirectory(prefix="ugx-import-", dir=tmp_dir) as tmp:
+            copy = os.path.join(tmp, "export.sqlite")
+            with open(copy, "wb") as out:
+                out.write(first)
+                for c in parts:
+                    out.write(c)
+            del first
+            return nsys_sqlite.parse(shown, copy, cancel=cancel, max_rows=max_events, **sqlite)
+    raw = bytearray(first)
+    del first
+    for c in parts:
+        raw += c
     if not raw:
         raise ProfileRejected("empty file")
     if not gz and raw.startswith(b"SQLite format"):
         raise ProfileRejected("SQLite header damaged")
-    return _from_bytes(shown, raw, siblings)
+    prof = _from_bytes(shown, raw, siblings, max_events)
+    if len(prof.kernels) + len(prof.ranges) > max_events:
+        raise ProfileRejected(f"{len(prof.kernels) + len(prof.ranges)} kernel records and ranges, above "
+                              f"max_events_per_import ({max_events})", "events")
+    return prof
 
 
-def _from_bytes(path: str, raw: bytes | bytearray, siblings: Siblings) -> Profile:
+def _from_bytes(path: str, raw: bytearray, siblings: Siblings, max_events: int) -> Profile:
     text = raw.decode("utf-8", errors="replace")
+    raw.clear()  # the caller's buffer: no second copy of the file while it is parsed
     stripped = text.lstrip("\ufeff \t\r\n")
     if stripped.startswith(("{", "[")):
+        del text
         try:
             data = json.loads(stripped)
         except ValueError as exc:
             raise ProfileRejected(f"json: {exc}") from None
-        return kineto_json.parse(path, data)
+        del stripped
+        return kineto_json.parse(path, data, max_events)
     head = text[:65536]
     if ncu_csv.sniff(head):
         return ncu_csv.parse(path, text)
@@ -163,4 +207,4 @@ def _attach_trace_id(prof: Profile, name: str, siblings: Siblings, explicit: str
         prof.trace_id, prof.trace_id_from = m.group(1), "filename"
 
 
-__all__ = ["CompanionFile", "ProfileRejected", "import_at", "import_file", "valid_trace_id"]
+__all__ = ["CompanionFile", "ProfileRejected", "import_at", "import_fd", "import_file", "valid_trace_id"]

@@ -25,7 +25,8 @@ claimed entry that is not a plain file with one link (a symlink or hard link swa
 the scan and the claim) is deleted unread.  Files and sidecars are read under the
 ``exporter.safefile`` rule (through the held fd, ``O_NOFOLLOW|O_NONBLOCK``, regular with one
 link, ``max_bytes`` a hard limit while reading and after decompression): a file under a write
-lease is rejected at once instead of stalling the import thread.  ``.reason`` files are created
+lease is rejected at once instead of stalling the import thread.  ``importer`` parses each file
+in a child process with memory, CPU and time limits (``isolate``).  ``.reason`` files are created
 exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``) under names the exporter chooses, readable by
 group/others only where the rejected file itself is (a reason may quote its first line).
 """
@@ -36,19 +37,17 @@ import errno
 import json
 import logging
 import os
-import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from .. import safefile
 from ..render.textformat import valid_utf8
-from .detect import MAX_BYTES, SIDECAR, import_at
-from .model import CompanionFile, Profile, ProfileRejected, clean_profile
+from .detect import SIDECAR
+from .isolate import Imported, Importer
+from .model import CompanionFile, Profile, ProfileRejected
 
 log = logging.getLogger("unified_gpu_exporter")
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".reason", ".crdownload", SIDECAR)
@@ -64,27 +63,25 @@ class UnsafeDropDir(OSError):
 @dataclass
 class Outcome:
     name: str
-    profile: Profile | None = None
+    profile: Profile | None = None  # its description (no kernels when parsed in a child)
     reason: str = ""
     companion: bool = False
-    accepted: Any = None  # what the accept hook returned for it
-
-
-# called with each parsed profile before it is kept; raises ProfileRejected to set it aside
-Accept = Callable[[Profile], Any]
+    result: Imported | None = None  # its devices and readings
+    kind: str = ""  # the limit a rejected file hit (ProfileRejected.kind)
 
 
 class DropDir:
-    def __init__(self, root: str | os.PathLike, settle: float = 1.0, max_bytes: int = MAX_BYTES,
-                 accept: Accept | None = None):
+    def __init__(self, root: str | os.PathLike, settle: float = 1.0, max_bytes: int | None = None,
+                 importer: Importer | None = None):
         self.root = Path(root)
         self.processing = self.root / "processing"
         self.imported = self.root / "imported"
         self.rejected = self.root / "rejected"
         self._last_stamp = 0
         self.settle = settle
-        self.max_bytes = max_bytes
-        self.accept = accept
+        self.importer = importer if importer is not None else Importer()
+        if max_bytes is not None:
+            self.importer.limits = replace(self.importer.limits, max_bytes=max_bytes)
         self.stopping = threading.Event()  # set: a running SQLite import stops at once
         self._fds: dict[str, int] = {}  # "root" and each folder -> held directory fd
 
@@ -123,12 +120,7 @@ class DropDir:
         except OSError as exc:
             raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is not a directory the exporter "
                                 f"can use ({exc.strerror}; a symlink is refused): remove it") from None
-        st = os.fstat(fd)
-        problem = ""
-        if st.st_uid != os.geteuid():
-            problem = f"owned by uid {st.st_uid}, not by the exporter's uid {os.geteuid()}"
-        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            problem = f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        problem = safefile.owner_problem(os.fstat(fd))
         if problem:
             os.close(fd)
             raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is {problem}; another user "
@@ -244,12 +236,14 @@ class DropDir:
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
-        # another filesystem: copy through the opened fd
+        # another filesystem: copy through the opened fd, never more than max_bytes (the
+        # capture command may still be writing to it: the size checked above is no bound)
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                       stat.S_IMODE(st.st_mode) & 0o644, dir_fd=proc)
         try:
-            with os.fdopen(out, "wb") as w, os.fdopen(os.dup(src), "rb") as r:
-                shutil.copyfileobj(r, w, safefile.CHUNK)
+            with os.fdopen(out, "wb") as w:
+                for chunk in safefile.chunks(src, self.max_bytes):
+                    w.write(chunk)
         except BaseException:
             self._discard("processing", dest)
             raise
@@ -266,32 +260,34 @@ class DropDir:
                                                        "reason": "not a plain file with one link"})
                 continue
             try:
-                prof, accepted = self._read("processing", name)
+                got = self._read("processing", name)
             except CompanionFile as exc:
                 outcomes.append(Outcome(name, reason=str(exc), companion=True))
                 continue
             except ProfileRejected as exc:
-                outcomes.append(Outcome(name, reason=str(exc)))
+                outcomes.append(Outcome(name, reason=str(exc), kind=exc.kind))
                 self._reject(name, str(exc))
                 continue
-            outcomes.append(Outcome(name, profile=prof, accepted=accepted))
+            outcomes.append(Outcome(name, profile=got.profile, result=got))
         for o in outcomes:
             if (o.profile is not None or o.companion) and self._plain_file("processing", o.name):
                 self._move("processing", o.name, "imported")
         return outcomes
 
-    def _read(self, folder: str, name: str) -> tuple[Profile, Any]:
+    @property
+    def max_bytes(self) -> int:
+        return self.importer.limits.max_bytes
+
+    def _read(self, folder: str, name: str) -> Imported:
         """Parse one file of a held folder (``ProfileRejected``/``CompanionFile`` when not kept)."""
-        prof = clean_profile(import_at(self._fd(folder), name, max_bytes=self.max_bytes,
-                                       path=str(getattr(self, folder) / name), single_link=True,
-                                       cancel=self.stopping.is_set))
-        prof.path = str(self.imported / name)
-        accepted = self.accept(prof) if self.accept is not None else None
-        return prof, accepted
+        got = self.importer(self._fd(folder), name, path=str(getattr(self, folder) / name), single_link=True,
+                            cancel=self.stopping.is_set)
+        got.profile.path = str(self.imported / name)
+        return got
 
     def restore(self, limit: int) -> list[Outcome]:
         """Re-read the newest ``limit`` imported files (after a restart), oldest first (each with
-        what the accept hook returned).  One that no longer imports (or is no longer accepted) is
+        its devices and readings).  One that no longer imports (under today's limits too) is
         moved to rejected/ (once: it is never re-read at the next start)."""
         if not self._fds or limit <= 0:
             return []
@@ -309,12 +305,18 @@ class DropDir:
         files.sort()
         out = []
         for _, name in files[-limit:]:
+            if self.stopping.is_set():
+                break
             try:
-                prof, accepted = self._read("imported", name)
-                out.append(Outcome(name, profile=prof, accepted=accepted))
+                got = self._read("imported", name)
+                out.append(Outcome(name, profile=got.profile, result=got))
             except CompanionFile:
                 continue
-            except Exception as exc:  # noqa: BLE001 - ProfileRejected or worse: quarantine it
+            except ProfileRejected as exc:
+                if exc.kind == "stopped":
+                    break  # the daemon is stopping: not the file's fault
+                self._reject(name, f"no longer imports at start: {exc}", folder="imported")
+            except Exception as exc:  # noqa: BLE001 - worse: quarantine it
                 self._reject(name, f"no longer imports at start: {exc}", folder="imported")
                 continue
         return out

@@ -28,9 +28,12 @@ def _num(v: Any) -> float | None:
     return parse_number(v) if not isinstance(v, bool) else None
 
 
-def parse(path: str, data: Any) -> Profile:
+def parse(path: str, data: Any, max_events: int | None = None) -> Profile:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ProfileRejected("json: no traceEvents list (not a Kineto / chrome trace)")
+    if max_events is not None and len(data["traceEvents"]) > max_events:
+        raise ProfileRejected(f"json: {len(data['traceEvents'])} trace events, above max_events_per_import "
+                              f"({max_events})", "events")
     events = [e for e in data["traceEvents"] if isinstance(e, dict)]
     props = data.get("deviceProperties") if isinstance(data.get("deviceProperties"), list) else []
     names = " ".join(str(e.get("name", "")) for e in events if e.get("cat") == "cuda_runtime")

@@ -14,7 +14,15 @@ from ..render.textformat import valid_utf8
 
 
 class ProfileRejected(Exception):
-    """The file is not a supported profiler artifact; ``str(exc)`` is the precise reason."""
+    """The file is not a supported profiler artifact; ``str(exc)`` is the precise reason.
+
+    ``kind`` names a limit the file hit ("" for anything else): ``size`` (``max_file_bytes``),
+    ``memory``, ``time``, ``events``, ``devices``, ``series``, ``output``, ``crash``, ``stopped``;
+    the profiles source counts each as ``profile_rejected_<kind>``."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class CompanionFile(ProfileRejected):

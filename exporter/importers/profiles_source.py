@@ -13,10 +13,18 @@ Options (``collectors.profiles.options``)::
                            # imports count from the restart
     max_devices_per_import: 16     # an artifact naming more GPUs is rejected
     max_series_per_import: 20000   # an artifact giving more series is rejected
+    max_series_total: 50000        # all kept imports: the oldest are evicted to make room
+    max_events_per_import: 1000000 # trace events / table rows read from one artifact
+    import_memory_bytes: 805306368   # each artifact is parsed in a child process with
+    import_cpu_seconds: 60           # these kernel limits (RLIMIT_AS, RLIMIT_CPU) and
+    import_timeout: 120              # this wall-clock deadline (exporter/importers/isolate.py)
     trigger: {...}         # triggered deep capture, see exporter/importers/trigger.py
 
-Imports run in a background thread, never in ``poll``: a huge or hostile file cannot stall the
-daemon, and a parser failure only moves the file to ``rejected/``.  ``poll`` returns the series
+Imports run in a background thread, never in ``poll``, and each artifact is parsed in a child
+process with memory, CPU and time limits: a huge or hostile file cannot stall the daemon or grow
+its memory, and a parser failure only moves the file to ``rejected/``.  A rejection is counted
+by the limit it hit: ``profile_rejected`` (not a supported artifact) or
+``profile_rejected_<kind>`` (size, memory, time, events, devices, series, output, crash).  ``poll`` returns the series
 of the imported artifacts, which stay exported until a newer import of the same tool, GPUs and
 trace id replaces them or until they are ``ttl`` seconds old: they are profiler results, not
 live hardware readings, and a stale one must not keep driving live indicators and alerts.  A
@@ -39,9 +47,10 @@ from ..model import Frames
 from ..sources.base import Abilities, Device, PollResult, Reading, SourceBase, SourceUnavailable
 from ..sources.context import DEFAULT_CONTEXT, SourceContext
 from ..sources.options import ProfilesOptions
-from .convert import add_profile
-from .dropdir import DropDir
-from .model import Profile, ProfileRejected
+from .convert import checked_sample
+from .dropdir import DropDir, Outcome
+from .isolate import Importer, ImportLimits
+from .model import Profile
 from .trigger import CaptureTrigger, TriggerConfig
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -64,13 +73,18 @@ class ProfilesSource(SourceBase):
             raise ValueError(f"profiles ttl must be >= 0 seconds, got {self.ttl!r}")
         self.max_devices = opts.max_devices_per_import
         self.max_series = opts.max_series_per_import
+        self.max_series_total = opts.max_series_total
         self.clock = time.monotonic
-        self.drop = DropDir(self.dir or ".", settle=opts.settle, max_bytes=opts.max_file_bytes,
-                            accept=self._convert)
-        self.trigger = CaptureTrigger(TriggerConfig.from_options(
-            opts.trigger.model_dump() if opts.trigger is not None else None), self._deliver)
+        self.limits = ImportLimits(
+            max_bytes=opts.max_file_bytes, max_events=opts.max_events_per_import, max_devices=self.max_devices,
+            max_series=self.max_series, memory_bytes=opts.import_memory_bytes, cpu_seconds=opts.import_cpu_seconds,
+            timeout=opts.import_timeout)
         # per mapping file, the raw fields it maps: an artefact's other fields are not emitted
         self._allowed = context.wanted
+        self.drop = DropDir(self.dir or ".", settle=opts.settle,
+                            importer=Importer(self.limits, self.top_kernels, self._allowed))
+        self.trigger = CaptureTrigger(TriggerConfig.from_options(
+            opts.trigger.model_dump() if opts.trigger is not None else None), self._deliver)
         self._lock = threading.Lock()
         # (tool, trace_id, device keys) -> (devices, readings, import time); newest last
         self._results: OrderedDict[tuple, tuple[list[Device], list[Reading], float]] = OrderedDict()
@@ -131,7 +145,7 @@ class ProfilesSource(SourceBase):
         if self.restore_on_open:
             try:
                 for o in self.drop.restore(self.max_profiles):
-                    self.add(o.profile, count=False, converted=o.accepted)
+                    self.add(o.profile, count=False, converted=_converted(o))
             except Exception:  # noqa: BLE001 - never let the import thread die
                 log.exception("restoring imported profiles failed")
         # the first scan after one interval: files found at start still get their settle time
@@ -155,28 +169,20 @@ class ProfilesSource(SourceBase):
         n = 0
         for o in outcomes:
             if o.profile is not None:
-                self.add(o.profile, converted=o.accepted)
+                self.add(o.profile, converted=_converted(o))
                 n += 1
                 log.info("profile imported", extra={"file": o.name, "tool": o.profile.tool,
                                                     "variant": o.profile.variant,
                                                     "trace_id": o.profile.trace_id})
             elif not o.companion:
-                with self._lock:
-                    self._errors["profile_rejected"] += 1
+                with self._lock:  # by the limit it hit: profile_rejected_memory, _time, ...
+                    self._errors["profile_rejected" + (f"_{o.kind}" if o.kind else "")] += 1
         return n
 
     def _convert(self, prof: Profile) -> tuple[list[Device], PollResult]:
-        """The drop directory's accept hook: the profile's devices and readings, or
-        ProfileRejected (the file goes to rejected/) above the per-import caps."""
-        sample = PollResult()
-        devices = add_profile(sample, prof, self.top_kernels, self._allowed)
-        if len(devices) > self.max_devices:
-            raise ProfileRejected(f"has kernels on {len(devices)} GPUs, above max_devices_per_import "
-                                  f"({self.max_devices})")
-        if len(sample.readings) > self.max_series:
-            raise ProfileRejected(f"gives {len(sample.readings)} series, above max_series_per_import "
-                                  f"({self.max_series})")
-        return devices, sample
+        """A profile parsed in this process: its devices and readings, or ProfileRejected above
+        the per-import caps."""
+        return checked_sample(prof, self.top_kernels, self._allowed, self.max_devices, self.max_series)
 
     def add(self, prof: Profile, count: bool = True,
             converted: tuple[list[Device], PollResult] | None = None) -> None:
@@ -186,9 +192,17 @@ class ProfilesSource(SourceBase):
         with self._lock:
             self._results.pop(key, None)
             self._results[key] = (devices, sample.readings, self.clock())
-            evicted = len(self._results) > max(self.max_profiles, 1)
-            while len(self._results) > max(self.max_profiles, 1):
-                self._results.popitem(last=False)
+            evicted = 0
+            # the oldest imports leave first: above max_profiles, or above max_series_total series
+            # all kept imports together (the newest one always stays: it is within its own cap)
+            total = sum(len(readings) for _, readings, _ in self._results.values())
+            while len(self._results) > 1 and (len(self._results) > max(self.max_profiles, 1)
+                                              or total > self.max_series_total):
+                _, (_, readings, _) = self._results.popitem(last=False)
+                total -= len(readings)
+                evicted += 1
+            if evicted:
+                self._errors["profile_evicted"] += evicted
             for d in devices:
                 self._devices[d.key] = d
                 if count:
@@ -238,3 +252,8 @@ class ProfilesSource(SourceBase):
         private staging folder straight into processing/."""
         with self._scan_lock:
             return self._keep(self.drop.adopt(staging_fd, names, meta))
+
+
+def _converted(o: Outcome) -> tuple[list[Device], PollResult]:
+    assert o.result is not None
+    return o.result.devices, o.result.sample

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..map.store import SourceState, Store
 from ..model import DeviceId, Frames
-from ..run.baseline_file import BaselineFile
+from ..run.baseline_file import BaselineFile, state_bytes_limit
 from . import USED_SERIES, IndicatorConfig, IndicatorEngine
 from .baseline import BaselineStore
 from .series import CLIENT_EVIDENCE, PROC_UTIL
@@ -41,7 +41,8 @@ Imported = list[tuple[DeviceId, str, float]]  # (GPU, series name, value) from p
 class IndicatorFeed:
     def __init__(self, config: IndicatorConfig, state_dir: Path | None, interval: float, cloud: str = ""):
         baselines = BaselineStore()
-        self._file = BaselineFile(state_dir)  # the I/O stays out of the (pure) engine
+        # the I/O stays out of the (pure) engine
+        self._file = BaselineFile(state_dir, state_bytes_limit(config, MAX_BASELINE_DEVICES))
         self._file.load(baselines)
         self.engine = IndicatorEngine(config, baselines, interval)
         self.interval = interval

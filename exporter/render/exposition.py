@@ -21,6 +21,7 @@ from ..map.store import Store
 from ..model import DeviceId, Frames, Labels, Sample
 from ..otlp import stats as otlp_stats
 from ..run import cpustats
+from ..serve import stats as server_stats
 from . import process_metrics
 from .series_lines import DeviceLabels, SeriesLines
 from .seriesfilter import SeriesFilter
@@ -81,6 +82,7 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "process_cpu_seconds_total minus their sum is the event loop, HTTP "
                                 "serving, the garbage collector and helper threads."),
     **otlp_stats.HELP,  # with exporters.otlp enabled
+    **server_stats.HELP,  # with a web config / the connection guard
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
@@ -204,7 +206,7 @@ class Renderer:
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
-        for name, labels, value in otlp_stats.STATS.samples():
+        for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples()):
             add(name, labels, value)
         for stage, source, seconds in cpustats.snapshot():
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},

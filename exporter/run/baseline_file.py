@@ -4,7 +4,8 @@ Read once at start (``IndicatorFeed``), written every minute and at exit; the da
 format are ``indicators.baseline``'s (pure), the file is this module's.  Written atomically
 (temporary file in the same directory, fsync, rename, fsync of the directory), read under the
 ``exporter.safefile`` rule (a symlink, FIFO or device in its place is never opened or followed;
-at most ``MAX_STATE_BYTES``).  A file that cannot be read or parsed is renamed to ``*.corrupt``
+at most ``state_bytes_limit``: what the configured windows can hold).  The state directory itself
+must be the exporter's (``check_state_dir``, at start).  A file that cannot be read or parsed is renamed to ``*.corrupt``
 and the baselines start fresh with a warning; a version 1 file (EWMA mean/variance, which cannot
 seed a median) is renamed to ``*.v1`` and the baselines start fresh; a file from a newer format
 version is left alone until the next save.
@@ -20,26 +21,52 @@ from pathlib import Path
 
 from .. import safefile
 from ..indicators.baseline import BaselineStore, NewerState, OldState, parse_state
+from ..indicators.config import IndicatorConfig
+from ..yamlfile import ConfigError
 
 log = logging.getLogger("exporter.indicators.baseline")
 
 STATE_FILE = "indicator-baselines.json"
-MAX_STATE_BYTES = 64 << 20  # far above any real state file (tens of KB per GPU)
+# the least a state file may hold: the default windows give ~1.6 MB for 64 GPUs, full (measured)
+MAX_STATE_BYTES = 1 << 20
+_NUMBER_BYTES = 25  # a float in JSON ("-1.2345678901234567e-300") and its comma
+_BASELINE_METRICS, _REFERENCE_METRICS, _OVERHEAD_BYTES = 4, 3, 1024  # per GPU
+
+
+def state_bytes_limit(cfg: IndicatorConfig, devices: int) -> int:
+    """The most a state file of ``devices`` GPUs can hold with every window of ``cfg`` full
+    (twice: GPUs restored and not seen again, and GPUs learned since).  Default config, 64 GPUs:
+    4.3 MB (a real one measures 1.6 MB); a 64 MiB file once cost hundreds of MB at start."""
+    b, s = cfg.baseline, cfg.state
+    numbers = (_BASELINE_METRICS * (b.fast_bins + b.long_bins + b.long_bin_bins)
+               + _REFERENCE_METRICS * (2 * s.reference_bins + 1))
+    return max(MAX_STATE_BYTES, 2 * devices * (_OVERHEAD_BYTES + _NUMBER_BYTES * numbers))
+
+
+def check_state_dir(path: Path) -> None:
+    """``--state.dir`` (created 0700 when missing) must be a directory, not a symlink, owned by
+    the exporter's user or root and writable by nobody else, under ancestors nobody else can
+    swap: another user could otherwise plant or replace the state file.  ConfigError when not."""
+    try:
+        safefile.owned_dir(path, "--state.dir")
+    except OSError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class BaselineFile:
     """The state file of ``state_dir``; without a state directory, nothing is read or written."""
 
-    def __init__(self, state_dir: Path | None) -> None:
+    def __init__(self, state_dir: Path | None, max_bytes: int = MAX_STATE_BYTES) -> None:
         self.path = Path(state_dir) / STATE_FILE if state_dir is not None else None
+        self.max_bytes = max_bytes
 
     def load(self, store: BaselineStore) -> bool:
         """Restore ``store`` from the file; False (with a warning) when starting fresh."""
         if self.path is None:
             return False
         self._remove_stale_tmp()
-        try:  # never a symlink, FIFO or device, never more than MAX_STATE_BYTES (safefile)
-            data = safefile.read_path(self.path, MAX_STATE_BYTES)
+        try:  # never a symlink, FIFO or device, never more than max_bytes (safefile)
+            data = safefile.read_path(self.path, self.max_bytes)
         except FileNotFoundError:
             return False
         except OSError as exc:

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .stats import STATS
+
 log = logging.getLogger("unified_gpu_exporter")
 
 # Connection limits (slowloris and fd exhaustion).  A connection gets HEADER_TIMEOUT to send its
@@ -31,20 +33,8 @@ HEADER_TIMEOUT = 10.0
 KEEPALIVE_TIMEOUT = 15.0
 MAX_CONNECTIONS = 512
 FD_RESERVE = 64
-
-
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise the open-files soft limit to the hard limit (as Go programs do at start).
-    Returns the (soft, hard) limits now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise the open-files limit", extra={"reason": str(exc)})
-    return soft, hard
+# what _Guarded.busy reads of aiohttp's RequestHandler (private: checked at start, idle_check)
+_IDLE_ATTRS = ("_waiter", "_messages", "_request_in_progress")
 
 
 class _Guarded(asyncio.Protocol):
@@ -68,9 +58,12 @@ class _Guarded(asyncio.Protocol):
         """In a request (head complete, answer not yet written): never evicted to make room.
 
         Before its first complete head, and idle between keep-alive requests (aiohttp's handler
-        waits for the next message and has none queued), a connection may be evicted."""
+        waits for the next message and has none queued), a connection may be evicted; idle only
+        where the start-up check found what it reads (``idle_check``)."""
         if not self._seen_request:
             return False
+        if not self._guard.idle_eviction:
+            return True
         inner = self._inner
         waiter = getattr(inner, "_waiter", None)
         idle = (waiter is not None and not waiter.done() and not getattr(inner, "_messages", ())
@@ -142,6 +135,13 @@ class ConnectionGuard:
         self._open: OrderedDict[int, Any] = OrderedDict()
         self.evicted = 0
         self.timed_out = 0
+        missing = idle_check(server)
+        self.idle_eviction = not missing
+        STATS.eviction = self.idle_eviction
+        if missing:
+            log.warning("idle keep-alive connections cannot be evicted under --web.max-connections: "
+                        "aiohttp's protocol lacks %s (an untested aiohttp release?); only connections "
+                        "before their first request and TLS handshakes are evicted", missing)
 
     def __call__(self) -> _Guarded:
         return _Guarded(self, self._server())
@@ -168,6 +168,23 @@ class ConnectionGuard:
 
     def _release(self, conn: Any) -> None:
         self._open.pop(id(conn), None)
+
+
+def idle_check(server: Any) -> str:
+    """"" when the protocol ``server()`` builds has what ``_Guarded.busy`` reads to tell an idle
+    keep-alive connection (aiohttp's private ``RequestHandler`` attributes, read since 3.14), else
+    what is missing."""
+    try:
+        proto = server()
+    except Exception as exc:  # noqa: BLE001 - a protocol factory we cannot probe: no idle eviction
+        return f"a protocol to probe ({type(exc).__name__}: {exc})"
+    missing = [a for a in _IDLE_ATTRS if not hasattr(proto, a)]
+    if missing:
+        return ", ".join(missing)
+    if not (isinstance(proto._request_in_progress, bool) and hasattr(proto._messages, "__len__")
+            and (proto._waiter is None or isinstance(proto._waiter, asyncio.Future))):
+        return "_waiter/_messages/_request_in_progress of the expected types"
+    return ""
 
 
 def guard_connections(runner: web.AppRunner, max_connections: int = MAX_CONNECTIONS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 from typing import TYPE_CHECKING
 
 from aiohttp import web, web_response
@@ -15,7 +16,6 @@ from .listeners import (  # noqa: F401 - the listeners' names stay importable fr
     ConnectionGuard,
     SniffingTLSSite,
     guard_connections,
-    raise_nofile_limit,
 )
 
 if TYPE_CHECKING:
@@ -30,7 +30,23 @@ web_response.SERVER_SOFTWARE = SERVER_HEADER
 DAEMON: web.AppKey = web.AppKey("daemon", object)
 TELEMETRY_PATH: web.AppKey = web.AppKey("telemetry_path", str)
 MAX_REQUEST_BYTES = 8192
+
 log = logging.getLogger("unified_gpu_exporter")
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the open-files soft limit to the hard limit (as Go programs do at start).
+    Returns the (soft, hard) limits now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit", extra={"reason": str(exc)})
+    return soft, hard
+
 
 def _q(params: list[str]) -> float:
     for p in params:

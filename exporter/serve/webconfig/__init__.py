@@ -17,11 +17,12 @@ once).  Here:
 
 * ``WebConfigWatcher.current()`` stats the YAML file and re-parses it when its mtime/size changed;
   the auth middleware calls it per request, so users, hashes and headers apply to the next request.
-  It fails closed: an unreadable or invalid file, one with no settings (empty, whitespace,
-  comments, ``null``, ``---``, ``basic_auth_users:`` with no users) and a change that loosens
-  access (basic auth or TLS off, a weaker ``client_auth_type``, no ``client_allowed_sans``, a
-  lower ``min_version``: what a file read half-rewritten looks like) refuse every request (500)
-  and handshake until fixed or restarted.
+  It fails closed: an unreadable or invalid file, or one with no settings (empty, whitespace,
+  comments, ``null``, ``---``, ``basic_auth_users:`` with no users) refuses every request (500)
+  and handshake until fixed.  A valid change that loosens access (basic auth or TLS off, a weaker
+  ``client_auth_type``, no ``client_allowed_sans``, a lower ``min_version``: what a file read
+  half-rewritten looks like) is refused: the stricter config in force keeps serving (logged once
+  per reason, counted in ``web_config_reloads_total{result="refused_looser"}``) until a restart.
 * ``WebConfigWatcher.context_for_new_connection()`` gives each new TLS connection a context
   built from the current file (``SniffingTLSSite(context_provider=...)``), so a tightened
   client-certificate policy, TLS versions and ciphers apply to the next handshake; the middleware

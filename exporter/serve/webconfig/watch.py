@@ -1,4 +1,5 @@
-"""``WebConfigWatcher``: follows the web config file; a bad new file refuses, fail closed."""
+"""``WebConfigWatcher``: follows the web config file; an invalid new file refuses everything (fail
+closed), a valid looser one is refused and the stricter config in force keeps serving."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..stats import STATS
 from .config import WebConfig
 from .model import _TLS_VERSIONS, WebConfigError
 from .tls import ReloadingTLS
@@ -33,8 +35,9 @@ class WebConfigWatcher:
         self._min_check = min_check_interval
         self._lock = threading.Lock()
         self._config = WebConfig.load(self.path) if self.path else WebConfig.empty()
-        self._serving_tls = self._config.tls_enabled
         self._enforced = self._config  # the last good config: a reload may not loosen it
+        self._refused = ""  # why the last looser file was refused (logged once per reason)
+        STATS.web_config = self.path is not None
         self._tls: ReloadingTLS | None = None
         self._stamp = self._stat()
         self._checked = time.monotonic()
@@ -61,24 +64,31 @@ class WebConfigWatcher:
                 return self._config
             self._stamp = stamp
             # fail closed, as exporter-toolkit does (it re-reads the file per request and per
-            # handshake): an unreadable, empty or invalid file, or one that drops TLS while TLS
-            # is served, refuses every request (500) and handshake until the file is fixed
-            # A change may tighten access at run time but never loosen it: a file read in the
-            # middle of a non-atomic rewrite is cut short, and a cut-short file drops settings
+            # handshake): an unreadable, empty or invalid file refuses every request (500) and
+            # handshake until the file is fixed
             try:
                 cfg = WebConfig.load(self.path)
-                if self._serving_tls and not cfg.tls_enabled:
-                    raise WebConfigError(f"web config {self.path}: tls_server_config no longer "
-                                         "enables TLS while TLS is served (restart to serve plain HTTP)")
-                weaker = loosened(self._enforced, cfg)
-                if weaker:
-                    raise WebConfigError(f"web config {self.path}: {weaker} at run time is refused "
-                                         "(restart to apply it)")
             except WebConfigError as e:
                 log.error("%s; refusing all requests until it is fixed", e)
+                STATS.reloads["invalid"] += 1
                 self._config = WebConfig.refusing(str(e), self.path)
+                self._refused = ""
+                return self._config
+            # a valid change may tighten access at once but never loosen it at run time: the
+            # stricter config in force keeps serving (a file read in the middle of a non-atomic
+            # rewrite is cut short, and a cut-short file drops settings); a restart applies it
+            weaker = loosened(self._enforced, cfg)
+            if weaker:
+                STATS.reloads["refused_looser"] += 1
+                if weaker != self._refused:  # once per reason, not once per rewrite of the file
+                    log.warning("web config %s: %s at run time is refused; the stricter config in force "
+                                "keeps serving (restart to apply it)", self.path, weaker)
+                self._refused = weaker
+                self._config = self._enforced
                 return self._config
             self._config = self._enforced = cfg
+            self._refused = ""
+            STATS.reloads["applied"] += 1
             log.info("web config %s reloaded", self.path)
             return self._config
 
@@ -106,10 +116,12 @@ _CLIENT_AUTH_RANK = {"NoClientCert": 0, "RequestClientCert": 0, "RequireAnyClien
 
 
 def loosened(old: WebConfig, new: WebConfig) -> str:
-    """What ``new`` drops of ``old``'s access control ("" when nothing): all users, the
+    """What ``new`` drops of ``old``'s access control ("" when nothing): all users, TLS, the
     client-certificate requirement, the client SAN allow-list, or TLS versions."""
     if old.users and not new.users:
         return "removing basic_auth_users (turning basic auth off)"
+    if old.tls_enabled and not new.tls_enabled:
+        return "turning TLS off (tls_server_config no longer enables it)"
     if not (old.tls_enabled and new.tls_enabled):
         return ""
     if _CLIENT_AUTH_RANK[new.tls.client_auth_type] < _CLIENT_AUTH_RANK[old.tls.client_auth_type]:
