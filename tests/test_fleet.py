@@ -123,11 +123,14 @@ def test_fleet_rules_use_known_names_and_labels():
                 assert labels <= CANONICAL[name] | TARGET_LABELS, (name, labels)
 
 
-def test_fleet_alerts_have_runbooks():
+def test_fleet_alerts_have_runbooks_under_the_configurable_base():
+    """Every fleet alert links its section of runbooks.md under the rule engine's external label
+    runbook_base (as deploy/prometheus/rules do), never under a hard-coded host."""
     runbooks = (REPO / "deploy" / "prometheus" / "runbooks.md").read_text()
+    base = '{{ or $externalLabels.runbook_base "deploy/prometheus/runbooks.md" }}#'
     for rule in _rules(RULES):
         if "alert" in rule:
-            assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+            assert rule["annotations"]["runbook_url"] == base + rule["alert"].lower(), rule["alert"]
             assert re.search(rf"^## {rule['alert']}$", runbooks, re.M)
 
 
