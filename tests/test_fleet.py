@@ -134,6 +134,43 @@ def test_fleet_alerts_have_runbooks_under_the_configurable_base():
             assert re.search(rf"^## {rule['alert']}$", runbooks, re.M)
 
 
+def _agent_keep_list() -> re.Pattern:
+    doc = yaml.safe_load((FLEET / "vmagent-edge.yml").read_text())
+    (job,) = [j for j in doc["scrape_configs"] if j["job_name"] == "fleet-agent"]
+    (keep,) = [r for r in job["metric_relabel_configs"] if r["action"] == "keep"]
+    assert keep["source_labels"] == ["__name__"]
+    return re.compile(rf"^(?:{keep['regex']})$")
+
+
+def test_agents_keep_every_own_metric_the_pipeline_alerts_and_the_sizing_read():
+    """The edge agents send only a keep list of their own series: every agent metric a
+    collection-path alert reads, and every one deploy/fleet/fleet_faults.py's sizing() queries
+    (job="fleet-agent"), must be on it, or the alert is blind and the sizing reads 0."""
+    load_fleet_module()
+    import fleet_faults  # deploy/fleet, on sys.path now
+
+    kept = _agent_keep_list()
+    pipeline = FLEET / "rules" / "unified-gpu-exporter.fleet-pipeline.yml"
+    from_agents = {n for r in _rules([pipeline]) for n in metric_names(r["expr"])
+                   if n.startswith(("vmagent_", "vm_persistentqueue_"))}
+    assert len(from_agents) >= 4, from_agents
+
+    class Recorder:  # the fleet sizing() reads: queries recorded, every answer empty
+        clusters = [load_fleet_module().Cluster("c1", "aws", "r", 1, "fleet")]
+        nodes, scrape_interval, urls = [{}], "15s", {"vm-raw": "http://127.0.0.1:1"}
+        exprs: list[str] = []
+
+        def query(self, expr):
+            self.exprs.append(expr)
+            return []
+
+    recorder = Recorder()
+    fleet_faults.sizing(recorder)
+    sized = {m.group(1) for e in recorder.exprs for m in re.finditer(r'([A-Za-z_:][\w:]*)\{[^{}]*job="fleet-agent"', e)}
+    assert "vmagent_remotewrite_conn_bytes_written_total" in sized and len(sized) >= 3, sized
+    assert sorted(n for n in from_agents | sized if not kept.match(n)) == []
+
+
 def test_longterm_relabeling_keeps_rollups_and_drops_per_gpu_series():
     rules = yaml.safe_load((FLEET / "vmagent-longterm-relabel.yml").read_text())
     drop = re.compile(rf"^(?:{rules[0]['regex']})$")
