@@ -271,3 +271,30 @@ def test_kill_command_needs_a_running_fleet_and_a_known_name(tmp_path, capsys):
     assert fleet.main(["--workdir", str(tmp_path), "--kill", "vm-raw", "--down", "30"]) == 0
     (request,) = (tmp_path / "control").glob("*.json")
     assert yaml.safe_load(request.read_text()) == {"action": "kill", "name": "vm-raw", "down_for": 30.0}
+
+
+def test_an_automatic_restart_that_fails_is_reported_and_the_fleet_keeps_running(tmp_path):
+    """--kill NAME --down N: when the restart N s later fails (the process exits before it is
+    ready), the supervision loop reports it and goes on; it used to raise out of
+    handle_requests, which fleet.main turned into a stop of the whole fleet."""
+    from tests.e2e_util import wait_until
+
+    load_fleet_module()
+    from fleet_procs import Supervisor
+
+    sup = Supervisor(tmp_path)
+    marker = tmp_path / "started-once"
+    # runs the first time; every later start exits at once with status 3 (a broken restart)
+    flaky = [sys.executable, "-c", f"import os, sys, time; p = {str(marker)!r}\n"
+             "if os.path.exists(p): sys.exit(3)\nopen(p, 'w').close(); time.sleep(120)"]
+    try:
+        sup.spawn("a", flaky, "http://127.0.0.1:9/never-ready")
+        sup.spawn("b", [sys.executable, "-c", "import time; time.sleep(120)"], None)
+        wait_until(marker.exists, timeout=30, interval=0.1, what="the first start")
+        sup.kill("a", down_for=0.0)
+        done = sup.handle_requests()
+        assert len(done) == 1 and done[0].startswith("restart of a failed:") and "exited with 3" in done[0], done
+        assert sup.running("b") and sup.failed() == ["a"]  # reported like any death, not stopped
+        assert sup.handle_requests() == []  # no restart loop
+    finally:
+        sup.stop_all()
