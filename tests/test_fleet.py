@@ -62,7 +62,7 @@ def test_edge_configs_are_valid_and_set_the_tenant_labels():
                              "-promscrape.config.strictParse"], cwd=FLEET, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = yaml.safe_load((FLEET / "vmagent-edge.yml").read_text())
-    assert {j["job_name"] for j in doc["scrape_configs"]} == {"unified-gpu-exporter", "fleet-agent"}
+    assert {j["job_name"] for j in doc["scrape_configs"]} == {"unified-gpu-exporter", "node-exporter", "fleet-agent"}
     assert "external_labels" not in doc["global"]  # the tenant labels come from the relabel file, over any value
     relabel = yaml.safe_load((FLEET / "vmagent-edge-relabel.yml").read_text())
     assert [r["target_label"] for r in relabel] == ["cluster", "cloud", "region", "replica"]
@@ -76,6 +76,30 @@ def test_edge_configs_are_valid_and_set_the_tenant_labels():
     assert rw["url"].startswith("https://") and "credentials_file" in rw["authorization"]
     assert {r.get("target_label") for r in rw["write_relabel_configs"]} >= {"cluster", "cloud", "region"}
     assert "rule_files" not in doc and "alerting" not in doc  # rules run centrally
+
+
+def absence_liveness() -> tuple[re.Pattern, str]:
+    """What GPUExporterAbsent's list of expected nodes takes for a live node: the job regex of
+    node_exporter's `up`, and the text of the whole expression (deploy/prometheus/rules)."""
+    path = REPO / "deploy" / "prometheus" / "rules" / "unified-gpu-exporter.absence.yml"
+    (expr,) = [r["expr"] for r in _rules([path]) if r.get("record") == "cluster_node:gpu_exporter_target:expected"]
+    (regex,) = re.findall(r'up\{job=~"([^"]+)"\} == 1', expr)
+    return re.compile(rf"^(?:{regex})$"), expr
+
+
+def test_demo_edges_scrape_the_node_liveness_that_exporter_absent_reads():
+    """GPUExporterAbsent pages only for a node that is alive (node_exporter's `up` == 1, or
+    kube_node_info): both demo edges scrape a node_exporter job under a name the rule reads, per
+    node label, and send nothing of it but the scrape's own series."""
+    alive, _ = absence_liveness()
+    for name in ("vmagent-edge.yml", "prometheus-agent.yml"):
+        doc = yaml.safe_load((FLEET / name).read_text())
+        (job,) = [j for j in doc["scrape_configs"] if j["job_name"] == "node-exporter"]
+        assert alive.match(job["job_name"]), name
+        assert job["metric_relabel_configs"] == [{"source_labels": ["__name__"], "regex": ".+", "action": "drop"}]
+        assert job["file_sd_configs"][0]["files"] == ["node-exporter/*.json"]
+        exporters = next(j for j in doc["scrape_configs"] if j["job_name"] == "unified-gpu-exporter")
+        assert exporters["file_sd_configs"][0]["files"] == ["targets/*.json"]  # the two target lists apart
 
 
 def test_central_store_drops_replica_except_on_the_agents_own_series():
