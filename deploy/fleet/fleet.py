@@ -104,7 +104,7 @@ class Fleet(EdgeMixin):
         missing = [b for b in needed if find_binary(b) is None]
         if missing:
             raise RuntimeError(f"missing binaries: {', '.join(BINARIES[m] for m in missing)} "
-                               "(Debian: prometheus victoria-metrics prometheus-alertmanager openssl)")
+                               "(Debian: prometheus victoria-metrics prometheus-alertmanager prometheus-node-exporter openssl)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sup = Supervisor(self.workdir)
         try:
