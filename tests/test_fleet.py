@@ -62,7 +62,7 @@ def test_edge_configs_are_valid_and_set_the_tenant_labels():
                              "-promscrape.config.strictParse"], cwd=FLEET, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = yaml.safe_load((FLEET / "vmagent-edge.yml").read_text())
-    assert {j["job_name"] for j in doc["scrape_configs"]} == {"unified-gpu-exporter", "fleet-agent"}
+    assert {j["job_name"] for j in doc["scrape_configs"]} == {"unified-gpu-exporter", "node-exporter", "fleet-agent"}
     assert "external_labels" not in doc["global"]  # the tenant labels come from the relabel file, over any value
     relabel = yaml.safe_load((FLEET / "vmagent-edge-relabel.yml").read_text())
     assert [r["target_label"] for r in relabel] == ["cluster", "cloud", "region", "replica"]
@@ -76,6 +76,30 @@ def test_edge_configs_are_valid_and_set_the_tenant_labels():
     assert rw["url"].startswith("https://") and "credentials_file" in rw["authorization"]
     assert {r.get("target_label") for r in rw["write_relabel_configs"]} >= {"cluster", "cloud", "region"}
     assert "rule_files" not in doc and "alerting" not in doc  # rules run centrally
+
+
+def absence_liveness() -> tuple[re.Pattern, str]:
+    """What GPUExporterAbsent's list of expected nodes takes for a live node: the job regex of
+    node_exporter's `up`, and the text of the whole expression (deploy/prometheus/rules)."""
+    path = REPO / "deploy" / "prometheus" / "rules" / "unified-gpu-exporter.absence.yml"
+    (expr,) = [r["expr"] for r in _rules([path]) if r.get("record") == "cluster_node:gpu_exporter_target:expected"]
+    (regex,) = re.findall(r'up\{job=~"([^"]+)"\} == 1', expr)
+    return re.compile(rf"^(?:{regex})$"), expr
+
+
+def test_demo_edges_scrape_the_node_liveness_that_exporter_absent_reads():
+    """GPUExporterAbsent pages only for a node that is alive (node_exporter's `up` == 1, or
+    kube_node_info): both demo edges scrape a node_exporter job under a name the rule reads, per
+    node label, and send nothing of it but the scrape's own series."""
+    alive, _ = absence_liveness()
+    for name in ("vmagent-edge.yml", "prometheus-agent.yml"):
+        doc = yaml.safe_load((FLEET / name).read_text())
+        (job,) = [j for j in doc["scrape_configs"] if j["job_name"] == "node-exporter"]
+        assert alive.match(job["job_name"]), name
+        assert job["metric_relabel_configs"] == [{"source_labels": ["__name__"], "regex": ".+", "action": "drop"}]
+        assert job["file_sd_configs"][0]["files"] == ["node-exporter/*.json"]
+        exporters = next(j for j in doc["scrape_configs"] if j["job_name"] == "unified-gpu-exporter")
+        assert exporters["file_sd_configs"][0]["files"] == ["targets/*.json"]  # the two target lists apart
 
 
 def test_central_store_drops_replica_except_on_the_agents_own_series():
@@ -123,12 +147,52 @@ def test_fleet_rules_use_known_names_and_labels():
                 assert labels <= CANONICAL[name] | TARGET_LABELS, (name, labels)
 
 
-def test_fleet_alerts_have_runbooks():
+def test_fleet_alerts_have_runbooks_under_the_configurable_base():
+    """Every fleet alert links its section of runbooks.md under the rule engine's external label
+    runbook_base (as deploy/prometheus/rules do), never under a hard-coded host."""
     runbooks = (REPO / "deploy" / "prometheus" / "runbooks.md").read_text()
+    base = '{{ or $externalLabels.runbook_base "deploy/prometheus/runbooks.md" }}#'
     for rule in _rules(RULES):
         if "alert" in rule:
-            assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+            assert rule["annotations"]["runbook_url"] == base + rule["alert"].lower(), rule["alert"]
             assert re.search(rf"^## {rule['alert']}$", runbooks, re.M)
+
+
+def _agent_keep_list() -> re.Pattern:
+    doc = yaml.safe_load((FLEET / "vmagent-edge.yml").read_text())
+    (job,) = [j for j in doc["scrape_configs"] if j["job_name"] == "fleet-agent"]
+    (keep,) = [r for r in job["metric_relabel_configs"] if r["action"] == "keep"]
+    assert keep["source_labels"] == ["__name__"]
+    return re.compile(rf"^(?:{keep['regex']})$")
+
+
+def test_agents_keep_every_own_metric_the_pipeline_alerts_and_the_sizing_read():
+    """The edge agents send only a keep list of their own series: every agent metric a
+    collection-path alert reads, and every one deploy/fleet/fleet_faults.py's sizing() queries
+    (job="fleet-agent"), must be on it, or the alert is blind and the sizing reads 0."""
+    load_fleet_module()
+    import fleet_faults  # deploy/fleet, on sys.path now
+
+    kept = _agent_keep_list()
+    pipeline = FLEET / "rules" / "unified-gpu-exporter.fleet-pipeline.yml"
+    from_agents = {n for r in _rules([pipeline]) for n in metric_names(r["expr"])
+                   if n.startswith(("vmagent_", "vm_persistentqueue_"))}
+    assert len(from_agents) >= 4, from_agents
+
+    class Recorder:  # the fleet sizing() reads: queries recorded, every answer empty
+        clusters = [load_fleet_module().Cluster("c1", "aws", "r", 1, "fleet")]
+        nodes, scrape_interval, urls = [{}], "15s", {"vm-raw": "http://127.0.0.1:1"}
+        exprs: list[str] = []
+
+        def query(self, expr):
+            self.exprs.append(expr)
+            return []
+
+    recorder = Recorder()
+    fleet_faults.sizing(recorder)
+    sized = {m.group(1) for e in recorder.exprs for m in re.finditer(r'([A-Za-z_:][\w:]*)\{[^{}]*job="fleet-agent"', e)}
+    assert "vmagent_remotewrite_conn_bytes_written_total" in sized and len(sized) >= 3, sized
+    assert sorted(n for n in from_agents | sized if not kept.match(n)) == []
 
 
 def test_longterm_relabeling_keeps_rollups_and_drops_per_gpu_series():
@@ -231,3 +295,30 @@ def test_kill_command_needs_a_running_fleet_and_a_known_name(tmp_path, capsys):
     assert fleet.main(["--workdir", str(tmp_path), "--kill", "vm-raw", "--down", "30"]) == 0
     (request,) = (tmp_path / "control").glob("*.json")
     assert yaml.safe_load(request.read_text()) == {"action": "kill", "name": "vm-raw", "down_for": 30.0}
+
+
+def test_an_automatic_restart_that_fails_is_reported_and_the_fleet_keeps_running(tmp_path):
+    """--kill NAME --down N: when the restart N s later fails (the process exits before it is
+    ready), the supervision loop reports it and goes on; it used to raise out of
+    handle_requests, which fleet.main turned into a stop of the whole fleet."""
+    from tests.e2e_util import wait_until
+
+    load_fleet_module()
+    from fleet_procs import Supervisor
+
+    sup = Supervisor(tmp_path)
+    marker = tmp_path / "started-once"
+    # runs the first time; every later start exits at once with status 3 (a broken restart)
+    flaky = [sys.executable, "-c", f"import os, sys, time; p = {str(marker)!r}\n"
+             "if os.path.exists(p): sys.exit(3)\nopen(p, 'w').close(); time.sleep(120)"]
+    try:
+        sup.spawn("a", flaky, "http://127.0.0.1:9/never-ready")
+        sup.spawn("b", [sys.executable, "-c", "import time; time.sleep(120)"], None)
+        wait_until(marker.exists, timeout=30, interval=0.1, what="the first start")
+        sup.kill("a", down_for=0.0)
+        done = sup.handle_requests()
+        assert len(done) == 1 and done[0].startswith("restart of a failed:") and "exited with 3" in done[0], done
+        assert sup.running("b") and sup.failed() == ["a"]  # reported like any death, not stopped
+        assert sup.handle_requests() == []  # no restart loop
+    finally:
+        sup.stop_all()

@@ -1,9 +1,11 @@
 """The reference fleet end to end with real binaries on loopback (deploy/fleet/fleet.py): simulated
-nodes in four clusters on three clouds, Prometheus agents with external labels, remote_write to
-VictoriaMetrics, vmalert evaluating the global rules, Alertmanager.  The azure nodes run degraded.
+nodes in four clusters on three clouds, a vmagent pair per cluster writing over TLS with the
+cluster's token through vmauth to VictoriaMetrics, two vmalert replicas evaluating the global
+rules, two clustered Alertmanager peers.  The azure nodes run degraded.
 
-Rule `for:` durations are set to 0 in the fleet's copy of the rules and evaluation runs every 2 s,
-so the test waits seconds, not the production 15 minutes; everything else is the shipped config.
+The fleet's copy of the rules caps every `for:` at 0 s (a failure-counter alert keeps twice its
+window, deploy/fleet/fleet_util.py capped_for) and evaluation runs every 2 s, so the test waits
+seconds, not the production 15 minutes; everything else is the shipped config.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ NO_DATA_ON_THE_SIMULATED_FLEET = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    for name, package in [("prometheus", "prometheus"), ("victoria-metrics", "victoria-metrics"),
-                          ("vmagent", "victoria-metrics"), ("vmalert", "victoria-metrics"),
-                          ("prometheus-alertmanager", "prometheus-alertmanager")]:
+    for name, package in [("victoria-metrics", "victoria-metrics"), ("vmagent", "victoria-metrics"),
+                          ("vmalert", "victoria-metrics"), ("vmauth", "victoria-metrics"),
+                          ("prometheus-alertmanager", "prometheus-alertmanager"), ("openssl", "openssl"),
+                          ("prometheus-node-exporter", "prometheus-node-exporter")]:
         require_binary(name, package)
     mod = load_fleet_module()
     clusters = [
@@ -97,6 +100,9 @@ def test_cross_cloud_alert_fires_for_the_degraded_cloud_only(fleet):
                what="a webhook notification")
     receivers = {r for r, v in fleet.notifications().items() if "GPUCrossCloudPerformanceVariance{cloud=azure}" in v}
     assert receivers == {"cloud-ops-azure"}, fleet.notifications()
+    # vmalert expands the runbook link: no runbook_base external label here, so the repository path
+    assert {a["annotations"]["runbook_url"] for a in alerts} == {
+        "deploy/prometheus/runbooks.md#gpucrosscloudperformancevariance"}
 
 
 def test_fleet_rollup_by_cluster_and_cloud_from_the_central_store(fleet):
@@ -119,6 +125,15 @@ def test_longterm_store_holds_rollups_but_no_per_gpu_series(fleet):
     assert "cluster_cloud_region_model_workload:gpu_compute_utilization_percent:avg" in names
     per_gpu = {n for n in names if n.startswith(("gpu_", "instance_gpu:", "fleet_gpu:", "ALERTS", "unified_gpu"))}
     assert per_gpu == set()
+    # both vmalert replicas write every rollup; the long-term store keeps one sample per
+    # evaluation (2 s): about 10 in a 20 s window after the series began (measured 28 in 30 s
+    # without -dedup.minScrapeInterval)
+    rollup = "cluster_cloud_region_model:gpu_info:count"
+    first = min(min(r["timestamps"]) for r in fleet.export(rollup, time.time() - 3600, time.time(), store="vm-longterm"))
+    at = first / 1000 + 25
+    time.sleep(max(0.0, at + 3 - time.time()))
+    rows = fleet.query(f"max(count_over_time({rollup}[20s]))", store="vm-longterm", at=at)
+    assert rows and 6 <= float(rows[0]["value"][1]) <= 13, rows
 
 
 def test_every_dashboard_query_returns_data_on_the_simulated_fleet(fleet):
@@ -208,3 +223,30 @@ def test_write_path_needs_tls_and_a_token_and_each_token_writes_its_own_cluster(
     # the agents' own token files are readable by their owner only
     for name in fleet.tokens:
         assert (fleet.workdir / "secrets" / f"{name}.token").stat().st_mode & 0o077 == 0
+
+
+def test_a_live_node_without_its_exporter_target_pages_exporter_absent(fleet):
+    """GPUExporterAbsent in the fleet: aws-usw2's node keeps answering (the node_exporter job the
+    agents scrape) but its exporter target disappears from the agents' discovery.  The alert
+    fires for that node only.  Last in this module: it takes one cluster's exporter away (and
+    puts it back)."""
+    node, cluster = "aws-usw2-node-1", "aws-usw2"
+    listed = f'cluster_node:gpu_exporter_target:expected{{cluster="{cluster}", node="{node}"}}'
+    wait_until(lambda: fleet.query(listed), timeout=120, interval=2, what="the node on the expected list")
+    alive = f'up{{job="node-exporter", cluster="{cluster}", node="{node}"}} == 1'
+    assert fleet.query(alive), "the node's liveness (node_exporter up) does not reach the central store"
+    assert not [a for a in fleet.alertmanager_alerts() if a["labels"].get("alertname") == "GPUExporterAbsent"]
+    targets = fleet.workdir / "agents" / cluster / "targets" / "nodes.json"
+    saved = targets.read_text()
+    tmp = targets.with_suffix(".tmp")
+    tmp.write_text("[]")
+    tmp.rename(targets)  # both agents re-read their file discovery every scrape interval
+    try:
+        def absent():
+            return [a for a in fleet.alertmanager_alerts() if a["labels"].get("alertname") == "GPUExporterAbsent"]
+        alerts = wait_until(absent, timeout=120, interval=1, what="GPUExporterAbsent in Alertmanager")
+        assert [(a["labels"]["cluster"], a["labels"]["node"]) for a in alerts] == [(cluster, node)]
+        assert alerts[0]["annotations"]["runbook_url"] == "deploy/prometheus/runbooks.md#gpuexporterabsent"
+    finally:
+        tmp.write_text(saved)
+        tmp.rename(targets)

@@ -7,13 +7,14 @@ peers, and the configuration the binaries themselves accept."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
 import yaml
 
 from tests.conftest import REPO, require_binary
-from tests.test_fleet import load_fleet_module
+from tests.test_fleet import absence_liveness, load_fleet_module
 from tests.test_kubernetes_manifests import K8S_VERSIONS, kv
 
 KDIR = REPO / "deploy" / "fleet" / "kubernetes"
@@ -90,6 +91,13 @@ def test_agent_pair_keeps_its_queue_and_writes_with_tls_a_token_and_the_tenant_l
     def kept(doc):
         return [j["metric_relabel_configs"] for j in doc["scrape_configs"] if j["job_name"] == "fleet-agent"]
     assert kept(scrape) == kept(demo)
+    # GPUExporterAbsent's liveness signal: kube_node_info from kube-state-metrics, nothing else of it
+    _alive, absence_expr = absence_liveness()
+    assert "kube_node_info" in absence_expr
+    ksm = next(j for j in scrape["scrape_configs"] if j["job_name"] == "kube-state-metrics")
+    assert ksm["static_configs"] == [{"targets": ["%{FLEET_KUBE_STATE_METRICS}"]}]
+    assert ksm["metric_relabel_configs"] == [{"source_labels": ["__name__"], "regex": "kube_node_info", "action": "keep"}]
+    assert cluster["FLEET_KUBE_STATE_METRICS"].endswith(":8080")
     assert any(d["kind"] == "PodDisruptionBudget" and d["spec"]["minAvailable"] == 1 for d in docs)
 
 
@@ -101,6 +109,9 @@ def test_central_dedup_matches_the_agents_scrape_interval_and_alerting_is_ha():
     assert flag(raw, "-relabelConfig") == ["/etc/fleet/victoria-metrics-relabel.yml"]
     vmalert = workload(docs, "vmalert")
     assert vmalert["spec"]["replicas"] == 2
+    # both replicas write every rollup: the long-term store keeps one sample per evaluation
+    assert flag(workload(docs, "victoria-metrics-longterm"), "-dedup.minScrapeInterval") == flag(
+        vmalert, "-evaluationInterval")
     assert flag(vmalert, "-remoteRead.url") == flag(vmalert, "-datasource.url")
     assert len(flag(vmalert, "-notifier.url")) == 2
     # alerts stay active 4 x max(resend delay, evaluation interval) after the last send: longer
@@ -135,14 +146,17 @@ def test_the_binaries_accept_the_kubernetes_configs(tmp_path):
     amtool = require_binary("amtool", "prometheus-alertmanager")
     require_binary("openssl", "openssl")
     cert, _key = load_fleet_module().self_signed_tls(tmp_path / "tls")
-    agent = configmap(render("agent"), "gpu-fleet-agent-config")
+    agent_docs = render("agent")
+    agent = configmap(agent_docs, "gpu-fleet-agent-config")
+    # the edge config reads the cluster's ConfigMap from the environment (%{FLEET_...})
+    env = {**os.environ, **configmap(agent_docs, "gpu-fleet-cluster")}
     central = render("central")
     files = {"edge.yml": agent["vmagent-edge.yml"], "central.yml": configmap(central, "gpu-fleet-vmagent-central")[
         "vmagent-central.yml"].replace("/etc/ingest-tls/tls.crt", str(cert))}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
         out = subprocess.run([vmagent, f"-promscrape.config={tmp_path / name}", "-promscrape.config.dryRun",
-                              "-promscrape.config.strictParse"], capture_output=True, text=True, timeout=60)
+                              "-promscrape.config.strictParse"], capture_output=True, text=True, timeout=60, env=env)
         assert out.returncode == 0, (name, out.stdout + out.stderr)
     (tmp_path / "am.yml").write_text(configmap(central, "gpu-fleet-alertmanager")["alertmanager.yml"])
     out = subprocess.run([amtool, "check-config", str(tmp_path / "am.yml")], capture_output=True, text=True, timeout=60)

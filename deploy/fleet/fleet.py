@@ -2,16 +2,17 @@
 """The reference fleet on one machine: `make fleet` (and tests/test_fleet_e2e.py, test_fleet_faults.py).
 
 Starts, all on 127.0.0.1 with free ports:
-  * simulated GPU nodes (``unified-gpu-exporter --simulate``), per cluster of deploy/fleet/topology.yaml;
+  * simulated GPU nodes (``unified-gpu-exporter --simulate``), per cluster of deploy/fleet/topology.yaml,
+    and the host's node_exporter standing for every simulated node's liveness (GPUExporterAbsent);
   * two edge agents per cluster (vmagent, disk-backed queue; or ``--edge prometheus``: two Prometheus
-    agents), each scraping the cluster's exporters and its peer, writing over TLS with the cluster's
-    bearer token to the central ingest;
+    agents), each scraping the cluster's exporters, the node_exporter once per node and its peer,
+    writing over TLS with the cluster's bearer token to the central ingest;
   * the central ingest (vmauth: TLS, one token per cluster, `cluster` enforced per token) in front
     of the raw store (victoria-metrics, deduplicating the pairs, per-GPU series for 15 days);
   * two vmalert replicas evaluating deploy/prometheus/rules/*.yml and deploy/fleet/rules/*.yml,
     restoring alert state from the raw store, writing recorded series through the central vmagent,
     which also scrapes the central components and fans out to the raw store and to a long-term
-    store that keeps only rollups (vmagent-longterm-relabel.yml);
+    store that keeps only rollups (vmagent-longterm-relabel.yml), one sample per evaluation;
   * two clustered Alertmanager peers (deploy/alertmanager/alertmanager.yml, webhooks pointed at a
     local sink that records every notification).
 
@@ -103,7 +104,7 @@ class Fleet(EdgeMixin):
         missing = [b for b in needed if find_binary(b) is None]
         if missing:
             raise RuntimeError(f"missing binaries: {', '.join(BINARIES[m] for m in missing)} "
-                               "(Debian: prometheus victoria-metrics prometheus-alertmanager openssl)")
+                               "(Debian: prometheus victoria-metrics prometheus-alertmanager prometheus-node-exporter openssl)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sup = Supervisor(self.workdir)
         try:
@@ -112,8 +113,10 @@ class Fleet(EdgeMixin):
             self._ports()
             self.ingest_ca, self._ingest_key = self_signed_tls(self.workdir / "tls")
             self._start_alertmanagers()
-            self._start_store("vm-raw", "15d", dedup=True)
-            self._start_store("vm-longterm", "2y", dedup=False)
+            # the raw store deduplicates the agent pairs' scrapes, the long-term store the two
+            # vmalert replicas' rollups (each writes every evaluation)
+            self._start_store("vm-raw", "15d", dedup=self.scrape_interval, relabel=True)
+            self._start_store("vm-longterm", "2y", dedup=self.eval_interval, relabel=False)
             self._start_central_vmagent()
             self._start_ingest()
             for r in REPLICAS:
@@ -212,9 +215,9 @@ class Fleet(EdgeMixin):
                 "--cluster.reconnect-timeout=5m", f"--web.external-url={self.urls[name]}", "--log.level=warn"],
                 f"{self.urls[name]}/-/ready")
 
-    def _start_store(self, name: str, retention: str, dedup: bool) -> None:
-        extra = [f"-dedup.minScrapeInterval={self.scrape_interval}",
-                 f"-relabelConfig={HERE / 'victoria-metrics-relabel.yml'}"] if dedup else []
+    def _start_store(self, name: str, retention: str, dedup: str, relabel: bool) -> None:
+        extra = [f"-dedup.minScrapeInterval={dedup}"]
+        extra += [f"-relabelConfig={HERE / 'victoria-metrics-relabel.yml'}"] if relabel else []
         self._spawn(name, [
             find_binary("victoria-metrics"), f"-httpListenAddr=127.0.0.1:{self.ports[name]}",
             f"-storageDataPath={self.workdir / (name + '-data')}", f"-retentionPeriod={retention}",

@@ -15,6 +15,7 @@ from fleet_util import HERE, REPO, free_port
 BINARIES = {
     "prometheus": "prometheus", "victoria-metrics": "victoria-metrics", "vmagent": "vmagent",
     "vmalert": "vmalert", "vmauth": "vmauth", "alertmanager": "prometheus-alertmanager", "openssl": "openssl",
+    "node-exporter": "prometheus-node-exporter",
 }
 REPLICAS = ("0", "1")
 
@@ -39,6 +40,14 @@ class EdgeMixin:
     scrape_interval, edge, python, ingest_ca and _spawn."""
 
     def _start_nodes(self) -> None:
+        # the host's node_exporter, the liveness of every simulated node (they all run on this
+        # host): GPUExporterAbsent needs a node that is alive without its exporter target.  No
+        # collectors: the agents keep only the scrape's own `up`.
+        port = free_port()
+        self.urls["node-exporter"] = f"http://127.0.0.1:{port}"
+        self._spawn("node-exporter", [
+            find_binary("node-exporter"), "--collector.disable-defaults", "--web.disable-exporter-metrics",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], f"{self.urls['node-exporter']}/metrics")
         template = yaml.safe_load((HERE / "exporter-node.yml").read_text())
         for cluster in self.clusters:
             scenario = REPO / "mappings" / "scenarios" / f"{cluster.scenario}.yaml"
@@ -68,6 +77,10 @@ class EdgeMixin:
             targets = [{"targets": [n["url"].removeprefix("http://")], "labels": {"node": n["node"]}}
                        for n in self.nodes if n["cluster"] == cluster.name]
             (cdir / "targets" / "nodes.json").write_text(json.dumps(targets))
+            host = self.urls["node-exporter"].removeprefix("http://")
+            (cdir / "node-exporter").mkdir(exist_ok=True)
+            (cdir / "node-exporter" / "nodes.json").write_text(json.dumps(
+                [{"targets": [host], "labels": {"node": n["node"]}} for n in self.nodes if n["cluster"] == cluster.name]))
             peers = [self.urls[f"agent-{cluster.name}-{r}"].removeprefix("http://") for r in REPLICAS]
             for r in REPLICAS:
                 name = f"agent-{cluster.name}-{r}"
@@ -99,7 +112,8 @@ class EdgeMixin:
             f"-remoteWrite.bearerTokenFile={self.workdir / 'secrets' / (cluster.name + '.token')}",
             f"-remoteWrite.tlsCAFile={self.ingest_ca}",
             f"-remoteWrite.relabelConfig={cdir / (name + '-relabel.yml')}",
-            "-remoteWrite.maxDiskUsagePerURL=1GB", "-remoteWrite.flushInterval=1s", "-loggerLevel=WARN"],
+            "-remoteWrite.maxDiskUsagePerURL=1GB", "-remoteWrite.flushInterval=1s",
+            f"-promscrape.fileSDCheckInterval={self.scrape_interval}", "-loggerLevel=WARN"],
             f"{self.urls[name]}/health", cwd=cdir)
 
     def _start_prometheus_agent(self, name: str, cluster: Cluster, cdir: Path, peers: list[str],

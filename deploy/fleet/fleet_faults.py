@@ -5,6 +5,7 @@ tests/test_fleet_faults.py; run on its own it prints the fault table and the siz
 docs/fleet.md at the demo's timing (5 s scrapes, 15 s evaluations, 60 s outages):
 
     python deploy/fleet/fleet_faults.py [--edge prometheus] [--outage 60] [--json out.json]
+    python deploy/fleet/fleet_faults.py --scrape-interval 15s --sizing-only 5   # the sizing alone
 """
 
 from __future__ import annotations
@@ -120,15 +121,17 @@ def sleep_watching(fleet, seconds: float, seen: list[int]) -> None:
 
 def store_outage(fleet, cluster: str, outage: float, interval: float, restart: tuple[str, ...] = ("0",)) -> dict:
     """The raw store stops (SIGTERM) for ``outage`` s; meanwhile the cluster's agents named in
-    ``restart`` restart one after the other (a rollout: SIGTERM, then start).  Samples lost and
-    pages caused."""
+    ``restart`` restart one after the other (a rollout: SIGTERM, start, ready, then the next; never
+    two down at once).  Samples lost and pages caused; ``agents_restarted_at_s``: when each restart
+    ended, seconds into the outage (what was scraped before lived only in a restarted queue)."""
     before = notified_firing(fleet)
-    active_before, seen = active_alerts(fleet), []
+    active_before, seen, restarted = active_alerts(fleet), [], []
     t0 = time.time()
     fleet.kill("vm-raw", signal.SIGTERM)
     for replica in restart:
         sleep_watching(fleet, outage / (len(restart) + 1), seen)
         fleet.restart(f"agent-{cluster}-{replica}")
+        restarted.append(round(time.time() - t0, 1))
     sleep_watching(fleet, max(0.0, t0 + outage - time.time()), seen)
     fleet.restart("vm-raw")
     t1 = time.time()
@@ -137,7 +140,8 @@ def store_outage(fleet, cluster: str, outage: float, interval: float, restart: t
     lost, delivered, series = samples_lost(fleet, SCRAPED.format(cluster=cluster), t0 - 5, t1 + 5, interval)
     rec = samples_lost(fleet, RECORDED.format(cluster=cluster), t0 - 5, t1 + 5,
                        fleetmod.duration_seconds(fleet.eval_interval))
-    return {"seconds": round(t1 - t0), "lost": lost, "delivered": delivered, "series": series,
+    return {"seconds": round(t1 - t0), "agents_restarted_at_s": restarted,
+            "lost": lost, "delivered": delivered, "series": series,
             "recorded_lost": rec[0], "recorded_series": rec[2], "spurious_pages": spurious_pages(fleet, t0, before),
             "active_alerts_before": active_before, "active_alerts_min_during": min(seen, default=active_before)}
 
@@ -177,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outage", type=float, default=60.0)
     p.add_argument("--scrape-interval", default="5s")
     p.add_argument("--json", type=Path)
+    p.add_argument("--sizing-only", type=float, metavar="MINUTES",
+                   help="no faults: let the fleet run one minute plus MINUTES, then measure over the last MINUTES")
     args = p.parse_args(argv)
     clusters = [fleetmod.Cluster("c1", "aws", "us-east-1", 2, "fleet"),
                 fleetmod.Cluster("c2", "azure", "eastus", 1, "fleet-degraded"),
@@ -188,27 +194,31 @@ def main(argv: list[str] | None = None) -> int:
                                max_for="30s", latency_offset="5s", resend_delay="1m")
         fleet.edge = args.edge
         with fleet:
-            settle(fleet)
-            out["store_down_agent_restarted"] = store_outage(fleet, "c1", args.outage, interval)
-            out["store_down_both_agents_restarted"] = store_outage(fleet, "c1", args.outage, interval,
-                                                                   restart=("0", "1"))
-            if args.edge == "vmagent":
-                t0 = time.time()
-                fleet.kill("agent-c1-1")
-                time.sleep(args.outage)
-                fleet.restart("agent-c1-1")
-                t1 = time.time()
-                wait_delivered(fleet, "c1", t1 + 2 * interval)
-                lost = samples_lost(fleet, SCRAPED.format(cluster="c1"), t0 - 5, t1 + 5, interval)
-                out["agent_killed"] = {"seconds": round(t1 - t0), "lost": lost[0], "delivered": lost[1], "series": lost[2]}
-                before = notified_firing(fleet)
-                t0 = time.time()
-                fleet.kill("vmalert-0")
-                time.sleep(args.outage)
-                fleet.restart("vmalert-0")
-                time.sleep(60)
-                out["vmalert_killed"] = {"seconds": args.outage, "spurious_pages": spurious_pages(fleet, t0, before)}
-                out["sizing"] = sizing(fleet)
+            if args.sizing_only:
+                time.sleep(60 * (args.sizing_only + 1))
+                out["sizing"] = sizing(fleet, args.sizing_only)
+            else:
+                settle(fleet)
+                out["store_down_agent_restarted"] = store_outage(fleet, "c1", args.outage, interval)
+                out["store_down_both_agents_restarted"] = store_outage(fleet, "c1", args.outage, interval,
+                                                                       restart=("0", "1"))
+                if args.edge == "vmagent":
+                    t0 = time.time()
+                    fleet.kill("agent-c1-1")
+                    time.sleep(args.outage)
+                    fleet.restart("agent-c1-1")
+                    t1 = time.time()
+                    wait_delivered(fleet, "c1", t1 + 2 * interval)
+                    lost = samples_lost(fleet, SCRAPED.format(cluster="c1"), t0 - 5, t1 + 5, interval)
+                    out["agent_killed"] = {"seconds": round(t1 - t0), "lost": lost[0], "delivered": lost[1], "series": lost[2]}
+                    before = notified_firing(fleet)
+                    t0 = time.time()
+                    fleet.kill("vmalert-0")
+                    time.sleep(args.outage)
+                    fleet.restart("vmalert-0")
+                    time.sleep(60)
+                    out["vmalert_killed"] = {"seconds": args.outage, "spurious_pages": spurious_pages(fleet, t0, before)}
+                    out["sizing"] = sizing(fleet)
     text = json.dumps(out, indent=1)
     if args.json:
         args.json.write_text(text)

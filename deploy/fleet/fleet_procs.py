@@ -147,13 +147,19 @@ class Supervisor:
                 elif action == "restart":
                     self.restart(name)
                     done.append(f"restarted {name}")
-            except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:
                 done.append(f"request {path.name} refused: {exc}")
             path.unlink(missing_ok=True)
         for proc in self.procs.values():
             if proc.restart_at is not None and time.monotonic() >= proc.restart_at:
-                self.restart(proc.name)
-                done.append(f"restarted {proc.name}")
+                # a restart that fails (the binary exits, never gets ready) is one component
+                # down, reported like any other death: never a reason to stop the fleet
+                try:
+                    self.restart(proc.name)
+                    done.append(f"restarted {proc.name}")
+                except (OSError, RuntimeError) as exc:
+                    proc.restart_at = None
+                    done.append(f"restart of {proc.name} failed: {exc}")
         return done
 
     def _get(self, name: str) -> Proc:
