@@ -11,6 +11,7 @@ from .map.store import SourceState, Store
 from .model import Frames, Labels, Sample, identity_labels
 from .run.pipeline import poll_and_map
 from .sources.base import Source, abilities_of
+from .sources.context import SourceContext
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -18,6 +19,19 @@ Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def load_mappings(directory: Path | None = None) -> MappingSet:
     directory = directory or default_mappings_dir()
     return MappingSet.load_dir(directory, load_schema(directory / "canonical.yaml"))
+
+
+def shipped_context(mappings: MappingSet | None = None, **fields) -> SourceContext:
+    """A ``SourceContext`` as the daemon builds it from the shipped mapping set (``wanted`` and
+    ``fast`` included); ``fields`` are the other ``SourceContext`` fields (sysfs, options...)."""
+    mappings = mappings or load_mappings()
+    return SourceContext(wanted=mappings.raw_fields(), mappings=mappings,
+                         fast=mappings.raw_fields(mappings.schema.fast_metrics), **fields)
+
+
+def shipped_fast_fields(mapping: str) -> frozenset[str]:
+    """The raw fields of the shipped mapping file ``mapping`` that feed a ``fast: true`` metric."""
+    return shipped_context().fast_fields(mapping) or frozenset()
 
 
 class FakeClock:

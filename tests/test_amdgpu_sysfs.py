@@ -18,7 +18,7 @@ from exporter.sources.amdgpu_sysfs import (
 )
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
-from exporter.testing import map_source_once, values_of
+from exporter.testing import map_source_once, shipped_context, values_of
 from tests.amd_fixture_tree import (
     MI300X_CARDS,
     MI300X_VRAM,
@@ -375,7 +375,7 @@ def test_pcie_bw_empty_file_is_malformed_and_apu_enodata_stops_the_thread(tmp_pa
 
 def test_poll_fast_reads_the_busy_files_only_where_both_are_there(tmp_path):
     arrange_mi300x_node(tmp_path)
-    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
+    src = AmdgpuSysfsSource(shipped_context(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     try:
         fast = src.poll_fast()
@@ -528,7 +528,7 @@ def test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing(tmp_path
         with open(path, "rb") as fh:
             return fh.read()
 
-    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}))
+    src = AmdgpuSysfsSource(shipped_context(sysfs=tmp_path, options={"pcie_bw": False}))
     src.open()
     try:
         by_card = {}
@@ -540,7 +540,7 @@ def test_fast_poll_reads_the_table_only_where_a_busy_file_gives_nothing(tmp_path
     assert by_card[both] == {"gpu_busy_percent", "mem_busy_percent"}
     assert "gpu_metrics.average_umc_activity" in by_card[missing]
     # a busy file that fails at run time: the table stands in on that poll
-    src = AmdgpuSysfsSource(SourceContext(sysfs=tmp_path, options={"pcie_bw": False}), reader=reader)
+    src = AmdgpuSysfsSource(shipped_context(sysfs=tmp_path, options={"pcie_bw": False}), reader=reader)
     src.open()
     try:
         fields = {r.field for r in src.poll_fast().readings if r.device == both}

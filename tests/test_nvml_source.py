@@ -9,6 +9,7 @@ import pytest
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource, mig_profile, normalize_bus_id
+from exporter.testing import shipped_context, shipped_fast_fields
 from tests.fakes import pynvml_fake as pf
 
 MIB = 1 << 20
@@ -28,11 +29,11 @@ def readings(sample, key=None):
     return {(r.field, r.labels): r.value for r in sample.readings if key is None or r.device == key}
 
 
-def make(gpus, **options):
+def make(gpus, context=SourceContext, **options):
     fake = pf.make_module(gpus)
     clock = Clock()
     options.setdefault("xid", False)
-    src = NvmlSource(SourceContext(options=options), module=fake, clock=clock)
+    src = NvmlSource(context(options=options), module=fake, clock=clock)
     src.open()
     return fake, clock, src
 
@@ -280,7 +281,8 @@ def test_helpers():
 
 
 def test_poll_fast_reads_only_utilization_and_gpm_between_full_polls():
-    fake, clock, src = make([pf.h100(0), pf.t4(1)])
+    # as the daemon creates it: the fast reads come from `fast: true` in canonical.yaml
+    fake, clock, src = make([pf.h100(0), pf.t4(1)], context=shipped_context)
     try:
         poll(src, fake, clock, 0.25)                   # full poll: GPM seeded at t=0
         fast = src.poll_fast()                         # t=0.25: a 0.25 s GPM window
@@ -291,5 +293,5 @@ def test_poll_fast_reads_only_utilization_and_gpm_between_full_polls():
     t4 = {f for f, _ in readings(fast, t4_key)}
     assert {"utilization.gpu", "utilization.memory", "gpm.sm_occupancy", "gpm.dram_bw_util"} <= h100
     assert readings(fast, H100_KEY)[("gpm.dram_bw_util", ())] == 88.5
-    assert not {f for f in h100 if not f.startswith(("utilization.", "gpm."))}  # nothing else
+    assert h100 <= shipped_fast_fields("nvml")  # nothing else: only what feeds a fast metric
     assert t4 == {"utilization.gpu", "utilization.memory"}  # no GPM before Hopper

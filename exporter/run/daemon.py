@@ -132,10 +132,12 @@ class Daemon:
         assert self.mappings is not None
         self.store = Store()
         wanted = self.mappings.raw_fields()  # per mapping file, the raw fields it maps
+        fast = self.mappings.raw_fields(self.mappings.schema.fast_metrics)  # ... that feed `fast: true`
         self.runtimes = []
         for col, explicit in self.enabled_collectors():
             context = SourceContext(self.settings.sysfs, self.settings.procfs,
-                                    collector_options(col, self.settings, self.config), wanted, self.mappings)
+                                    collector_options(col, self.settings, self.config), wanted, self.mappings,
+                                    fast)
             interval, timeout = interval_and_timeout(self.config.collector(col.name), self.poll_interval)
             self.runtimes.append(build_runner(col, explicit, context, self.mappings, interval, timeout,
                                               self.store))

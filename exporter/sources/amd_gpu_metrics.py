@@ -162,8 +162,7 @@ class _Plan:
     one ``Layout.packer.unpack_from`` with no per-field name or format work.
     """
 
-    def __init__(self, layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None,
-                 wanted: frozenset[str] | None = None):
+    def __init__(self, layout: Layout, frev: int, crev: int, wanted: frozenset[str] | None = None):
         self.layout = layout
         self.steps: list[tuple] = []
         probe = GpuMetricsTable(layout.size, frev, crev, layout, {})
@@ -175,8 +174,6 @@ class _Plan:
         for fname, ftype, count in layout.fields:
             at = index[fname]
             if fname in _SKIP or fname == "common_header":
-                continue
-            if only is not None and fname not in only:
                 continue
             if isinstance(ftype, Layout):  # xcp_stats: (kind, at, parts, stride, num_partition index, subs)
                 np_at = index.get("num_partition")
@@ -258,14 +255,13 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 256  # layouts x revisions x a few field selections; a bound, not a working size
 
 
-def _plan(layout: Layout, frev: int, crev: int, only: frozenset[str] | None = None,
-          wanted: frozenset[str] | None = None) -> _Plan:
-    key = (layout.size, frev, crev, only, wanted)
+def _plan(layout: Layout, frev: int, crev: int, wanted: frozenset[str] | None = None) -> _Plan:
+    key = (layout.size, frev, crev, wanted)
     plan = _PLANS.get(key)
     if plan is None or plan.layout is not layout:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        plan = _PLANS[key] = _Plan(layout, frev, crev, only, wanted)
+        plan = _PLANS[key] = _Plan(layout, frev, crev, wanted)
     return plan
 
 
@@ -294,20 +290,15 @@ def _layout_of(data: bytes) -> tuple[Layout, int, int]:
 
 _HEADER_STRUCT = struct.Struct("<HBB")
 
-# the table fields a fast poll needs: the activity averages the contention indicators read
-FAST_FIELDS = frozenset({"average_gfx_activity", "average_umc_activity"})
-
-
-def readings(data: bytes, only: frozenset[str] | None = None,
-             wanted: frozenset[str] | None = None) -> list[Reading]:
+def readings(data: bytes, wanted: frozenset[str] | None = None) -> list[Reading]:
     """``table_readings(parse_gpu_metrics(data))`` in one precompiled unpack, without the dict.
 
-    ``only``: restrict to these table field names (``FAST_FIELDS`` for a fast poll).  ``wanted``:
-    emit only these raw names (the fields a mapping file maps; None emits every field).  Raises
+    ``wanted``: emit only these raw names (the fields a mapping file maps, or those a fast poll
+    reads; None emits every field).  Raises
     ``GpuMetricsError`` exactly where ``parse_gpu_metrics`` does, whatever is selected.
     """
     layout, frev, crev = _layout_of(data)
-    plan = _plan(layout, frev, crev, only, wanted)
+    plan = _plan(layout, frev, crev, wanted)
     return plan.apply(layout.packer.unpack_from(data, 0))
 
 

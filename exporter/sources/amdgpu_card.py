@@ -27,9 +27,6 @@ HWMON_PATTERNS = (
     (re.compile(r"^pwm\d+$"), None),
 )
 
-# what poll_fast reads: the busy percentages that feed the contention indicators
-FAST_FILES = ("gpu_busy_percent", "mem_busy_percent")
-
 
 @dataclass
 class Card:
@@ -40,6 +37,7 @@ class Card:
     hwmon: list[tuple[Path, str]]                # (path, raw field name)
     has_gpu_metrics: bool
     has_pcie_bw: bool
+    fast_files: frozenset[str] = frozenset()     # attribute files feeding a `fast: true` metric
     # built at discovery, read every poll: (file name, kind int|speed|dpm, path) and (path, raw)
     plan: list[tuple[str, str, str]] = field(default_factory=list)
     hwmon_plan: list[tuple[str, str]] = field(default_factory=list)
@@ -53,5 +51,5 @@ class Card:
         self.plan = [(f, "int" if f in INT_FILES else "speed" if f in SPEED_FILES else "dpm", f"{d}/{f}")
                      for f in self.files]
         self.hwmon_plan = [(str(path), raw) for path, raw in self.hwmon]
-        self.fast_plan = [(f, f"{d}/{f}") for f in FAST_FILES if f in self.files]
+        self.fast_plan = [(f, f"{d}/{f}") for f in self.files if f in self.fast_files]
         self.gpu_metrics_path = f"{d}/gpu_metrics"

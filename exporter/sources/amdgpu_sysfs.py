@@ -39,10 +39,10 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from .amd_gpu_metrics import FAST_FIELDS, GpuMetricsError, readings
-from .amdgpu_card import (  # noqa: F401 - FAST_FILES etc. stay importable from here
+from .amd_gpu_metrics import PREFIX as TABLE_PREFIX
+from .amd_gpu_metrics import GpuMetricsError, readings
+from .amdgpu_card import (  # noqa: F401 - INT_FILES etc. stay importable from here
     DPM_FILES,
-    FAST_FILES,
     HWMON_PATTERNS,
     INT_FILES,
     SPEED_FILES,
@@ -85,6 +85,11 @@ class AmdgpuSysfsSource(SourceBase):
         # raw fields mappings/amdgpu.yaml maps: files and table fields nothing maps are not read
         # (None without a mapping set: everything is read, as tools and tests expect)
         self._wanted = context.fields("amdgpu")
+        # what poll_fast reads: the attribute files and table fields feeding a `fast: true`
+        # metric (None without a mapping set: poll_fast is a full poll)
+        fast = context.fast_fields("amdgpu")
+        self._fast_files = None if fast is None else frozenset(f for f in fast if f in INT_FILES)
+        self._fast_table = None if fast is None else frozenset(f for f in fast if f.startswith(TABLE_PREFIX))
         self.options = context.typed(AmdgpuOptions)
         self._reader = reader or default_reader
         self._clock = clock
@@ -226,7 +231,8 @@ class AmdgpuSysfsSource(SourceBase):
                 number=number, device_dir=device_dir, device=self._identity(number, device_dir),
                 files=present, hwmon=self._hwmon_files(device_dir),
                 has_gpu_metrics=os.path.lexists(device_dir / "gpu_metrics"),
-                has_pcie_bw=os.path.lexists(device_dir / "pcie_bw")))
+                has_pcie_bw=os.path.lexists(device_dir / "pcie_bw"),
+                fast_files=self._fast_files or frozenset()))
         cards.sort(key=lambda c: c.number)
         return cards
 
@@ -304,14 +310,18 @@ class AmdgpuSysfsSource(SourceBase):
         return sample
 
     def poll_fast(self) -> Sample:
-        """Cheap signals for the contention indicators between full polls: the two busy
-        percentages (one small sysfs read each).  Errors and lost cards are left to poll()."""
+        """Cheap signals for the contention indicators between full polls: the raw fields
+        feeding a ``fast: true`` metric (the busy percentages, one small sysfs read each).
+        Errors and lost cards are left to poll().  Without a mapping set there is nothing to go
+        by: a full poll."""
+        if self._fast_files is None or self._fast_table is None:
+            return self.poll()
         sample = Sample()
         scratch: Counter[str] = Counter()
         for card in self._cards:
             key = card.device.key
             sample.devices.append(card.device)
-            complete = len(card.fast_plan) == len(FAST_FILES)
+            complete = len(card.fast_plan) == len(self._fast_files)
             for fname, path in card.fast_plan:
                 value = self._int(path, scratch)
                 if value is None:
@@ -321,18 +331,19 @@ class AmdgpuSysfsSource(SourceBase):
             # the files win where they give a value: the table (only its two fields unpacked) is
             # read for a card whose busy file is missing or failed (tests pin that order)
             if not complete:
-                self._gpu_metrics(card, sample, scratch, FAST_FIELDS)
+                self._gpu_metrics(card, sample, scratch, self._fast_table)
         return sample
 
     def _gpu_metrics(self, card: Card, sample: Sample, errors: Counter[str],
-                     only: frozenset[str] | None = None) -> None:
+                     wanted: frozenset[str] | None = None) -> None:
+        """The table's readings: those ``wanted`` (a fast poll's), else those the mapping maps."""
         if not (card.has_gpu_metrics and self.options.gpu_metrics):
             return
         data = self._read(card.gpu_metrics_path, errors)
         if data is None:
             return
         try:
-            rows = readings(data, only, self._wanted)
+            rows = readings(data, self._wanted if wanted is None else wanted)
         except GpuMetricsError:
             errors["parse_error"] += 1
             return

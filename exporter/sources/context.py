@@ -19,7 +19,10 @@ class SourceContext:
     ``options``: the collector's options, typed (``collectors.<name>.options``, validated with
     the configuration file); a plain dict, as tools and tests pass, is validated by the source's
     model in ``typed``.  ``wanted``: per mapping file, the raw fields its rules map
-    (``MappingSet.raw_fields``); None, without a mapping set, means read everything.
+    (``MappingSet.raw_fields``); None, without a mapping set, means read everything.  ``fast``:
+    per mapping file, the raw fields feeding a metric declared ``fast: true`` in
+    ``mappings/canonical.yaml`` (``MappingSet.raw_fields(schema.fast_metrics)``): what a
+    source's ``poll_fast`` reads; the one place "fast" is declared.
     ``mappings``: the loaded mapping set itself, for the sources whose work is the rules
     (the daemon passes it to every source; only upstream's schema detection and the simulator
     read it).
@@ -30,6 +33,7 @@ class SourceContext:
     options: Options | Mapping[str, Any] | None = None
     wanted: Mapping[str, frozenset[str]] | None = None
     mappings: Any = None
+    fast: Mapping[str, frozenset[str]] | None = None
 
     def typed(self, model: type[OptionsT]) -> OptionsT:
         """The options as ``model`` (the defaults where none were given)."""
@@ -44,6 +48,11 @@ class SourceContext:
         """The raw fields mapping file ``mapping`` maps; None (no mapping set, or no such file in
         it): nothing to go by, read everything."""
         return None if self.wanted is None else self.wanted.get(mapping)
+
+    def fast_fields(self, mapping: str) -> frozenset[str] | None:
+        """The raw fields of mapping file ``mapping`` that feed a ``fast: true`` metric; None
+        without a mapping set (a fast poll then has nothing to go by and reads everything)."""
+        return None if self.fast is None else self.fast.get(mapping, frozenset())
 
 
 DEFAULT_CONTEXT = SourceContext()

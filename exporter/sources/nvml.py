@@ -41,6 +41,9 @@ from .nvml_processes import ProcessReader
 from .nvml_readers import DEFAULT_FIELDS, DeviceReader, GpuState, MigInstance, field_requests
 from .options import NvmlOptions
 
+# the raw fields one nvmlDeviceGetUtilizationRates call gives
+UTILIZATION_FIELDS = frozenset({"utilization.gpu", "utilization.memory"})
+
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
 
 
@@ -73,6 +76,11 @@ class NvmlSource(SourceBase):
                  clock: Callable[[], float] | None = None) -> None:
         self.procfs = Path(context.procfs)
         self.options = context.typed(NvmlOptions)
+        # what poll_fast reads: the raw fields feeding a `fast: true` metric (None without a
+        # mapping set: utilization and every GPM metric)
+        fast = context.fast_fields("nvml")
+        self._fast_util = fast is None or not fast.isdisjoint(UTILIZATION_FIELDS)
+        self._fast_gpm = None if fast is None else frozenset(f for f in fast if f.startswith("gpm."))
         self._module = module
         self._clock = clock or (lambda: time.monotonic())
         self.nv: Any = None
@@ -276,9 +284,10 @@ class NvmlSource(SourceBase):
         return sample
 
     def poll_fast(self) -> PollResult:
-        """Cheap signals for the contention indicators between full polls: utilization and,
-        on Hopper and newer, GPM (SM occupancy, DRAM bandwidth) over the window since the
-        previous GPM read.  MIG GPUs and lost GPUs are left to the full poll."""
+        """Cheap signals for the contention indicators between full polls: the raw fields
+        feeding a ``fast: true`` metric, i.e. utilization and, on Hopper and newer, GPM (SM
+        occupancy, DRAM bandwidth) over the window since the previous GPM read.  MIG GPUs and
+        lost GPUs are left to the full poll."""
         sample = PollResult()
         if self.nv is None:
             return sample
@@ -289,13 +298,14 @@ class NvmlSource(SourceBase):
                 continue
             sample.devices.append(st.device)
             try:
-                util = self.guard.call(sample.errors, st.key, "utilization",
-                                       "nvmlDeviceGetUtilizationRates", st.handle)
-                if util is not None:
-                    sample.add(st.key, "utilization.gpu", util.gpu)
-                    sample.add(st.key, "utilization.memory", util.memory)
-                if st.gpm and self.gpm is not None:
-                    self.gpm.read(sample, st.key, st.handle, now)
+                if self._fast_util:
+                    util = self.guard.call(sample.errors, st.key, "utilization",
+                                           "nvmlDeviceGetUtilizationRates", st.handle)
+                    if util is not None:
+                        sample.add(st.key, "utilization.gpu", util.gpu)
+                        sample.add(st.key, "utilization.memory", util.memory)
+                if st.gpm and self.gpm is not None and (self._fast_gpm is None or self._fast_gpm):
+                    self.gpm.read(sample, st.key, st.handle, now, only=self._fast_gpm)
             except DeviceLost:
                 continue  # the next full poll marks it lost and re-discovers
         return sample

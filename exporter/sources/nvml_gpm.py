@@ -111,10 +111,12 @@ class GpmReader:
 
     # -- one poll --------------------------------------------------------------------------
     def read(self, sample: PollResult, key: str, handle: Any, now: float, gi: int | None = None,
-             labels: tuple[tuple[str, str], ...] = ()) -> None:
+             labels: tuple[tuple[str, str], ...] = (), only: frozenset[str] | None = None) -> None:
         """Take a sample for (key, gi) and emit metrics over [previous, now] when valid.
 
         Raises DeviceLost for a lost GPU.  ``gi`` selects nvmlGpmMigSampleGet for a MIG instance.
+        ``only``: emit only these raw names (a fast poll's); every metric is still computed, so
+        the stream's window and its unsupported-metric bookkeeping stay the same.
         """
         errors = sample.errors
         gate = "gpm" if gi is None else "gpm.mig"
@@ -153,12 +155,12 @@ class GpmReader:
             st.prev, st.prev_t = cur, now
             return
         gap = now - st.prev_t
-        self._metrics(sample, key, st, st.buffers[st.prev], st.buffers[cur], labels)
+        self._metrics(sample, key, st, st.buffers[st.prev], st.buffers[cur], labels, only)
         st.min_gap = gap if st.min_gap <= 0 else min(st.min_gap, gap)
         st.prev, st.prev_t = cur, now
 
     def _metrics(self, sample: PollResult, key: str, st: GpmStream, s1: Any, s2: Any,
-                 labels: tuple[tuple[str, str], ...]) -> None:
+                 labels: tuple[tuple[str, str], ...], only: frozenset[str] | None = None) -> None:
         nv = self.nvml
         mg = nv.c_nvmlGpmMetricsGet_t()
         mg.version = nv.NVML_GPM_METRICS_GET_VERSION
@@ -182,7 +184,8 @@ class GpmReader:
             name = self.metrics[mid]
             if rc == SUCCESS:
                 keep.append(mid)
-                sample.add(key, name, m.value, labels)
+                if only is None or name in only:
+                    sample.add(key, name, m.value, labels)
             elif rc in UNSUPPORTED_CODES or rc == INVALID_ARGUMENT:
                 # real H200/driver 580 answers INVALID_ARGUMENT (2) for ids it does not support
                 self.guard.remember(sample.errors, key, name)  # once per (device, metric)
