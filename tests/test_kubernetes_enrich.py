@@ -225,6 +225,11 @@ def dev(vendor, index, uuid="", pci="", key=None, partitions=()):
                   uuid=uuid, pci_bus_id=pci, partitions=partitions)
 
 
+def labels_for(e, device: Device, extra_ids=()) -> list[dict[str, str]]:
+    """The enricher's label sets for ``device`` as dicts (what the renderer adds per container)."""
+    return [dict(ls) for ls in e.label_sets(device, extra_ids)]
+
+
 def head(d: Device):
     return (("vendor", d.vendor), ("gpu", d.index), ("uuid", d.uuid))
 
@@ -298,13 +303,13 @@ def enricher(sock_dir):
 def test_device_plugin_allocations(enricher):
     e = enricher
     nv = dev("nvidia", "0", uuid=NV_UUID, pci="00000000:3B:00.0")
-    assert e.labels_for(nv) == [{"container": "trainer", "namespace": "ml", "pod": "train-0"}]
+    assert labels_for(e, nv) == [{"container": "trainer", "namespace": "ml", "pod": "train-0"}]
     amd = dev("amd", "128", pci="0000:C1:00.0")  # the SR-IOV NIC on that address is no GPU resource
-    assert e.labels_for(amd) == [{"container": "main", "namespace": "hpc", "pod": "rocm-job"}]
+    assert labels_for(e, amd) == [{"container": "main", "namespace": "hpc", "pod": "rocm-job"}]
     intel = dev("intel", "1", pci="0000:03:00.0")
-    assert [x["container"] for x in e.labels_for(intel)] == ["ffmpeg", "sidecar"]
+    assert [x["container"] for x in labels_for(e, intel)] == ["ffmpeg", "sidecar"]
     shared = dev("nvidia", "3", uuid=SHARED_UUID)
-    assert [x["pod"] for x in e.labels_for(shared)] == ["share-a", "share-b"]
+    assert [x["pod"] for x in labels_for(e, shared)] == ["share-a", "share-b"]
     dra = dev("nvidia", "5", uuid="GPU-55555555-0000-0000-0000-000000000000")
     assert e.pods_for(dra) == (PodRef("dra", "dra-job", "worker", "dra:gpu.nvidia.com"),)
 
@@ -312,7 +317,7 @@ def test_device_plugin_allocations(enricher):
 def test_mig_devices_by_their_mig_uuids(enricher):
     e = enricher
     parent = dev("nvidia", "1", uuid=MIG_PARENT, partitions=(("1", MIG_A), ("2", MIG_B), ("3", "MIG-unused")))
-    assert e.labels_for(parent) == []  # the parent GPU itself is allocated to nobody
+    assert labels_for(e, parent) == []  # the parent GPU itself is allocated to nobody
     lab = e.labeler(parent)
     assert isinstance(lab, SeriesLabeler)
     h = head(parent)
@@ -345,20 +350,20 @@ def test_failure_keeps_last_index_and_recovers(sock_dir):
         kubelet.stop()
     assert e.refresh_once() is False  # kubelet down
     assert e.errors == 1
-    assert e.labels_for(nv)[0]["pod"] == "train-0"
+    assert labels_for(e, nv)[0]["pod"] == "train-0"
     kubelet = FakeKubelet(path)  # kubelet restarted, new socket, pod gone
     kubelet.response = pb.ListPodResourcesResponse()
     try:
         assert e.refresh_once() is True
     finally:
         kubelet.stop()
-    assert e.labels_for(nv) == []
+    assert labels_for(e, nv) == []
 
 
 def test_missing_socket_is_not_fatal(sock_dir):
     e = PodResourcesEnricher({"socket": str(sock_dir / "absent.sock"), "timeout_seconds": 0.5, "api": "off"})
     assert e.refresh_once() is False
-    assert e.labels_for(dev("nvidia", "0", uuid=NV_UUID)) == []
+    assert labels_for(e, dev("nvidia", "0", uuid=NV_UUID)) == []
 
 
 def test_resource_names_configurable(sock_dir):
@@ -370,9 +375,9 @@ def test_resource_names_configurable(sock_dir):
         assert e.refresh_once()
     finally:
         kubelet.stop()
-    assert e.labels_for(dev("nvidia", "0", uuid=NV_UUID)) == []
-    assert e.labels_for(dev("nvidia", "5", uuid="GPU-x")) == []
-    assert len(e.labels_for(dev("amd", "0", pci="0000:c1:00.0"))) == 1
+    assert labels_for(e, dev("nvidia", "0", uuid=NV_UUID)) == []
+    assert labels_for(e, dev("nvidia", "5", uuid="GPU-x")) == []
+    assert len(labels_for(e, dev("amd", "0", pci="0000:c1:00.0"))) == 1
 
 
 def test_options_are_validated():
@@ -564,7 +569,7 @@ async def test_background_refresh_keeps_scrape_path_off_kubelet(sock_dir):
     try:
         for _ in range(200):
             await asyncio.sleep(0.05)
-            if kubelet.calls >= 1 and e.labels_for(dev("nvidia", "0", uuid=NV_UUID)):
+            if kubelet.calls >= 1 and labels_for(e, dev("nvidia", "0", uuid=NV_UUID)):
                 break
         calls = kubelet.calls
         nv = dev("nvidia", "0", uuid=NV_UUID)

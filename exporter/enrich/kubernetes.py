@@ -171,9 +171,6 @@ class PodResourcesEnricher:
     def mig_label_sets(self, mig_uuid: str) -> list[Labels]:
         return self._sets(self._refs(id_keys(mig_uuid)))
 
-    def labels_for(self, device: Device, extra_ids: Iterable[str] = ()) -> list[dict[str, str]]:
-        return [dict(ls) for ls in self.label_sets(device, extra_ids)]
-
     def labeler(self, device: Device, pids: Iterable[str] = ()) -> SeriesLabeler | None:
         """What the renderer adds to this GPU's series; None when nothing applies. Only dict
         reads: PIDs not resolved yet are queued for the background task."""

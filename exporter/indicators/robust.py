@@ -53,7 +53,6 @@ class RobustBaseline:
     long_cur: list[float] = field(default_factory=list)
     learned_seconds: float = 0.0
     _stats: tuple[float, float] | None = None
-    _long_median: float | None = None
 
     def __post_init__(self) -> None:
         self.fast = deque(self.fast, maxlen=self.fast_bins)
@@ -80,7 +79,6 @@ class RobustBaseline:
         if len(self.long_cur) >= self.long_bin_bins:
             self.long.append(median(self.long_cur))
             self.long_cur.clear()
-            self._long_median = None
 
     @property
     def bins(self) -> int:
@@ -94,13 +92,6 @@ class RobustBaseline:
             center = median(self.fast)
             self._stats = (center, mad_sigma(self.fast, center))
         return self._stats
-
-    def long_median(self) -> float | None:
-        if not self.long:
-            return None
-        if self._long_median is None:
-            self._long_median = median(self.long)
-        return self._long_median
 
     def long_peak(self) -> float | None:
         """The protected level: the highest hourly median of the long window.  A slow decline
@@ -126,7 +117,6 @@ class RobustBaseline:
         self.cur_seconds = 0.0
         self.learned_seconds = 0.0
         self._stats = None
-        self._long_median = None
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -141,7 +131,6 @@ class RobustBaseline:
         self.long_cur = list(long_cur[-self.long_bin_bins:])
         self.learned_seconds = learned_seconds
         self._stats = None
-        self._long_median = None
 
 
 @dataclass(slots=True)

@@ -72,16 +72,6 @@ def classify_values(bw: float | None, miss: float | None, miss_baseline: float |
     return out
 
 
-def throttle_active(throttle: Mapping[str, bool], cfg: RootCauseConfig) -> bool:
-    """Whether ``classify`` would flag thermal_throttle or power_throttle from these reasons."""
-    if throttle:
-        for reasons in (cfg.thermal_reasons, cfg.power_reasons):
-            for r in reasons:
-                if throttle.get(r):
-                    return True
-    return False
-
-
 def throttle_explains(throttle: Mapping[str, bool], clock_ratio: float | None, cfg: RootCauseConfig) -> bool:
     """Whether the active throttle reasons explain a loss of throughput (the state ``throttled``):
     a hardware / thermal slowdown reason, or a power reason with the compute clock at least

@@ -61,12 +61,6 @@ class LabelledSignals:
                    default=None)
         return self.names.get(best[1]) or None if best is not None else None
 
-    def active_clients(self, active_percent: float) -> int | None:
-        """Processes at or above ``active_percent``; None without per-process utilization."""
-        if self.processes is None:
-            return None
-        return sum(1 for v in self.processes.values() if v >= active_percent)
-
     def busy(self, active_percent: float) -> list[tuple[str, str]]:
         """The (gpu instance, pid) of every client at or above ``active_percent``."""
         if not self.processes:

@@ -50,7 +50,7 @@ from .amdgpu_card import (  # noqa: F401 - INT_FILES etc. stay importable from h
 )
 from .amdgpu_pcie_bw import PCIE_BW_FIELDS, PcieBw, PcieBwReaders, PcieBwThreads  # noqa: F401
 from .amdgpu_text import label_token, parse_dpm, parse_link_speed, parse_pcie_bw  # noqa: F401
-from .base import Abilities, Device, Sample, SourceBase, SourceUnavailable
+from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .options import AmdgpuOptions
 from .sysfs_util import KeptFiles, error_kind, fd_budget, on_sysfs, parse_int
@@ -282,8 +282,8 @@ class AmdgpuSysfsSource(SourceBase):
         return self._pcie.ready(timeout) if self._pcie is not None else True
 
     # -------------------------------------------------------------------------------- poll
-    def poll(self) -> Sample:
-        sample = Sample()
+    def poll(self) -> PollResult:
+        sample = PollResult()
         bw: dict[str, tuple[float, ...]] = {}
         if self._pcie is not None:
             bw_errors, bw = self._pcie.take()
@@ -309,14 +309,14 @@ class AmdgpuSysfsSource(SourceBase):
                         sample.add(key, fname, value)
         return sample
 
-    def poll_fast(self) -> Sample:
+    def poll_fast(self) -> PollResult:
         """Cheap signals for the contention indicators between full polls: the raw fields
         feeding a ``fast: true`` metric (the busy percentages, one small sysfs read each).
         Errors and lost cards are left to poll().  Without a mapping set there is nothing to go
         by: a full poll."""
         if self._fast_files is None or self._fast_table is None:
             return self.poll()
-        sample = Sample()
+        sample = PollResult()
         scratch: Counter[str] = Counter()
         for card in self._cards:
             key = card.device.key
@@ -334,7 +334,7 @@ class AmdgpuSysfsSource(SourceBase):
                 self._gpu_metrics(card, sample, scratch, self._fast_table)
         return sample
 
-    def _gpu_metrics(self, card: Card, sample: Sample, errors: Counter[str],
+    def _gpu_metrics(self, card: Card, sample: PollResult, errors: Counter[str],
                      wanted: frozenset[str] | None = None) -> None:
         """The table's readings: those ``wanted`` (a fast poll's), else those the mapping maps."""
         if not (card.has_gpu_metrics and self.options.gpu_metrics):
@@ -351,7 +351,7 @@ class AmdgpuSysfsSource(SourceBase):
         for raw, value, labels in rows:
             sample.add(key, raw, value, labels)
 
-    def _poll_card(self, card: Card, sample: Sample) -> None:
+    def _poll_card(self, card: Card, sample: PollResult) -> None:
         key, errors = card.device.key, sample.errors
         for fname, kind, path in card.plan:
             if kind == "int":

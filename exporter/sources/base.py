@@ -22,10 +22,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from ..model import Device, Labels, PollResult, Reading
 
-# the poll result's former name; the amdgpu sysfs readers still spell it this way
-Sample = PollResult
-
-__all__ = ["Abilities", "Device", "PollFailed", "PollResult", "Reading", "Sample", "Source", "SourceBase",
+__all__ = ["Abilities", "Device", "PollFailed", "PollResult", "Reading", "Source", "SourceBase",
            "SourceUnavailable", "abilities_of"]
 
 

@@ -2,7 +2,7 @@
 
 Every function returns ``None`` instead of raising.  A file that does not exist is the normal way
 the kernel says "not supported here" and is silent; every other failure is classified into one of
-the error kinds of ``Sample.errors`` and counted in the optional ``errors`` counter (pass
+the error kinds of ``PollResult.errors`` and counted in the optional ``errors`` counter (pass
 ``sample.errors`` directly).
 
     read_text(path, errors=None) -> str | None     stripped contents
