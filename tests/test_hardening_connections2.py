@@ -11,9 +11,9 @@ import subprocess
 import pytest
 from aiohttp import web
 
+from exporter.render.server_stats import STATS
 from exporter.serve import listeners
 from exporter.serve.listeners import SniffingTLSSite, guard_connections
-from exporter.serve.stats import STATS
 
 LOOPS = ["asyncio"]
 try:

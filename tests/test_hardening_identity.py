@@ -7,12 +7,12 @@ import gc
 import tracemalloc
 
 from exporter.indicators import IndicatorConfig
-from exporter.indicators.feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
 from exporter.map.mapper import STATE_TTL_POLLS, Mapper
 from exporter.map.mapping import MappingSet
 from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.map.store import SourceState, Store
 from exporter.render.exposition import Renderer
+from exporter.run.feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
 from exporter.sources.base import Device, PollResult
 
 FIELDS = ("utilization.gpu", "utilization.memory", "gpm.sm_occupancy", "gpm.sm_util", "gpm.dram_bw_util")

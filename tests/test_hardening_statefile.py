@@ -200,8 +200,8 @@ def _full_store(devices: int) -> BaselineStore:
 
 def test_state_file_limit_fits_a_real_file_and_no_more(tmp_path):
     from exporter.indicators.config import IndicatorConfig
-    from exporter.indicators.feed import MAX_BASELINE_DEVICES
     from exporter.run.baseline_file import state_bytes_limit
+    from exporter.run.feed import MAX_BASELINE_DEVICES
     limit = state_bytes_limit(IndicatorConfig(), MAX_BASELINE_DEVICES)
     assert limit < 8 << 20  # was 64 MiB: a few hundred MB of Python objects at start
     BaselineFile(tmp_path).save(_full_store(MAX_BASELINE_DEVICES))

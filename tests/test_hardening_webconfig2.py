@@ -15,9 +15,9 @@ import bcrypt
 import pytest
 from aiohttp import web
 
+from exporter.render.server_stats import STATS
 from exporter.serve.listeners import SniffingTLSSite, guard_connections
 from exporter.serve.server import make_app
-from exporter.serve.stats import STATS
 from exporter.serve.webconfig import WebConfig, WebConfigError, WebConfigWatcher, auth_middleware
 from tests.test_webconfig_tls import basic, client_ctx, tls_cfg, tls_files, write_cfg  # noqa: F401
 

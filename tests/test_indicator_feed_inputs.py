@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 from exporter.indicators import IndicatorConfig, IndicatorEngine
-from exporter.indicators.feed import ENGINE_INPUTS, IndicatorFeed
 from exporter.map.store import SourceState, Store
 from exporter.model import Device, identity_labels
+from exporter.run.feed import ENGINE_INPUTS, IndicatorFeed
 from exporter.testing import frames_of, load_mappings, samples
 
 DEVICES = [Device(key=f"k{i}", vendor="nvidia", index=str(i), mapping="nvml", uuid=f"GPU-{i}", model="H100 80GB HBM3")

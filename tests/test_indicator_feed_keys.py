@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from exporter.indicators import IndicatorConfig
-from exporter.indicators.feed import IndicatorFeed
 from exporter.indicators.series import SeriesIndex
 from exporter.map.store import SourceState, Store
 from exporter.model import Device, identity_labels
+from exporter.run.feed import IndicatorFeed
 from exporter.testing import frames_of, samples
 
 NAMES = ['say "hi"', "C:\\train\\run.py", 'both \\" and "\\', "plain"]

@@ -482,8 +482,8 @@ def test_one_poll_in_six_missing_a_tenant_at_a_5_s_poll_interval_does_not_flip_t
 
 
 def test_the_feed_hands_the_engine_the_interval_of_the_source_counting_the_clients():
-    from exporter.indicators.feed import IndicatorFeed
     from exporter.map.store import SourceState, Store
+    from exporter.run.feed import IndicatorFeed
 
     feed = IndicatorFeed(cfg(), None, 0.5)
     seen: list = []

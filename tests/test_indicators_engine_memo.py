@@ -67,7 +67,7 @@ def test_statistics_follow_the_window_bit_for_bit():
 
 
 def test_fed_only_the_series_it_reads_the_engine_says_the_same():
-    """USED_SERIES: a feed may hand the engine only these names (exporter/indicators/feed.py)."""
+    """USED_SERIES: a feed may hand the engine only these names (exporter/run/feed.py)."""
     from exporter.indicators import USED_SERIES
     from exporter.map.mapper import Mapper
     from exporter.map.store import SourceState, Store

@@ -24,7 +24,7 @@ from exporter.otlp.convert import Converter
 from exporter.otlp.docs import render as render_docs
 from exporter.otlp.naming import OtelMapping, check, load_mapping
 from exporter.otlp.pusher import Pusher
-from exporter.otlp.stats import PushStats
+from exporter.render.otlp_stats import PushStats
 from exporter.yamlfile import ConfigError
 from tests.conftest import REPO
 
@@ -332,7 +332,7 @@ def test_an_unchanged_reload_keeps_the_pusher(schema, mapping, tmp_path):
     """The same section (read again from the file), headers file, names and schema: the running
     pusher stays, with its start times and logged state; its resource follows the new config."""
     from exporter.otlp.hook import OtlpOutput
-    from exporter.otlp.stats import STATS
+    from exporter.render.otlp_stats import STATS
 
     headers = tmp_path / "h"
     headers.write_text("X-Tenant: a\n")

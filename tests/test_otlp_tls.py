@@ -21,7 +21,7 @@ from exporter.config import load_config  # noqa: E402
 from exporter.map.schema import load_schema  # noqa: E402
 from exporter.otlp.naming import load_mapping  # noqa: E402
 from exporter.otlp.pusher import Pusher  # noqa: E402
-from exporter.otlp.stats import PushStats  # noqa: E402
+from exporter.render.otlp_stats import PushStats  # noqa: E402
 from tests.e2e_util import ProcessSet, exporter, free_port, http_get, wait_until  # noqa: E402
 from tests.otlp_receiver import ConnectProxy, OtlpReceiver  # noqa: E402
 from tests.test_webconfig_tls import tls_files  # noqa: E402, F401 - the session fixture (openssl PKI)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.otlp.stats import HELP as OTLP_HELP
+from exporter.render.otlp_stats import HELP as OTLP_HELP
 from tests.conftest import REPO, require_binary
 from tests.promql_names import (
     PENDING_INDICATOR_NAMES,

@@ -6,9 +6,10 @@ here; the pusher's thread imports the SDK when the first push is due.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .stats import STATS
+from ..render.otlp_stats import STATS
 
 if TYPE_CHECKING:  # the mapping model and the pusher load only with the push enabled
     from ..map.schema import Schema
@@ -16,8 +17,9 @@ if TYPE_CHECKING:  # the mapping model and the pusher load only with the push en
 
 
 class OtlpOutput:
-    def __init__(self) -> None:
+    def __init__(self, after_warmup: Callable[[], None] | None = None) -> None:
         self.pusher: Any = None  # pusher.Pusher while enabled
+        self._after_warmup = after_warmup  # handed to each pusher (run/gctune.after_warmup)
 
     def configure(self, config: Any, schema: Schema, mapping: OtelMapping | None, cloud: Any = None) -> None:
         """Apply ``config.exporters.otlp`` with its names (``mappings/otel.yaml``, read and
@@ -41,7 +43,7 @@ class OtlpOutput:
         if self.pusher is not None and self.pusher.keeps(cfg, mapping, schema):
             self.pusher.set_resource(resource)  # an unchanged push carries on
             return
-        new = Pusher(cfg, mapping, schema, resource)
+        new = Pusher(cfg, mapping, schema, resource, after_warmup=self._after_warmup)
         self.close()
         self.pusher = new
 

@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 
 from ..map.schema import Schema
-from ..run import gctune
+from ..render.otlp_stats import STATS, PushStats
 from .config import OtlpConfig
 from .convert import Converter
 from .naming import OtelMapping
-from .stats import STATS, PushStats
 
 log = logging.getLogger("unified_gpu_exporter")
 SDK_LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk")
@@ -63,9 +62,13 @@ class _Reasons(logging.Handler):
 
 class Pusher:
     def __init__(self, cfg: OtlpConfig, mapping: OtelMapping, schema: Schema,
-                 resource: Callable[[tuple], dict[str, str]], stats: PushStats = STATS):
+                 resource: Callable[[tuple], dict[str, str]], stats: PushStats = STATS,
+                 after_warmup: Callable[[], None] | None = None):
         self.cfg, self.mapping, self.schema, self.stats = cfg, mapping, schema, stats
         self._resource = resource
+        # called once after the first push (the daemon's gc tuning: the SDK's modules and the
+        # first push's caches, built for good, leave the collector's generations)
+        self._after_warmup = after_warmup
         self._converter = Converter(mapping, schema)
         self._encoder = None  # encode.Encoder, made by the thread (it imports the protobuf modules)
         self._lock = threading.Lock()
@@ -141,8 +144,9 @@ class Pusher:
                     job, self._pending = self._pending, None
                 if job is not None:
                     self._push(sdk, exporter, *job)
-                    if not frozen:  # the SDK's modules and the first push's caches, built for good:
-                        gctune.after_warmup()  # out of the collector's generations (exporter/run/gctune.py)
+                    if not frozen:
+                        if self._after_warmup is not None:
+                            self._after_warmup()
                         frozen = True
                 if self._closing:
                     return

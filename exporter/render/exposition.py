@@ -19,10 +19,7 @@ from .. import __version__
 from ..map.schema import HISTOGRAM_SUFFIXES, Schema
 from ..map.store import Store
 from ..model import DeviceId, Frames, Labels, Sample
-from ..otlp import stats as otlp_stats
-from ..run import cpustats
-from ..serve import stats as server_stats
-from . import process_metrics
+from . import cpustats, otlp_stats, process_metrics, server_stats
 from .series_lines import DeviceLabels, SeriesLines
 from .seriesfilter import SeriesFilter
 from .textformat import Counts, Family, PrefixCache, body, write

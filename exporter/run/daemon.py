@@ -18,20 +18,21 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..enrich.cloud import CloudEnricher
-from ..indicators.feed import IndicatorFeed
 from ..map.mapping import MappingSet
 from ..map.schema import Schema
 from ..map.store import Store
 from ..model import Frames, Labels
 from ..otlp.hook import OtlpOutput
+from ..render import cpustats
 from ..render.exposition import Rendered, Renderer
 from ..render.render_cycle import pod_labels, present_only, snapshot
 from ..sources.base import abilities_of
 from ..sources.context import SourceContext
 from ..sources.registry import Collector
 from ..yamlfile import ConfigError
-from . import cpustats, gctune
+from . import gctune
 from .collector_policy import collector_options, enabled_collectors, interval_and_timeout
+from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
 from .reload_carry import carry_indicator_state, carry_mapper_state
@@ -77,7 +78,7 @@ class Daemon:
         self._reload_task: asyncio.Task | None = None
         self._reload_again = False
         self._load_worker = Worker("reload")
-        self.otlp = OtlpOutput()  # exporters.otlp: pushes the rendered cycles (exporter/otlp/)
+        self.otlp = OtlpOutput(gctune.after_warmup)  # exporters.otlp: pushes the rendered cycles (exporter/otlp/)
 
     # ---------------------------------------------------------------- loading
     def load(self) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..indicators.feed import IndicatorFeed
 from ..map.mapping import MappingSet
+from .feed import IndicatorFeed
 from .runner import SourceRunner
 
 

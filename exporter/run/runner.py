@@ -20,10 +20,10 @@ from ..map.mapper import Mapper
 from ..map.mapping import MappingSet
 from ..map.store import SourceState, Store
 from ..model import Frames
+from ..render import cpustats
 from ..sources.base import PollFailed, Source, SourceUnavailable, abilities_of
 from ..sources.context import SourceContext
 from ..sources.registry import Collector, create_source
-from . import cpustats
 from .collector_policy import missing_backend_state
 from .periodic import Ticker
 from .pipeline import Cycle, poll_and_map

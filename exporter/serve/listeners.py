@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .stats import STATS
+from ..render.server_stats import STATS
 
 log = logging.getLogger("unified_gpu_exporter")
 

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..stats import STATS
+from ...render.server_stats import STATS
 from .config import WebConfig
 from .model import _TLS_VERSIONS, WebConfigError
 from .tls import ReloadingTLS

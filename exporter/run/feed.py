@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ..indicators import USED_SERIES, IndicatorConfig, IndicatorEngine
+from ..indicators.baseline import BaselineStore
+from ..indicators.series import CLIENT_EVIDENCE, PROC_UTIL
 from ..map.store import SourceState, Store
 from ..model import DeviceId, Frames
-from ..run.baseline_file import BaselineFile, state_bytes_limit
-from . import USED_SERIES, IndicatorConfig, IndicatorEngine
-from .baseline import BaselineStore
-from .series import CLIENT_EVIDENCE, PROC_UTIL
+from .baseline_file import BaselineFile, state_bytes_limit
 
 log = logging.getLogger("unified_gpu_exporter")
 # the canonical series the engine reads (exporter/indicators/signals.py; tests check that feeding
