@@ -87,8 +87,9 @@ DEMO_ALERTS = {
 }
 NOT_IN_THE_DEMO = {
     "GPUCrossCloudPerformanceVariance": "needs the same workload on two clouds: `make fleet`",
-    "GPUContentionCostOverBudget": "needs a workload label (Kubernetes enrichment; the demo's GPUs run no pods) "
-                                   "and $100 a day lost to contention: the demo node loses a few dollars a day",
+    "GPUContentionCostOverBudget": "needs $100 a day lost to contention by one workload: the demo node loses about "
+                                   "$7 a day (its H100s; one loop at x20 lost $0.015), and its GPUs run no pods "
+                                   "(no workload label: Kubernetes enrichment)",
     "GPUExporterDown": "the demo's exporter answers its scrapes; deploy/prometheus/tests/absence.test.yml and "
                        "tests/test_fleet_faults.py kill one",
     "GPUExporterAbsent": "needs a node whose exporter target vanished (a node inventory); absence.test.yml",
