@@ -35,8 +35,13 @@ print-address:
 	@echo $(ADDRESS)
 
 ## make test: install (system packages too where possible) and run the whole suite.
+# Tests keep their artefacts (the landing page's screenshot, the demo's alert and panel report)
+# under ARTIFACTS_DIR; build/ is git-ignored, and CI keeps build/artifacts.
+ARTIFACTS_DIR ?= $(CURDIR)/build/artifacts
+
 test: install system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	mkdir -p "$(ARTIFACTS_DIR)"
+	ARTIFACTS_DIR="$(ARTIFACTS_DIR)" $(PY) -m pytest $(PYTEST_ARGS)
 
 ## make fleet: the reference fleet on this machine (deploy/fleet, docs/fleet.md): simulated nodes in
 ## four clusters on three clouds, Prometheus agents, VictoriaMetrics, vmalert, Alertmanager.
@@ -67,7 +72,8 @@ bench: install system-deps
 	$(PY) bench/run.py
 
 soak: install system-deps
-	SOAK=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)
+	mkdir -p "$(ARTIFACTS_DIR)"
+	SOAK=1 ARTIFACTS_DIR="$(ARTIFACTS_DIR)" $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -13,6 +13,7 @@ from . import __version__
 from .config import parse_duration
 from .logs import setup_logging
 from .run import gctune
+from .run.argparsing import OneLineErrorParser
 from .run.baseline_file import check_state_dir
 from .run.daemon import Daemon
 from .run.settings import Settings
@@ -59,25 +60,8 @@ def default_state_dir() -> Path | None:
     return Path(first) if first else None
 
 
-class _Parser(argparse.ArgumentParser):
-    """Flag errors in one line plus a hint (the closest flag, or --help), not the whole usage."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        import difflib
-
-        hint = f"see {self.prog} --help"
-        if message.startswith("unrecognized arguments: "):
-            flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
-            for arg in message.split(": ", 1)[1].split():
-                close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1)
-                if close:
-                    hint = f"did you mean {close[0]}? ({hint})"
-                    break
-        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: {hint}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineErrorParser(
         prog="unified-gpu-exporter",
         description="Prometheus exporter for NVIDIA, AMD and Intel GPUs with one canonical schema.",
         epilog="subcommand:\n  unified-gpu-exporter import FILE... [--format text|json]\n"
@@ -278,7 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         from .importers.cli import main as import_main
 
         return _quiet_broken_pipe(lambda: import_main(argv[1:]))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.simulate is None:  # a real node would silently ignore them
+        given = [flag for flag, value in (("--simulate.phase", args.simulate_phase),
+                                          ("--simulate.host", args.simulate_host)) if value is not None]
+        if given:
+            parser.error(f"{' and '.join(given)} without --simulate: only the simulated node has phases "
+                         f"and a simulated host name", hint=f"add --simulate, e.g. --simulate {given[0]} "
+                         f"{args.simulate_phase if given[0] == '--simulate.phase' else args.simulate_host}")
     setup_logging(args.log_level, args.log_format)
     daemon = Daemon(settings_from(args))
     try:

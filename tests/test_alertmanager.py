@@ -21,6 +21,9 @@ RECEIVER_BASE = "http://alert-receiver.example:9095"
 ROUTES = [
     ({"alertname": "GPUMemoryContention", "category": "memory_contention", "severity": "warning",
       "cloud": "aws", "instance": "n:9632", "gpu": "0"}, ["platform-team"]),
+    # one page per node: no gpu or vendor label (rules/unified-gpu-exporter.alerts.yml)
+    ({"alertname": "GPUMemoryContentionFraction", "category": "memory_contention", "severity": "critical",
+      "cloud": "aws", "instance": "n:9632", "job": "unified-gpu-exporter", "node": "n"}, ["platform-team"]),
     ({"alertname": "GPUArbitrationStallsHigh", "category": "memory_contention", "severity": "warning",
       "cloud": "gcp"}, ["platform-team"]),
     ({"alertname": "GPUBaselineDeviation", "category": "cloud", "severity": "warning", "cloud": "aws"},
@@ -69,7 +72,7 @@ def test_amtool_check_config_passes():
     result = _amtool("check-config", str(CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "1 inhibit rules" in result.stdout
+    assert "2 inhibit rules" in result.stdout
 
 
 @pytest.mark.parametrize("labels,receivers", ROUTES, ids=lambda v: ",".join(v) if isinstance(v, list) else None)
@@ -97,10 +100,14 @@ def test_every_category_our_alerts_use_has_a_route():
 
 
 def test_inhibition_mutes_only_the_down_sources_vendor_on_its_instance():
-    rule, = yaml.safe_load(CONFIG.read_text())["inhibit_rules"]
-    assert rule["source_matchers"] == ['alertname="GPUExporterSourceDown"', 'vendor=~".+"']
-    assert rule["target_matchers"] == ['gpu=~".+"']
-    assert rule["equal"] == ["instance", "vendor"]
+    per_gpu, per_node = yaml.safe_load(CONFIG.read_text())["inhibit_rules"]
+    assert per_gpu["source_matchers"] == ['alertname="GPUExporterSourceDown"', 'vendor=~".+"']
+    assert per_gpu["target_matchers"] == ['gpu=~".+"']
+    assert per_gpu["equal"] == ["instance", "vendor"]
+    # the node's contention page has no vendor or gpu label: muted on the instance
+    assert per_node["source_matchers"] == per_gpu["source_matchers"]
+    assert per_node["target_matchers"] == ['alertname="GPUMemoryContentionFraction"']
+    assert per_node["equal"] == ["instance"]
 
 
 def test_every_webhook_shares_the_replaceable_base_url():
@@ -169,17 +176,25 @@ def test_real_alertmanager_inhibits_gpu_alerts_of_the_instance_whose_source_is_d
               instance="node-b:9632", vendor="nvidia", gpu="0", uuid="GPU-b0"),
         alert(alertname="GPUBaselineDeviation", category="cloud", severity="warning", cloud="gcp",
               instance="node-a:9632", vendor="nvidia", gpu="1", uuid="GPU-a1", model="A100"),
+        # the node's contention page (one per node, no vendor or gpu label)
+        alert(alertname="GPUMemoryContentionFraction", category="memory_contention", severity="critical",
+              instance="node-a:9632", node="node-a"),
+        alert(alertname="GPUMemoryContentionFraction", category="memory_contention", severity="critical",
+              instance="node-b:9632", node="node-b"),
     ])
     deadline = time.monotonic() + 10
     while True:
         alerts = _http(f"{alertmanager}/api/v2/alerts")
         state = {(a["labels"]["alertname"], a["labels"]["instance"]): a for a in alerts}
-        if len(state) == 4 and state[("GPUMemoryContention", "node-a:9632")]["status"]["inhibitedBy"]:
+        if len(state) == 6 and all(state[(name, "node-a:9632")]["status"]["inhibitedBy"] for name in
+                                   ("GPUMemoryContention", "GPUMemoryContentionFraction")):
             break
         assert time.monotonic() < deadline, json.dumps(alerts, indent=1)
         time.sleep(0.2)
     assert state[("GPUMemoryContention", "node-a:9632")]["status"]["state"] == "suppressed"
     assert state[("GPUBaselineDeviation", "node-a:9632")]["status"]["state"] == "suppressed"
+    assert state[("GPUMemoryContentionFraction", "node-a:9632")]["status"]["state"] == "suppressed"
+    assert state[("GPUMemoryContentionFraction", "node-b:9632")]["status"]["state"] == "active"
     assert state[("GPUMemoryContention", "node-b:9632")]["status"]["state"] == "active"
     assert state[("GPUExporterSourceDown", "node-a:9632")]["status"]["state"] == "active"
     receivers = {k: [r["name"] for r in a["receivers"]] for k, a in state.items()}
@@ -203,13 +218,19 @@ def test_real_alertmanager_a_down_source_never_mutes_another_vendors_gpus(alertm
               instance="node-m:9632", vendor="nvidia", gpu="0", uuid="GPU-m0"),
         alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
               instance="node-m:9632", vendor="amd", gpu="0", uuid="amd-m0"),
+        # a node whose only down source is vendor-less keeps its contention page
+        alert(alertname="GPUExporterSourceDown", category="exporter", severity="warning",
+              instance="node-u:9632", source="upstream"),
+        alert(alertname="GPUMemoryContentionFraction", category="memory_contention", severity="critical",
+              instance="node-u:9632", node="node-u"),
     ])
     deadline = time.monotonic() + 10
     while True:
         alerts = _http(f"{alertmanager}/api/v2/alerts")
-        state = {(a["labels"]["alertname"], a["labels"].get("vendor", a["labels"].get("source"))): a
-                 for a in alerts}
-        if len(state) == 4 and state[("GPUMemoryContention", "amd")]["status"]["inhibitedBy"]:
+        state = {(a["labels"]["alertname"], a["labels"].get("vendor", a["labels"].get("source")),
+                  a["labels"]["instance"]): a for a in alerts}
+        state = {k[:2] if k[2] == "node-m:9632" else k: a for k, a in state.items()}
+        if len(state) == 6 and state[("GPUMemoryContention", "amd")]["status"]["inhibitedBy"]:
             break
         assert time.monotonic() < deadline, json.dumps(alerts, indent=1)
         time.sleep(0.2)
@@ -217,3 +238,5 @@ def test_real_alertmanager_a_down_source_never_mutes_another_vendors_gpus(alertm
     assert state[("GPUMemoryContention", "nvidia")]["status"]["state"] == "active"
     assert state[("GPUMemoryContention", "nvidia")]["status"]["inhibitedBy"] == []
     assert [r["name"] for r in state[("GPUMemoryContention", "nvidia")]["receivers"]] == ["platform-team"]
+    fraction = state[("GPUMemoryContentionFraction", None, "node-u:9632")]
+    assert fraction["status"]["state"] == "active" and fraction["status"]["inhibitedBy"] == []

@@ -79,17 +79,37 @@ def test_help_lists_the_no_collector_form_and_every_flag_has_help():
     assert undocumented == []
 
 
+def test_every_flag_and_argument_of_import_has_help():
+    from exporter.importers.cli import build_parser as import_parser
+
+    result = run_cli("import", "--help")
+    assert result.returncode == 0
+    actions = import_parser()._actions
+    for flag in ("--format", "--trace-id", "--top-kernels", "--path.mappings", "--max-file-bytes"):
+        assert flag in result.stdout, flag
+    undocumented = [a.option_strings or a.metavar for a in actions if not a.help]
+    assert undocumented == []
+
+
 @pytest.mark.parametrize(("args", "hint"), [
     (["--colector.nvml"], "did you mean --collector.nvml?"),
     (["--poll.interval", "soon"], "see unified-gpu-exporter --help"),
     (["--log.level", "loud"], "see unified-gpu-exporter --help"),
+    # without --simulate a real node would ignore them (`make run ARGS="--simulate.phase X"`)
+    (["--simulate.phase", "thermal_throttle", "--check-config"],
+     "add --simulate, e.g. --simulate --simulate.phase thermal_throttle"),
+    (["--simulate.host", "node-b", "--check-config"], "add --simulate, e.g. --simulate --simulate.host node-b"),
+    (["import", "--formt", "json", "x.csv"], "did you mean --format?"),
+    (["import", "--top-kernels", "many", "x.csv"], "see unified-gpu-exporter import --help"),
+    (["import"], "see unified-gpu-exporter import --help"),
 ])
 def test_a_flag_error_is_one_line_and_a_hint_not_the_usage(args, hint):
     result = run_cli(*args)
+    prog = "unified-gpu-exporter import" if args[0] == "import" else "unified-gpu-exporter"
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 2, result.stderr
-    assert lines[0].startswith("unified-gpu-exporter: error: ") and hint in lines[1]
+    assert lines[0].startswith(f"{prog}: error: ") and hint in lines[1], result.stderr
     assert "usage:" not in result.stderr
 
 # -------------------------------------------------------------------------- --check-config

@@ -227,3 +227,10 @@ def test_query_validation_can_fail(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"record": "a:b:c", "expr": bad}]}]}))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
+
+
+def test_every_dashboard_has_the_schema_version_the_readme_names():
+    """README: "the JSON model of Grafana 10.4 (`schemaVersion` 39)"."""
+    named = re.search(r"JSON model of Grafana [\d.]+ \(`schemaVersion` (\d+)\)", (REPO / "README.md").read_text())
+    assert named, "README no longer names the dashboards' schema version"
+    assert {name: d["schemaVersion"] for name, d in DASHBOARDS.items()} == dict.fromkeys(DASHBOARDS, int(named[1]))

@@ -1,8 +1,9 @@
 """The demo as a newcomer runs it (`make run` on a machine without GPUs), against a real
 Prometheus with the shipped rules and a node_exporter, one full loop of its phases:
 
-* each alert the demo is built to show fires, in its phase (``DEMO_ALERTS``); no other alert fires
-  (``NOT_IN_THE_DEMO`` says why each of the others cannot);
+* each alert the demo is built to show fires once, in its phase, and resolves by the time its rule
+  allows after the phase (``DEMO_ALERTS``); no other alert fires (``NOT_IN_THE_DEMO`` says why each
+  of the others cannot);
 * every dashboard panel's query finds data at some point of the loop, or has its documented
   reason (``PANELS_WITHOUT_DATA``); the table is written next to the test's artefacts.
 
@@ -11,7 +12,7 @@ duration of the rules (``for:``, ``keep_firing_for:``, ranges, offsets) is divid
 the test's copy, and the node-side windows (baseline bins, persistence, reference bins) by the
 same factor in the exporter's configuration.  The real ``for:`` durations are covered by the
 promtool unit tests (deploy/prometheus/tests); ``test_demo_at_real_speed`` (``-m soak``) runs the
-uncompressed 50-minute loop and reports the time from start to each alert.
+uncompressed 66-minute loop and reports the time from start to each alert.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import shutil
 import time
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -43,31 +45,51 @@ from tests.test_soak import soak_only
 PROM_DIR = REPO / "deploy" / "prometheus"
 SPEED = float(os.environ.get("DEMO_SPEED", "20"))
 
-# alert -> the demo phase it fires in (mappings/scenarios/demo.yaml)
+LAG = 90.0  # scrape, evaluation and polling lag, in demo seconds
+
+
+@dataclass(frozen=True)
+class Shown:
+    """Where an alert of the demo fires and by when it is resolved (demo seconds)."""
+
+    phase: str  # fires in this phase: from its start to LAG after its end
+    # resolved by: the start or end of this phase (default: `phase`'s end) plus `clears` (the
+    # rule's windows and keep_firing_for), plus LAG
+    clears: float = 0.0
+    until: str | None = None
+    edge: str = "end"
+
+
+# alert -> where it fires in the demo (mappings/scenarios/demo.yaml) and why it resolves when
 DEMO_ALERTS = {
-    "GPUMemoryContentionFraction": "bandwidth_saturation",
-    "GPUMemoryContention": "bandwidth_saturation",
-    "GPUArbitrationStallsHigh": "memory_pressure",
-    "GPUThrottling": "thermal_throttle",
-    "GPUTemperatureHigh": "thermal_throttle",
-    "GPUOwnBaselineDeviation": "degraded",
-    "GPUBandwidthDropUnderLoad": "degraded",
-    "GPUXidErrors": "hardware_fault",
-    "GPUXidCritical": "hardware_fault",
-    "GPUEccUncorrectable": "hardware_fault",
-    "GPURowRemapFailure": "hardware_fault",
-    "GPUPcieLinkDegraded": "hardware_fault",
+    # contention lasts through memory_pressure; rate over 5m, then keep_firing_for 10m
+    "GPUMemoryContentionFraction": Shown("bandwidth_saturation", 15 * 60, until="memory_pressure"),
+    "GPUMemoryContention": Shown("bandwidth_saturation", 5 * 60, until="memory_pressure"),  # keep_firing_for
+    "GPUArbitrationStallsHigh": Shown("memory_pressure"),
+    "GPUThrottling": Shown("thermal_throttle", 60),  # max_over_time over 1m
+    "GPUTemperatureHigh": Shown("thermal_throttle"),
+    "GPUExporterSourceDown": Shown("driver_failure"),
+    # node-side compare window, then keep_firing_for 15m; the H100 lost right after the phase
+    # clears its flag only once it is back
+    "GPUOwnBaselineDeviation": Shown("degraded", 16 * 60, until="gpu_lost"),
+    "GPUBandwidthDropUnderLoad": Shown("degraded"),
+    "GPUBaselineDeviation": Shown("degraded"),
+    "GPUDeviceLost": Shown("gpu_lost"),
+    # events at the phase's start; `increase(...[10m])` / a new series for 10 minutes
+    "GPUXidErrors": Shown("hardware_fault", 10 * 60, edge="start"),
+    "GPUXidCritical": Shown("hardware_fault", 10 * 60, edge="start"),
+    "GPUEccUncorrectable": Shown("hardware_fault", 10 * 60, edge="start"),
+    "GPURowRemapFailure": Shown("hardware_fault"),
+    "GPUPcieLinkDegraded": Shown("hardware_fault"),
+    # the Intel GPU's job (degraded to hardware_fault): unknown more than half of 30 minutes, for
+    # 10 minutes; resolved when the job ends
+    "GPUContentionNotEvaluable": Shown("hardware_fault"),
 }
 NOT_IN_THE_DEMO = {
-    "GPUBaselineDeviation": "compares a GPU with the 7-day baseline of its model across the fleet "
-                            "(15 minutes ago): one demo node for 50 minutes has no such baseline; "
-                            "`make fleet` and deploy/prometheus/tests/alerts.test.yml show it",
     "GPUCrossCloudPerformanceVariance": "needs the same workload on two clouds: `make fleet`",
-    "GPUExporterSourceDown": "the simulator is the demo's only source and does not fail; "
-                             "tests/test_alertmanager.py and the promtool cases show it",
-    "GPUContentionNotEvaluable": "every demo GPU has a compute or per-process signal (30-minute window)",
-    "GPUContentionCostOverBudget": "needs a workload label (Kubernetes enrichment) and $100 a day lost",
-    "GPUDeviceLost": "no simulated GPU disappears; tests/test_reliability_faults.py and health.test.yml",
+    "GPUContentionCostOverBudget": "needs $100 a day lost to contention by one workload: the demo node loses about "
+                                   "$7 a day (its H100s; one loop at x20 lost $0.015), and its GPUs run no pods "
+                                   "(no workload label: Kubernetes enrichment)",
     "GPUExporterDown": "the demo's exporter answers its scrapes; deploy/prometheus/tests/absence.test.yml and "
                        "tests/test_fleet_faults.py kill one",
     "GPUExporterAbsent": "needs a node whose exporter target vanished (a node inventory); absence.test.yml",
@@ -159,13 +181,29 @@ class DemoRun:
         (prom_dir / "e2e-targets" / "exporter.json").write_text(json.dumps([{"targets": [self.exporter.address]}]))
         self.first_firing: dict[str, float] = {}
         self.resolved: dict[str, float] = {}
-        self.pending_flips: dict[str, int] = {}
+        self.episodes: dict[str, int] = {}  # times an alert went from not firing to firing
+        self.pending_flips: dict[str, list[float]] = {}  # when an alert went pending and back
 
     def demo_seconds(self, t: float) -> float:
         return t * self.factor
 
     def phase_at(self, t: float) -> str:
         return self.scenario.phase_at(self.demo_seconds(t))[0].name
+
+    def phase_span(self, name: str) -> tuple[float, float]:
+        """(start, end) of a phase in the first loop, demo seconds."""
+        start = 0.0
+        for p in self.scenario.phases:
+            if p.name == name:
+                return start, start + p.duration
+            start += p.duration
+        raise KeyError(name)
+
+    def watch_seconds(self) -> float:
+        """Real seconds to watch: one loop and the time its last alerts take to resolve."""
+        latest = max(self.phase_span(a.until or a.phase)[0 if a.edge == "start" else 1] + a.clears
+                     for a in DEMO_ALERTS.values())
+        return (max(self.loop, latest) + 2 * LAG) / self.factor
 
     def watch(self, seconds: float) -> None:
         firing_before: set[str] = set()
@@ -178,10 +216,11 @@ class DemoRun:
             pending = {a["labels"]["alertname"] for a in alerts if a["state"] == "pending"}
             for name in firing - firing_before:
                 self.first_firing.setdefault(name, t)
+                self.episodes[name] = self.episodes.get(name, 0) + 1
             for name in firing_before - firing:
                 self.resolved.setdefault(name, t)
             for name in pending_before - pending - firing:  # pending, then neither: a flap
-                self.pending_flips[name] = self.pending_flips.get(name, 0) + 1
+                self.pending_flips.setdefault(name, []).append(t)
             firing_before, pending_before = firing, pending
             time.sleep(max(0.2, 1.0 / self.factor))
 
@@ -229,18 +268,48 @@ def _artefact_dir(tmp: Path) -> Path:
     return path
 
 
+def _clock(demo_seconds: float) -> str:
+    return f"{int(demo_seconds // 60)}:{int(demo_seconds % 60):02d}"
+
+
+_QUERY_WHERE = re.compile(r"^(?P<dash>[^:]+\.json): (?P<panel>.*) \[(?P<ref>[A-Z]+)\]$")
+
+
+def panel_tables(panels: list[tuple[str, bool, str]]) -> tuple[list[str], list[str]]:
+    """The two tables of docs/demo.md from per-query results (where, has data, documented
+    reason): one row per panel (data yes, no or partly; the reasons of its queries without data),
+    one per dashboard variable or annotation."""
+    by_panel: dict[tuple[str, str], list[tuple[str, bool, str]]] = {}
+    others = []
+    for where, ok, why in panels:
+        m = _QUERY_WHERE.match(where)
+        if m:
+            by_panel.setdefault((m["dash"], m["panel"]), []).append((m["ref"], ok, why))
+        else:
+            others.append(f"| {where} | {'yes' if ok else 'no'} | {'' if ok else why} |")
+    rows = []
+    for (dash, panel), queries in by_panel.items():
+        data = "yes" if all(ok for _, ok, _ in queries) else "no" if not any(ok for _, ok, _ in queries) else "partly"
+        why = "; ".join(f"[{ref}] {reason}" for ref, ok, reason in queries if not ok)
+        rows.append(f"| {dash} | {panel} | {data} | {why} |")
+    return rows, others
+
+
 def _report(run: DemoRun, panels: list[tuple[str, bool, str]], out: Path) -> str:
-    lines = [f"demo loop at speed x{run.factor:g} ({run.loop / 60:.0f} demo minutes)",
-             "", "| alert | phase | first firing, s since start (demo s) | resolved (demo s) |",
-             "|---|---|---|---|"]
+    lines = [f"demo loop at speed x{run.factor:g} ({run.loop / 60:.0f} demo minutes); times are demo "
+             f"minutes:seconds since the exporter answered (seconds of this run x {run.factor:g})",
+             "", "| alert | phase (starts at) | firing after | resolved after | episodes |", "|---|---|---|---|---|"]
     for name in sorted(run.first_firing, key=run.first_firing.get):
         t = run.first_firing[name]
         res = run.resolved.get(name)
-        lines.append(f"| {name} | {run.phase_at(t)} | {t:.0f} ({run.demo_seconds(t):.0f}) | "
-                     f"{'' if res is None else f'{res:.0f} ({run.demo_seconds(res):.0f})'} |")
-    lines += ["", f"pending flaps: {run.pending_flips or 'none'}", "",
-              "| panel | data | reason when none |", "|---|---|---|"]
-    lines += [f"| {w} | {'yes' if ok else 'NO'} | {why} |" for w, ok, why in panels]
+        phase = run.phase_at(t)
+        lines.append(f"| {name} | {phase} ({_clock(run.phase_span(phase)[0])}) | {_clock(run.demo_seconds(t))} | "
+                     f"{'' if res is None else _clock(run.demo_seconds(res))} | {run.episodes.get(name, 0)} |")
+    rows, others = panel_tables(panels)
+    flaps = {n: [_clock(run.demo_seconds(t)) for t in ts] for n, ts in run.pending_flips.items()}
+    lines += ["", f"pending flaps (pending, then resolved without firing), demo time: {flaps or 'none'}", "",
+              "| dashboard | panel | data | why not (queries without data) |", "|---|---|---|---|", *rows,
+              "", "| dashboard: variable or annotation | values | why not |", "|---|---|---|", *others]
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     print(f"demo report: {out}")
@@ -248,23 +317,30 @@ def _report(run: DemoRun, panels: list[tuple[str, bool, str]], out: Path) -> str
 
 
 def _check(run: DemoRun, panels: list[tuple[str, bool, str]]) -> None:
-    misplaced = {}
-    for name, phase in DEMO_ALERTS.items():
+    misplaced, unresolved = {}, {}
+    for name, shown in DEMO_ALERTS.items():
         t = run.first_firing.get(name)
         if t is None:
             misplaced[name] = "never fired"
             continue
-        demo_t = run.demo_seconds(t) % run.loop
-        begin = sum(p.duration for p in run.scenario.phases[:[p.name for p in run.scenario.phases].index(phase)])
-        end = begin + run.scenario.phase(phase).duration
-        # scrape, evaluation and polling lag: up to 90 demo seconds into the next phase
-        if not begin <= demo_t <= end + 90:
+        demo_t = run.demo_seconds(t)
+        begin, end = run.phase_span(shown.phase)
+        if not begin <= demo_t <= end + LAG:
             misplaced[name] = f"fired at demo second {demo_t:.0f} ({run.phase_at(t)}); its phase: {begin:.0f}-{end:.0f}"
+        res = run.resolved.get(name)
+        by = run.phase_span(shown.until or shown.phase)[0 if shown.edge == "start" else 1] + shown.clears + LAG
+        if res is None or run.demo_seconds(res) > by:
+            unresolved[name] = (f"resolved at demo second {run.demo_seconds(res):.0f}" if res is not None
+                                else "never resolved") + f", due by {by:.0f}"
     assert misplaced == {}, misplaced
+    assert unresolved == {}, unresolved
+    # one episode per loop: no resolve and re-fire
+    assert {n: c for n, c in run.episodes.items() if c != 1} == {}, run.episodes
     extra = set(run.first_firing) - set(DEMO_ALERTS)
     assert extra == set(), {n: NOT_IN_THE_DEMO.get(n, "not expected") for n in extra}
     # an alert the demo fires goes pending once per episode, never pending-and-back
-    assert {n: c for n, c in run.pending_flips.items() if n in DEMO_ALERTS} == {}, run.pending_flips
+    flaps = {n: [round(run.demo_seconds(t)) for t in ts] for n, ts in run.pending_flips.items() if n in DEMO_ALERTS}
+    assert flaps == {}, f"pending and back at demo second: {flaps}"
     undocumented = [w for w, ok, why in panels if not ok and not why]
     assert undocumented == [], "panels without data and without a documented reason:\n" + "\n".join(undocumented)
     maybe = set(PANELS_MAYBE_WITHOUT_DATA.values())
@@ -279,6 +355,27 @@ def test_every_alert_not_in_the_demo_is_a_shipped_alert_with_a_reason():
     assert not set(DEMO_ALERTS) & set(NOT_IN_THE_DEMO)
 
 
+def _doc_table(header: str) -> list[str]:
+    text = (REPO / "docs" / "demo.md").read_text()
+    m = re.search(re.escape(header) + r"\n\|[-|]+\|\n((?:\|.*\n)+)", text)
+    assert m, f"docs/demo.md lost its table {header!r}"
+    return [line.rstrip() for line in m.group(1).splitlines()]
+
+
+def test_docs_demo_panel_tables_name_every_panel_with_its_documented_reasons():
+    """docs/demo.md names exactly the dashboards' panels, variables and annotations, and says "no"
+    (or "partly") exactly where a query has a documented reason to stay empty in the demo (the
+    compressed run checks that those are the only empty ones)."""
+    predicted = [(where, not _reason(query) or _reason(query) in PANELS_MAYBE_WITHOUT_DATA.values(),
+                  _reason(query) or "") for where, query in _dashboard_queries()]
+    rows, others = panel_tables(predicted)
+    squash = lambda lines: [re.sub(r"\s+", " ", line.replace("| |", "|  |")) for line in lines]  # noqa: E731
+    assert squash(_doc_table("| dashboard | panel | data | why not (queries without data) |")) == squash(rows)
+    assert squash(_doc_table("| dashboard: variable or annotation | values | why not |")) == squash(others)
+    count = re.search(r"(\d+) panels on the four dashboards", (REPO / "docs" / "demo.md").read_text())
+    assert count and int(count.group(1)) == len(rows)
+
+
 def test_compress_divides_every_rule_duration():
     text = "        for: 5m\n        keep_firing_for: 10m\n    interval: 1m\n" \
            "        expr: rate(x[5m]) / (y offset 15m) + max_over_time(z[1h:1m])\n"
@@ -287,11 +384,12 @@ def test_compress_divides_every_rule_duration():
                                   "max_over_time(z[240000ms:4000ms])\n")
 
 
-def test_demo_fires_each_alert_in_its_phase_and_fills_every_panel(tmp_path):
-    """One compressed loop (50 demo minutes in 50/SPEED minutes)."""
+def test_demo_fires_and_resolves_each_alert_in_its_phase_and_fills_every_panel(tmp_path):
+    """One compressed loop (66 demo minutes in 66/SPEED minutes) and the minutes its last alerts
+    take to resolve."""
     with ProcessSet() as procs:
         run = DemoRun(tmp_path, SPEED, procs)
-        run.watch(run.loop / SPEED + 15)
+        run.watch(run.watch_seconds())
         panels = run.panel_table()
     _report(run, panels, _artefact_dir(tmp_path) / "demo-report.md")
     _check(run, panels)
@@ -299,10 +397,10 @@ def test_demo_fires_each_alert_in_its_phase_and_fills_every_panel(tmp_path):
 
 @soak_only
 def test_demo_at_real_speed(tmp_path):
-    """The uncompressed loop (about 55 minutes): the times a newcomer sees after `make run`."""
+    """The uncompressed loop (about 70 minutes): the times a newcomer sees after `make run`."""
     with ProcessSet() as procs:
         run = DemoRun(tmp_path, 1, procs)
-        run.watch(run.loop + 300)
+        run.watch(run.watch_seconds())
         panels = run.panel_table()
     _report(run, panels, _artefact_dir(tmp_path) / "demo-report-real-speed.md")
     _check(run, panels)

@@ -248,6 +248,23 @@ def test_clean_signal_is_not_flagged():
     assert one(out, "gpu_metric_heavy_tail", metric="bandwidth") == 0.0
 
 
+def test_heavy_tail_flag_needs_a_busy_gpu():
+    """An idle GPU's noise (0 % with 2 % blips: CoV above 2, a tail with no body) has the heavy-tail
+    shape without meaning anything: the flag stays 0 while the GPU is idle, is raised once the same
+    shape comes from a busy GPU, and drops at once when the GPU goes idle again (issue 27)."""
+    engine = TextEngine(cfg(variability={"recompute_seconds": 5.0}), None, POLL)
+    t, out = run(engine, 0.0, 60.0, lambda i: {"gpu_compute_utilization_percent": 2.0 if i % 20 < 3 else 0.0})
+    assert one(out, "gpu_memory_state", state="idle") == 1.0
+    assert one(out, "gpu_metric_cov", metric="utilization") > 2.0
+    assert one(out, "gpu_metric_heavy_tail", metric="utilization") == 0.0
+    t, out = run(engine, t, 60.0, lambda i: {"gpu_compute_utilization_percent": 25.0 if i % 20 < 3 else 10.0})
+    assert one(out, "gpu_memory_state", state="idle") == 0.0
+    assert one(out, "gpu_metric_heavy_tail", metric="utilization") == 1.0
+    # idle again: within one poll, not at the next recompute 5 s later
+    out = engine.update(t + POLL, {DEV: {"gpu_compute_utilization_percent": 0.0}})
+    assert one(out, "gpu_metric_heavy_tail", metric="utilization") == 0.0
+
+
 def test_statistics_are_recomputed_at_the_configured_cadence():
     engine = TextEngine(cfg(variability={"recompute_seconds": 1.0}), None, POLL)
     run(engine, 0.0, 2.0, {"gpu_compute_utilization_percent": 50.0})

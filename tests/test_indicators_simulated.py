@@ -109,10 +109,15 @@ def test_contention_phases_raise_memory_contention_on_occupancy(phase):
     ("memory_pressure", "contended"), ("thermal_throttle", "throttled"),
 ])
 def test_every_vendor_reads_the_phase_state(phase, expected):
-    """NVIDIA (occupancy + NVML processes), AMD and Intel (no occupancy; DRM fdinfo clients)."""
+    """NVIDIA (occupancy + NVML processes) and AMD (no occupancy; DRM fdinfo clients); the demo's
+    Intel GPU is a spare, idle, until the degraded phase (Intel with DRM fdinfo clients: the
+    detection scenario, tests/test_detection_scenarios.py)."""
     last = run_phase(phase)
     assert {d[0] for d in last} == {"nvidia", "amd", "intel"}
     for device, out in last.items():
+        if device[0] == "intel":
+            assert value(out, "gpu_memory_state", state="idle") == 1.0, (device, out)
+            continue
         assert value(out, "gpu_memory_state", state=expected) == 1.0, (device, out)
         contention = [v for n, _, v in out if n == "gpu_memory_contention"]
         assert contention == [1.0 if expected == "contended" else 0.0], device
@@ -142,3 +147,13 @@ def test_the_simulated_fast_poll_gives_only_the_indicator_inputs_and_leaves_coun
     clock.now += 0.5
     poll_and_map(source.poll, store, state, mapper, now=clock.now)
     assert dict(next(iter(source._states)).counters) != counters  # the full poll still integrates
+
+
+@pytest.mark.parametrize("phase", ["degraded", "gpu_lost", "hardware_fault"])
+def test_the_busy_intel_gpu_without_bandwidth_or_evidence_cannot_be_evaluated(phase):
+    """The demo's Intel GPU reports no memory bandwidth and has no co-tenancy evidence: busy, it
+    reads unknown (no_bandwidth_signal), the input of GPUContentionNotEvaluable."""
+    (out,) = [out for d, out in run_phase(phase).items() if d[0] == "intel"]
+    assert value(out, "gpu_memory_state", state="unknown") == 1.0
+    assert value(out, "gpu_memory_state_info", state="unknown", reason="no_bandwidth_signal") == 1.0
+    assert not [n for n, _, _ in out if n == "gpu_memory_contention"]

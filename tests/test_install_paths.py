@@ -256,3 +256,17 @@ def test_help_names_the_import_subcommand():
     out = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True,
                          timeout=60, cwd=REPO).stdout
     assert "unified-gpu-exporter import FILE" in out
+
+
+def test_make_test_keeps_the_artefacts_under_build(tmp_path):
+    """The landing page's screenshot and the demo's report land in build/artifacts (git-ignored,
+    kept by CI) unless ARTIFACTS_DIR says elsewhere."""
+    make = require_binary("make", "make")
+
+    def dry_run(*extra: str) -> str:
+        return subprocess.run([make, "-n", "-s", "test", *extra], cwd=REPO, capture_output=True, text=True,
+                              timeout=60).stdout
+
+    assert f'ARTIFACTS_DIR="{REPO}/build/artifacts" ' in dry_run()
+    assert f'ARTIFACTS_DIR="{tmp_path}" ' in dry_run(f"ARTIFACTS_DIR={tmp_path}")
+    assert "build/" in (REPO / ".gitignore").read_text().splitlines()

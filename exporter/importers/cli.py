@@ -22,6 +22,7 @@ from ..map.schema import default_mappings_dir, load_schema
 from ..map.store import SourceState, Store
 from ..model import PollResult, identity_labels
 from ..render.exposition import Renderer
+from ..run.argparsing import OneLineErrorParser
 from ..yamlfile import ConfigError
 from .detect import MAX_BYTES, valid_trace_id
 from .isolate import Imported, Importer, ImportLimits
@@ -29,18 +30,25 @@ from .model import CompanionFile, ProfileRejected
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="unified-gpu-exporter import",
-                                description="Import profiler artifacts (ncu CSV, nsys SQLite, rocprof CSV, "
-                                            "Kineto JSON, unitrace CSV) into the canonical schema.")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    p = OneLineErrorParser(prog="unified-gpu-exporter import",
+                           description="Import profiler artifacts (ncu CSV, nsys SQLite, rocprof CSV, "
+                                       "Kineto JSON, unitrace CSV) into the canonical schema.")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="profiler artifacts to import; the format is detected from the content")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="text: the canonical series in the Prometheus text format (for node_exporter's "
+                        "textfile collector); json: a summary per file, the files grouped by trace "
+                        "id, and the series (default text)")
     p.add_argument("--trace-id", dest="trace_id", help="trace id for every file (default: sidecar "
                    "<file>.meta.json, an NVTX/annotation range 'trace_id=ID', or 'traceid-ID' in the name)")
-    p.add_argument("--top-kernels", dest="top_kernels", type=int, default=10)
-    p.add_argument("--path.mappings", dest="mappings", type=Path)
-    p.add_argument("--max-file-bytes", dest="max_bytes", type=int, default=MAX_BYTES)
+    p.add_argument("--top-kernels", dest="top_kernels", type=int, default=10,
+                   help="kernels per GPU that keep their name, by total time; the rest are pooled as "
+                        "kernel=\"other\" (default 10)")
+    p.add_argument("--path.mappings", dest="mappings", type=Path,
+                   help="directory with canonical.yaml and the mappings (default: shipped)")
+    p.add_argument("--max-file-bytes", dest="max_bytes", type=int, default=MAX_BYTES,
+                   help=f"refuse files larger than this many bytes (default {MAX_BYTES})")
     return p
-
 
 
 _HISTOGRAM_PART = re.compile(r"_(bucket|count|sum)$")

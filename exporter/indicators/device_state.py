@@ -9,6 +9,7 @@ from typing import Any
 from .config import VariabilityConfig
 from .robust import DeviationTracker
 from .series import LabelledKeys, LabelledSignals
+from .signals import VARIABILITY_SERIES
 from .variability import WindowSummary, window_summary
 from .window import RingWindow, SortedWindow, capacity_for
 
@@ -21,6 +22,7 @@ class _DeviceState:
     stats_at: float | None = None
     stats_of: dict[str, bytes] = field(default_factory=dict)  # the sorted values they are of
     stats_out: dict[tuple[str, tuple], float] = field(default_factory=dict)  # their output (a frame)
+    stats_busy: bool = False  # the GPU was busy when they were computed (the heavy-tail flag needs it)
     # the labelled series among this device's keys (the keys seen last, and the index's epoch)
     labelled_keys: list[Any] = field(default_factory=list)
     labelled: LabelledKeys | None = None
@@ -77,6 +79,7 @@ class _Tick:
     compute: float | None = None
     ref_median: float | None = None  # the memory-bound reference, when warm
     state: str = "unknown"
+    busy: bool = False  # neither idle nor without any load signal
     loaded: bool = True
     clean: bool = True  # not contended, not throttled: the baselines may learn
 
@@ -117,9 +120,25 @@ def interconnect_rate(now: float, st: _DeviceState, total: float | None, n_serie
     return (last[1] - first[1]) / (last[0] - first[0])
 
 
-def variability_series(st: _DeviceState, now: float, vcfg: VariabilityConfig, labels: Any) -> dict:
+def variability_stage(t: _Tick, vcfg: VariabilityConfig, labels: Any) -> None:
+    """The fast samples enter the device's variability windows; the statistics are recomputed at
+    most every ``recompute_seconds``, and at once when the GPU turns busy or idle."""
+    st, now = t.st, t.now
+    for metric, name in VARIABILITY_SERIES:
+        value = t.plain.get(name)
+        if value is not None:
+            st.windows[metric].push(now, value)
+    if st.stats_at is None or not 0.0 <= now - st.stats_at < vcfg.recompute_seconds or t.busy != st.stats_busy:
+        st.stats_at, st.stats_busy = now, t.busy
+        st.stats_out = variability_series(st, now, vcfg, labels, t.busy)
+    t.out.update(st.stats_out)
+
+
+def variability_series(st: _DeviceState, now: float, vcfg: VariabilityConfig, labels: Any,
+                       busy: bool) -> dict:
     """The variability statistics of the device's windows as series (a window whose values are
-    those of the last computation keeps its result)."""
+    those of the last computation keeps its result).  The heavy-tail flag is 0 unless the GPU is
+    ``busy``: an idle GPU's near-zero noise is bimodal or heavy-tailed without meaning anything."""
     out: dict[tuple[str, tuple], float] = {}
     for metric, window in st.windows.items():
         ordered = window.ordered(now)
@@ -136,5 +155,5 @@ def variability_series(st: _DeviceState, now: float, vcfg: VariabilityConfig, la
         out[("gpu_metric_cov", labels.one("metric", metric))] = stats.cov
         for q, value in stats.quantiles:
             out[("gpu_metric_percentile", labels.two("metric", metric, "percentile", q))] = value
-        out[("gpu_metric_heavy_tail", labels.one("metric", metric))] = 1.0 if stats.heavy_tail else 0.0
+        out[("gpu_metric_heavy_tail", labels.one("metric", metric))] = 1.0 if busy and stats.heavy_tail else 0.0
     return out

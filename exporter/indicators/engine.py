@@ -5,15 +5,16 @@ series of each device (``model.Frames``) and gets each device's indicator series
 too; the feed saves ``baselines`` (``exporter.run.baseline_file``) periodically and on shutdown.
 Everything here runs on monotonic time; windows are fixed-size rings, so memory does not grow.
 
-Per device and update, ``_update_device`` runs one method per stage:
+Per device and update, ``_update_device`` runs one step per stage:
 1. ``_memory_state``: idle, healthy, memory_bound, contended, shared, throttled or unknown
    (``state.decide``, docs/detection.md) from the seed's signature (bandwidth high, compute
    starved) and the evidence of interference (busy clients; compute persistently below the
    GPU's own memory-bound reference);
 2. ``_contention``: ``gpu_memory_contention`` and its seconds / dollars counters follow
    ``contended``, advanced by the time since the previous update (at most 2 poll intervals);
-3. ``_variability_stage``: fast samples enter the windows; CoV, quantiles and the heavy-tail
-   flag are recomputed at most every ``variability.recompute_seconds``;
+3. ``device_state.variability_stage``: fast samples enter the windows; CoV, quantiles and the
+   heavy-tail flag (raised on a busy GPU only) are recomputed at most every
+   ``variability.recompute_seconds``, and at once when the GPU turns busy or idle;
 4. ``_bandwidth_baseline``: robust baselines compare the recent median with their fast and long
    references, flag after a persistence window, and learn only while the GPU is loaded, not
    contended, throttled or flagged; bandwidth drop under load;
@@ -32,7 +33,7 @@ from .clients import device_evidence, evidence_key, held_clients, say_evidence, 
 from .config import IndicatorConfig
 from .contention import bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
-from .device_state import _DeviceInfo, _DeviceState, _Tick, interconnect_rate, variability_series
+from .device_state import _DeviceInfo, _DeviceState, _Tick, interconnect_rate, variability_stage
 from .mig import mig_state
 from .outputs import BY_BASIS, BY_CAUSE, NO_LABELS, LabelSets, state_series
 from .robust import DeviationTracker, RobustBaseline
@@ -162,7 +163,7 @@ class IndicatorEngine:
         self._memory_state(t, ev_source, ev_reason)
         info = self._info.get(device_id)
         self._contention(t, info.price if info is not None else None)
-        self._variability_stage(t)
+        variability_stage(t, self.config.variability, self._labels)
         deviating, drop = self._bandwidth_baseline(t)
         self._root_cause(t, deviating or bool(drop))
         return t.out
@@ -200,6 +201,7 @@ class IndicatorEngine:
         if labelled.instances or labelled.contexts:  # MIG: a state per GPU instance, the GPU's from them
             verdict, counted = mig_state(cfg, self._labels, t, verdict)
         t.state = st.state = verdict.state
+        t.busy = verdict.state != "idle" and verdict.reason != "no_load_signal"
         if ref is not None and t.dt > 0:
             if t.state == "idle":
                 st.idle_seconds += t.dt
@@ -253,20 +255,6 @@ class IndicatorEngine:
                                                  cfg.cost.surcharge_step)
             out[("gpu_price_dollars_per_hour", NO_LABELS)] = price
             out[("gpu_contention_cost_dollars_total", NO_LABELS)] = st.cost_dollars
-
-    def _variability_stage(self, t: _Tick) -> None:
-        """2. ``_variability_stage``: the fast samples enter the variability windows; statistics at most every
-        ``recompute_seconds``."""
-        st, now = t.st, t.now
-        for metric, name in VARIABILITY_SERIES:
-            value = t.plain.get(name)
-            if value is not None:
-                st.windows[metric].push(now, value)
-        if st.stats_at is None or now - st.stats_at >= self.config.variability.recompute_seconds \
-                or now < st.stats_at:
-            st.stats_at = now
-            st.stats_out = variability_series(st, now, self.config.variability, self._labels)
-        t.out.update(st.stats_out)
 
     def _bandwidth_baseline(self, t: _Tick) -> tuple[bool, bool | None]:
         """3. the bandwidth baseline: compare the recent median, flag after persistence, learn

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..durations import Duration
 from ..indicators.config import PriceEntry
@@ -39,6 +39,9 @@ class SimDevice(BaseModel):
     # co-tenancy evidence (a source that counts this GPU's clients): by default where the device
     # or a phase gives it per-process utilization; false: a GPU no evidence source can see
     evidence: bool | None = None
+    # canonical series this device's library does not report ("not supported"), whatever the
+    # phases set (e.g. an Intel GPU whose Level Zero has no memory bandwidth counter)
+    unsupported: list[str] = Field(default=[], max_length=256)
 
 
 class Phase(BaseModel):
@@ -49,6 +52,27 @@ class Phase(BaseModel):
     values: dict[str, Value] = {}
     # per-device overrides, keyed "vendor:index" (e.g. "nvidia:0")
     devices: dict[str, dict[str, Value]] = {}
+    # per device ("vendor:index"): counters (canonical names ending in _total) that step by this
+    # much once, when the phase starts (an XID event, a burst of ECC errors); a counter that
+    # stepped is reported from then on, as a driver's event count is
+    events: dict[str, dict[str, float]] = {}
+    # devices ("vendor:index") lost during this phase: still listed, no longer answering (as a GPU
+    # that fell off the bus: NVML_ERROR_GPU_IS_LOST); events of the phase show when it is back
+    lost: list[str] = []
+    # every poll of the simulated library fails with this message during the phase (the source
+    # is down, its GPUs' series are missing), e.g. a driver upgraded under the running exporter
+    poll_error: str = Field(default="", max_length=200)
+
+    @field_validator("events")
+    @classmethod
+    def _counters(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for device, steps in v.items():
+            for key, step in steps.items():
+                name, _ = parse_operand(key)
+                if not name.endswith("_total") or not 0 < step <= 1e6:
+                    raise ValueError(f"events of {device}: {key}: only a counter (a name ending in "
+                                     f"_total) can step, by a positive amount up to 1e6 (got {step})")
+        return v
 
 
 class ExpectWindow(BaseModel):
@@ -97,9 +121,23 @@ class Scenario(BaseModel):
     @classmethod
     def _keys(cls, v: list) -> list:
         for item in v:
-            for key in getattr(item, "values", {}):
+            for key in [*getattr(item, "values", {}), *getattr(item, "unsupported", [])]:
                 parse_operand(key)
         return v
+
+    @model_validator(mode="after")
+    def _device_keys(self) -> Scenario:
+        """Every "vendor:index" a phase names is a device of the scenario."""
+        count: dict[str, int] = {}
+        for d in self.devices:
+            count[d.vendor] = count.get(d.vendor, 0) + d.count
+        known = {f"{v}:{i}" for v, n in count.items() for i in range(n)}
+        for p in self.phases:
+            unknown = sorted({*p.devices, *p.events, *p.lost} - known)
+            if unknown:
+                raise ValueError(f"phase {p.name}: no device {', '.join(unknown)} "
+                                 f"(devices: {', '.join(sorted(known))})")
+        return self
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:

@@ -5,6 +5,11 @@ those targets back into each vendor's raw field names and units by inverting the
 mapping file, so simulated data travels through exactly the same mapping as real data: a
 simulated H100 emits NVML-named milliwatts and millijoules, a simulated MI300X amdgpu sysfs
 microwatts, a simulated Intel GPU an idle-residency counter in milliseconds.
+
+Faults look as a real library shows them: a phase's ``events`` step counters once when it
+starts, a ``lost`` GPU stays listed with ``device_up`` false and no readings (its events show when
+it is back), a ``poll_error`` fails every poll (the source is down), and a device's
+``unsupported`` series are never read.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import random
 import re
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from ..map.schema import parse_operand
 from ..model import Device, PollResult
-from ..sources.base import Abilities, SourceBase, SourceUnavailable
+from ..sources.base import Abilities, PollFailed, SourceBase, SourceUnavailable
 from ..sources.context import DEFAULT_CONTEXT, SourceContext
 from ..sources.options import SimulatorOptions
 from .scenario import Cycle, Phase, SimDevice, Value, load_scenario
@@ -50,6 +56,10 @@ class _SimState:
     # (device, mapping) pairs in order of preference: the live one, then extra_mappings
     outputs: list[tuple[Device, str]] = field(default_factory=list)
     evidence: bool = False  # a source counts this GPU's clients (decided once, from the scenario)
+    # counter steps of phase events not reported yet (the GPU was lost), by target
+    pending: dict[tuple, float] = field(default_factory=dict)
+    stepped: set[str] = field(default_factory=set)  # counters an event stepped: reported from then on
+    unsupported: list[tuple] = field(default_factory=list)  # (name, matchers) never reported
 
 
 def host_name() -> str:
@@ -81,6 +91,7 @@ class SimulatorSource(SourceBase):
         self._start: float | None = None
         self._last: float | None = None
         self._polls = 0  # full polls so far (Cycle values step with them)
+        self._phase_seen: str | None = None  # the phase of the last full poll (events step on a change)
         self._plans: dict[str, dict[str, _Emit]] = {}
         self._states: list[_SimState] = []
         for spec in self.scenario.devices:
@@ -90,6 +101,7 @@ class SimulatorSource(SourceBase):
                 st.outputs = [(dev, spec.mapping)] + [
                     (replace(dev, key=f"{dev.key}#{m}", mapping=m), m) for m in spec.extra_mappings]
                 st.evidence = self._has_evidence(st)
+                st.unsupported = [parse_operand(k) for k in spec.unsupported]
                 self._states.append(st)
 
     def _make_device(self, spec: SimDevice) -> Device:
@@ -127,16 +139,27 @@ class SimulatorSource(SourceBase):
         now = self.clock()
         if self._start is None:
             self._start = now
+        phase = self._phase(now)
+        if phase.poll_error:
+            raise PollFailed(Counter({"read_error": 1}), f"simulated library error: {phase.poll_error}")
         if fast:
             dt = 0.0
         else:
             dt = 0.0 if self._last is None else max(0.0, now - self._last)
             self._last = now
             self._polls += 1
-        phase = self._phase(now)
+            if phase.name != self._phase_seen:
+                self._phase_seen = phase.name
+                self._step_events(phase)
         sample = PollResult(monotonic=now)
         fast_metrics = self.mappings.schema.fast_metrics if fast else frozenset()
+        lost = set(phase.lost)
         for st in self._states:
+            if f"{st.dev.vendor}:{st.dev.index}" in lost:
+                for dev, _ in st.outputs:
+                    sample.devices.append(dev)
+                    sample.device_up[dev.key] = False
+                continue
             targets = self._targets(st, phase)
             for dev, mapping in st.outputs:
                 sample.devices.append(dev)
@@ -154,9 +177,18 @@ class SimulatorSource(SourceBase):
                             continue
                         emitted.add(rkey)
                         del targets[key]  # carried by this mapping: not by a later one
-                        raw = self._raw(st, emit, rkey, value, dt)
+                        step = st.pending.pop(key, 0.0) if kind == "counter" else 0.0
+                        raw = self._raw(st, emit, rkey, value, dt, step)
                         sample.add(dev.key, emit.raw, raw, emit.raw_labels)
         return sample
+
+    def _step_events(self, phase: Phase) -> None:
+        """The phase's counter steps, reported at the next poll that reads each GPU."""
+        for st in self._states:
+            for key, step in phase.events.get(f"{st.dev.vendor}:{st.dev.index}", {}).items():
+                target = parse_operand(key)
+                st.pending[target] = st.pending.get(target, 0.0) + step
+                st.stepped.add(key)
 
     def current_phase(self) -> str:
         return self._phase(self.clock()).name
@@ -167,16 +199,19 @@ class SimulatorSource(SourceBase):
         return self.scenario.phase_at((now - (self._start or now)) * self.speed)[0]
 
     # ------------------------------------------------------------------ internals
-    def _raw(self, st: _SimState, emit: _Emit, rkey: tuple, value: float, dt: float) -> float | None:
+    def _raw(self, st: _SimState, emit: _Emit, rkey: tuple, value: float, dt: float,
+             step: float = 0.0) -> float | None:
         if emit.kind == "gauge":
             return (value - emit.offset) / emit.scale
         per_second = value / emit.scale if emit.kind == "counter" else (value - emit.offset) / emit.scale
-        total = st.counters.get(rkey, 0.0) + max(per_second, 0.0) * dt
+        total = st.counters.get(rkey, 0.0) + max(per_second, 0.0) * dt + step / emit.scale
         st.counters[rkey] = total
         return total
 
     def _targets(self, st: _SimState, phase: Phase) -> dict[tuple, float]:
         specs: dict[str, Value] = {}
+        for key in st.stepped:  # a counter an event stepped: reported, still at rate 0
+            specs[key] = 0.0
         specs.update(st.spec.values)
         specs.update(phase.values)
         specs.update(phase.devices.get(f"{st.dev.vendor}:{st.dev.index}", {}))
@@ -203,6 +238,8 @@ class SimulatorSource(SourceBase):
         for key, v in resolved.items():
             name, matchers = parse_operand(key)
             if name == _CLIENT_CONTEXTS and mode == "off":
+                continue
+            if any(name == n and set(m) <= set(matchers) for n, m in st.unsupported):
                 continue
             if name == _PROC_UTIL and mode != "series":
                 if mode == "off":
