@@ -56,7 +56,7 @@ def test_statistics_follow_the_window_bit_for_bit():
     for v in values:
         now += 0.25
         out = engine.update(now, {DEV: {"gpu_compute_utilization_percent": v}})
-        if round(now * 4) % 4 == 1:  # a recompute (the first update, then every 1 s)
+        if engine._devices[DEV].stats_at == now:  # a recompute (every 1 s, and when the GPU turns busy or idle)
             got = {lab["percentile"]: val for name, lab, val in out
                    if name == "gpu_metric_percentile" and lab["metric"] == "utilization"}
             ring = list(engine._devices[DEV].windows["utilization"].values(now))
