@@ -67,7 +67,7 @@ def test_help_lists_every_collector_and_the_main_flags():
 
 
 def test_help_lists_the_no_collector_form_and_every_flag_has_help():
-    from exporter.cli import build_parser
+    from exporter.run.argparsing import build_parser
     from exporter.sources.registry import COLLECTORS
 
     result = run_cli("--help")

@@ -93,6 +93,6 @@ def test_shipped_mappings_still_load(tmp_path):
                                   ["--poll.interval", "100000"], ["--web.max-connections", "0"],
                                   ["--web.max-connections", "x"]])
 def test_numeric_flags_range_checked(args):
-    from exporter.cli import build_parser
+    from exporter.run.argparsing import build_parser
     with pytest.raises(SystemExit):
         build_parser().parse_args(args)

@@ -154,7 +154,7 @@ def test_every_shipped_install_keeps_baselines_in_a_state_directory():
 
 
 def test_state_directory_defaults_to_systemd_state_directory(monkeypatch):
-    from exporter.cli import build_parser
+    from exporter.run.argparsing import build_parser
 
     monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/unified-gpu-exporter:/var/lib/other")
     assert str(build_parser().parse_args([]).state_dir) == "/var/lib/unified-gpu-exporter"

@@ -110,6 +110,45 @@ def test_no_import_cycles():
     assert circles == {}
 
 
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which folder of exporter/ imports which other folder (the root's modules aside: they are
+    the shared vocabulary and the entry points, imported by and importing every folder)."""
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        if len(parts) > 2:
+            return parts[1]
+        return parts[1] if len(parts) == 2 and any(m.startswith(module + ".") for m in graph) else None
+
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            fa, fb = folder(a), folder(b)
+            if fa and fb and fa != fb:
+                out.setdefault(fa, set()).add(fb)
+    return out
+
+
+def test_no_cycle_between_folders():
+    """The folders say the flow (run -> sources/map -> indicators -> render -> serve, with enrich,
+    importers, simulate and otlp beside it): no folder imports one that imports it back."""
+    folders = folder_graph(import_graph())
+    seen = set(folders) | {f for targets in folders.values() for f in targets}
+    assert {"run", "map", "indicators", "render", "serve", "sources"} <= seen
+    assert cycles(folders) == []
+
+
+def test_the_folder_check_sees_a_back_edge(tmp_path):
+    pkg = tmp_path / "exporter"
+    for sub in ("run", "render"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "run" / "daemon.py").write_text("from ..render import exposition\n", encoding="utf-8")
+    (pkg / "render" / "exposition.py").write_text("from ..run import cpustats\n", encoding="utf-8")
+    (pkg / "run" / "cpustats.py").write_text("", encoding="utf-8")
+    assert cycles(folder_graph(import_graph(pkg))) == [["render", "run"]]
+
+
 def test_the_cycle_check_sees_a_circle(tmp_path):
     """Through a TYPE_CHECKING import and a relative import from a package's __init__."""
     pkg = tmp_path / "exporter"

@@ -106,7 +106,7 @@ def _flag_rows() -> list[tuple[list[str], list[str], str]]:
 
 def test_readme_flag_defaults_are_the_parsers():
     """Each default the flags table claims is the flag's default, or the one its --help names."""
-    from exporter.cli import build_parser
+    from exporter.run.argparsing import build_parser
 
     actions = {o: a for a in build_parser()._actions for o in a.option_strings}
     checked = 0

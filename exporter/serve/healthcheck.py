@@ -14,8 +14,6 @@ import ssl
 import sys
 from pathlib import Path
 
-DEFAULT_PORT = 9632
-
 
 def exporter_argv(pid: int = 1) -> list[str]:
     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -24,7 +22,7 @@ def exporter_argv(pid: int = 1) -> list[str]:
 
 def target(argv: list[str]) -> tuple[str, int, bool]:
     """(host, port, tls) the exporter with this command line listens on."""
-    from ..cli import build_parser
+    from ..run.argparsing import DEFAULT_PORT, build_parser
 
     # argv[0] is the interpreter or the console script; flags start at the first '--'
     flags = argv[next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv)):]
