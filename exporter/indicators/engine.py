@@ -226,7 +226,7 @@ class IndicatorEngine:
             out[("gpu_memory_bound_reference_percent", labels.one("basis", basis))] = t.ref_median  # type: ignore[arg-type]
 
     def _contention(self, t: _Tick, price: float | None) -> None:
-        """1. (cont.) contention seconds and the slowdown-based cost, following ``contended``."""
+        """2. contention seconds and the slowdown-based cost, following ``contended``."""
         cfg, st, out, labels = self.config, t.st, t.out, self._labels
         contended = t.state == "contended"
         slowdown = 0.0
@@ -257,7 +257,7 @@ class IndicatorEngine:
             out[("gpu_contention_cost_dollars_total", NO_LABELS)] = st.cost_dollars
 
     def _bandwidth_baseline(self, t: _Tick) -> tuple[bool, bool | None]:
-        """3. the bandwidth baseline: compare the recent median, flag after persistence, learn
+        """4. the bandwidth baseline: compare the recent median, flag after persistence, learn
         when clean; (deviating, bandwidth drop under load) for the root cause."""
         cfg, bcfg, st, key, dt, out = self.config, self.config.baseline, t.st, t.key, t.dt, t.out
         util, bw_gbps, bw_util = t.plain.get(UTILIZATION), t.plain.get(BANDWIDTH_GBPS), t.bw_util
@@ -321,7 +321,7 @@ class IndicatorEngine:
         return deviating, drop
 
     def _root_cause(self, t: _Tick, deviating: bool) -> None:
-        """3. (cont.) the L2 miss-rate and interconnect baselines; 4. root-cause flags and the
+        """5. the L2 miss-rate and interconnect baselines, root-cause flags and the
         dominant cause (``none`` unless the GPU is contended, throttled or deviating)."""
         cfg, bcfg, rc, dt, key = self.config, self.config.baseline, self.config.rootcause, t.dt, t.key
         contended = t.state == "contended"
