@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -80,7 +81,7 @@ def extra_for(cycle: int, rng: random.Random) -> list:
         out[("gpu_memory_state", ident(i) + (("state", "idle"),))] = rng.choice(VALUES)
         if cycle % 2:
             out[("gpu_memory_contention", ident(i) + (("basis", "utilization"),))] = 0.0
-    out[("gpu_power_watts", ident(0))] = 1.0  # same key as a store series: both served
+    out[("gpu_power_watts", ident(0))] = 1.0  # same key as a store series: the store's is served
     return [frames_of(out)]
 
 
@@ -135,8 +136,8 @@ def expected(store: Store, extra: list, static, per_device, conf: dict | None) -
             if key not in seen:  # the source enabled first wins
                 seen.add(key)
                 rows.append((*key, value))
-    for frames in extra:
-        rows += [(*key, value) for key, value in flat(frames).items()]
+    for frames in extra:  # a key a source already serves is not served twice
+        rows += [(*key, value) for key, value in flat(frames).items() if key not in seen]
     out: Counter = Counter()
     for name, labels, value in rows:
         if not served(name, labels, conf):
@@ -162,6 +163,41 @@ def parsed(text: str) -> tuple[Counter, int]:
             if not s.name.startswith(("unified_gpu_exporter_", "process_")):
                 out[(s.name, frozenset(s.labels.items()), repr(s.value))] += 1
     return out, total
+
+
+# an info family is served as a gauge (OpenMetrics' info type would rename its sample)
+SERVED_TYPE = {"info": "gauge"}
+
+
+def headers(families) -> dict[str, tuple[str, str, str]]:
+    """(type, help, unit) of every canonical family prometheus-client's parser read."""
+    return {f.name: (f.type, " ".join(f.documentation.split()), "") for f in families
+            if not f.name.startswith(("unified_gpu_exporter_", "process_"))}
+
+
+def om_headers(body: bytes) -> dict[str, tuple[str, str, str]]:
+    """(type, help, unit) of every canonical family from the OpenMetrics metadata lines (read as
+    text: the strict parser also judges the random sample values this test feeds)."""
+    meta: dict[str, dict[str, str]] = {}
+    for line in body.decode().splitlines():
+        if line.startswith(("# TYPE ", "# HELP ", "# UNIT ")):
+            kind, name, *rest = line[2:].split(" ", 2)
+            meta.setdefault(name, {})[kind] = rest[0] if rest else ""
+    def unescape(text: str) -> str:  # OpenMetrics escapes \\, \" and \n in HELP
+        return re.sub(r'\\(["\\n])', lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
+
+    return {name: (m.get("TYPE", ""), " ".join(unescape(m.get("HELP", "")).split()), m.get("UNIT", ""))
+            for name, m in meta.items() if not name.startswith(("unified_gpu_exporter_", "process_"))}
+
+
+def expected_headers(names: set[str], openmetrics: bool) -> dict[str, tuple[str, str, str]]:
+    """What mappings/canonical.yaml declares for these families (prometheus-client strips a
+    counter's _total in the text format; OpenMetrics names the family without it and has UNIT)."""
+    out = {}
+    for name in names:
+        m = SCHEMA.metrics.get(name) or SCHEMA.metrics[name + "_total"]
+        out[name] = (SERVED_TYPE.get(m.type, m.type), " ".join(m.help.split()), m.unit if openmetrics else "")
+    return out
 
 
 def sample_lines(body: bytes) -> list[bytes]:
@@ -197,6 +233,12 @@ def test_cached_lines_equal_a_fresh_render_over_changing_cycles(conf):
         assert samples == expected(store, extra, static, per_device, conf), cycle
         assert sample_lines(got.openmetrics) == sample_lines(got.text), cycle
         assert got.openmetrics.endswith(b"\n# EOF\n")
+        # every family's HELP, TYPE (and UNIT in OpenMetrics) is the schema's
+        text_headers = headers(text_string_to_metric_families(got.text.decode()))
+        assert text_headers == expected_headers(set(text_headers), openmetrics=False), cycle
+        om = om_headers(got.openmetrics)
+        assert om == expected_headers(set(om), openmetrics=True), cycle
+        assert set(om) == set(text_headers), cycle
         assert got.series == total
 
 

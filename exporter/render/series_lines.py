@@ -64,8 +64,10 @@ class SeriesLines:
                 static_labels: Labels, per_device: Mapping[DeviceId, DeviceLabels] | None,
                 series_filter: SeriesFilter | None) -> tuple[dict[str, list], int]:
         """Lines per family of ``first``, then every source's frames (a series already served by
-        an earlier source is skipped), then ``extra`` (histogram families sorted by bucket); and
-        how many lines in all.  The lists are reused: join them before the next call."""
+        an earlier source is skipped), then ``extra`` (a series a source already serves is
+        skipped too: one exposition never carries a series twice; histogram families sorted by
+        bucket); and how many lines in all.  The lists are reused: join them before the next
+        call."""
         if series_filter is not None:
             static_labels = series_filter.extra(static_labels)
         if series_filter is not self._filter or static_labels != self._static:
@@ -133,12 +135,11 @@ class SeriesLines:
                     e[_OUT].append(line if order is None else (order, line))
 
         run(first, False)
-        sources = [frames for frames in sources if frames]
-        dedup = len(sources) > 1  # series are unique within one source
-        for frames in sources:
-            run(frames, dedup)
-        for frames in extra:
-            run(frames, False)
+        for frames in sources:  # unique within one source, maybe not across them
+            if frames:
+                run(frames, True)
+        for frames in extra:  # the indicators' own families: a source's series wins
+            run(frames, True)
         lines: dict[str, list] = {}
         count = 0
         for family, out in self._out.items():
