@@ -48,3 +48,38 @@ def test_structured_keys_classify_labels_with_quotes_and_backslashes(reason):
     assert got.processes == {("", "7"): 50.0}
     assert got.top_process(5.0) == reason
 
+
+
+def _two_sources(live_miss: float | None) -> Store:
+    """A live source and the profiles source for one GPU; the profile carries an L2 miss rate
+    (per GPU, labelled only with its source and trace)."""
+    dev = Device(key="k0", vendor="nvidia", index="0", mapping="nvml", uuid="GPU-0", model="A10")
+    head = identity_labels(dev.id)
+    live = {("gpu_compute_utilization_percent", head): 80.0,
+            ("gpu_memory_bandwidth_utilization_percent", head): 90.0}
+    if live_miss is not None:
+        live[("gpu_l2_cache_miss_rate_percent", head)] = live_miss
+    artefact = {("gpu_l2_cache_miss_rate_percent", head + (("source", "nsys"), ("trace_id", "t1"))): 42.0,
+                ("gpu_l2_cache_miss_rate_percent", head + (("kernel", "gemm"), ("source", "nsys"))): 7.0}
+    store = Store()
+    store.add(SourceState("nvml", up=True, state="up", devices={"k0": dev}, frames=frames_of(live)))
+    store.add(SourceState("profiles", up=True, state="up", devices={"k0": dev}, frames=frames_of(artefact)))
+    return store
+
+
+@pytest.mark.parametrize(("live", "seen"), [(None, 42.0), (10.0, 10.0)])
+def test_a_profile_value_stands_in_where_no_live_counter_has_one(live, seen):
+    """The engine gets a GPU-level value from an imported artefact only where no live source
+    reports it; a per-kernel value never stands in."""
+    feed = IndicatorFeed(IndicatorConfig(), None, 1.0)
+    handed = []
+    real = feed.engine.update
+
+    def spy(now, devices, *args):
+        handed.append(devices)
+        return real(now, devices, *args)
+
+    feed.engine.update = spy
+    feed.update(1000.0, _two_sources(live))
+    (frame,) = handed[-1].values()
+    assert frame[("gpu_l2_cache_miss_rate_percent", ())] == seen  # never the per-kernel 7.0
