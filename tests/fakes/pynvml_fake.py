@@ -17,7 +17,8 @@ are module attributes starting with ``fake_`` (they do not exist in the real bin
 make GPU i answer GpuIsLost, ``fake_inject_xid(i, code)`` queues an XID event, ``fake_calls``
 counts calls per function, ``fake_live_gpm_samples()`` counts samples not freed,
 ``fake_destroy_gpu_instance(i, gi)`` / ``fake_create_gpu_instance(i, entry)`` reconfigure MIG
-(a MIG device handle names its instance: once destroyed it answers NOT_FOUND).
+(a MIG device handle names its instance: once destroyed it answers NOT_FOUND; a GPU with
+``mig_handles: "slot"`` models a handle that is an enumeration index instead).
 """
 
 from __future__ import annotations
