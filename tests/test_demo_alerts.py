@@ -66,6 +66,7 @@ NOT_IN_THE_DEMO = {
     "GPUExporterSourceDown": "the simulator is the demo's only source and does not fail; "
                              "tests/test_alertmanager.py and the promtool cases show it",
     "GPUContentionNotEvaluable": "every demo GPU has a compute or per-process signal (30-minute window)",
+    "GPUMIGInstanceNotEvaluable": "no demo GPU is a pre-Hopper MIG GPU; contention.test.yml shows it",
     "GPUContentionCostOverBudget": "needs a workload label (Kubernetes enrichment) and $100 a day lost",
     "GPUDeviceLost": "no simulated GPU disappears; tests/test_reliability_faults.py and health.test.yml",
     "GPUExporterDown": "the demo's exporter answers its scrapes; deploy/prometheus/tests/absence.test.yml and "
