@@ -49,7 +49,7 @@ def map_source_once(source: Source, cycles: int = 2, interval: float = 1.0,
     Returns {(sample name, frozenset of all label pairs incl. vendor/gpu/uuid): value}.
     """
     mappings = mappings or load_mappings()
-    mapper = Mapper(mappings)
+    mapper = Mapper(mappings, interval=interval)
     store = Store()
     state = SourceState(getattr(source, "name", "test"))
     state.provides_identity = abilities_of(source).provides_identity

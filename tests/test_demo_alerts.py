@@ -90,6 +90,7 @@ NOT_IN_THE_DEMO = {
     "GPUContentionCostOverBudget": "needs $100 a day lost to contention by one workload: the demo node loses about "
                                    "$7 a day (its H100s; one loop at x20 lost $0.015), and its GPUs run no pods "
                                    "(no workload label: Kubernetes enrichment)",
+    "GPUMIGInstanceNotEvaluable": "no demo GPU is a pre-Hopper MIG GPU; contention.test.yml shows it",
     "GPUExporterDown": "the demo's exporter answers its scrapes; deploy/prometheus/tests/absence.test.yml and "
                        "tests/test_fleet_faults.py kill one",
     "GPUExporterAbsent": "needs a node whose exporter target vanished (a node inventory); absence.test.yml",

@@ -191,11 +191,12 @@ def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co
     assert not _value(s, "gpu_memory_state_info", reason="no_load_signal")
 
 
-def test_pre_hopper_mig_instances_in_use_are_busy_but_not_evaluable(tmp_path):
+def test_pre_hopper_mig_instances_in_use_are_not_evaluable(tmp_path):
     """An A100 in MIG mode (no GPM, no DCGM): no load signal anywhere, but processes hold compute
     contexts on instances 13 (two) and 11 (one).  Those instances and the GPU read unknown /
-    no_instance_load_signal, which GPUContentionNotEvaluable covers; instance 5 (no context) has
-    no state.  Before: the GPU read no_load_signal, which the alert excludes."""
+    no_instance_load_signal (in use, busy or not), which the info alert GPUMIGInstanceNotEvaluable
+    covers; instance 5 (no context) has no state.  Before: the GPU read no_load_signal, which
+    every alert excludes."""
     def until(s):
         return _value(s, "gpu_memory_state_info", reason="no_instance_load_signal", gpu_instance="13") == [1.0]
 

@@ -119,6 +119,34 @@ fields:
     assert run(m, 16.5, ("nvl", 50))[key] == 100 * 1024000 * 2 + 50 * 1024000 * 1.0
 
 
+def test_integrate_spans_no_gap_longer_than_consecutive_polls_make(tmp_path, schema):
+    """Without a poll interval given, the shortest step between map() calls is the expected
+    one: a step over 2x it (polls that raised never reach map()) restarts the window; a value
+    outside ``valid`` (B/s after scale) is malformed, not integrated."""
+    ms = make_set(tmp_path, schema, """
+vendor: nvidia
+fields:
+  - {raw: nvl, metric: gpu_interconnect_bytes_total, labels: {interconnect: nvlink, direction: total},
+     transform: integrate, valid: [0, 1000]}
+""")
+    m = Mapper(ms)
+    key = ("gpu_interconnect_bytes_total", DL + (("direction", "total"), ("interconnect", "nvlink")))
+    assert run(m, 10.0, ("nvl", 100))[key] == 0
+    assert run(m, 11.0, ("nvl", 100))[key] == 100
+    assert run(m, 12.0, ("nvl", 100))[key] == 200
+    assert run(m, 42.0, ("nvl", 100))[key] == 200      # 30 s since the last map(): an outage
+    assert run(m, 43.0, ("nvl", 100))[key] == 300
+    s = PollResult(monotonic=44.0)
+    s.add(DEV.key, "nvl", 5000)                         # above valid: junk, not 5000 B for good
+    assert m.map(s, {DEV.key: DEV}).malformed == 1
+    assert run(m, 45.0, ("nvl", 100))[key] == 300       # the window restarts after it
+    assert run(m, 46.0, ("nvl", 100))[key] == 400
+    # the runner gives the source's interval: the first step is judged by it, too
+    m = Mapper(ms, interval=1.0)
+    assert run(m, 10.0, ("nvl", 100))[key] == 0
+    assert run(m, 25.0, ("nvl", 100))[key] == 0
+
+
 def test_first_listed_rule_wins_and_invalid_values_are_counted(tmp_path, schema):
     ms = make_set(tmp_path, schema, """
 vendor: amd

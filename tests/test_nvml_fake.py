@@ -177,3 +177,20 @@ def test_mig_process_lists_answer_per_mig_device_and_the_parent_only_when_privil
     fake.nvmlInit()
     everyone = fake.nvmlDeviceGetComputeRunningProcesses(fake.nvmlDeviceGetHandleByIndex(0))
     assert sorted((p.pid, p.gpuInstanceId) for p in everyone) == [(5101, 1), (5102, 1), (5201, 2)]
+
+
+def test_a_mig_device_handle_names_its_instance_and_goes_stale_when_it_is_destroyed():
+    """The handle of a destroyed MIG device answers NOT_FOUND; it never re-points to the
+    instance that takes its enumeration slot (the index-based handle of the old fake did)."""
+    fake = pf.make_module([pf.h100_mig_shared()])
+    fake.nvmlInit()
+    parent = fake.nvmlDeviceGetHandleByIndex(0)
+    first = fake.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    assert fake.nvmlDeviceGetGpuInstanceId(first) == 1
+    fake.fake_destroy_gpu_instance(0, 1)
+    for call in (fake.nvmlDeviceGetGpuInstanceId, fake.nvmlDeviceGetComputeRunningProcesses,
+                 fake.nvmlDeviceGetMemoryInfo):
+        with pytest.raises(fake.NVMLError_NotFound):
+            call(first)
+    now_first = fake.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    assert fake.nvmlDeviceGetGpuInstanceId(now_first) == 2

@@ -83,10 +83,11 @@ def test_a_4_8_custom_csv_with_dcgm_4_6_names_reads_percent(server, mappings) ->
 
 
 def test_a_value_that_proves_nothing_is_skipped_counted_and_shown(server, mappings) -> None:
-    """1 is 1 % or 100 %: with no HELP and names that prove only 4.6+, not mapped."""
+    """1 is 1 % or 100 %: with no HELP and names that prove only 4.6+, not mapped (counted);
+    the schema reported is what the names prove, "dcgm-4.6 or newer" (nothing contradicts it)."""
     body = util_body(1)
     assert utils(server, mappings, "/amb", body) == []
-    assert schema_and_ambiguous(server, "/amb", body) == ("dcgm-ambiguous", 1)
+    assert schema_and_ambiguous(server, "/amb", body) == ("dcgm-4.6", 1)
 
 
 def test_one_gpu_with_a_fraction_proves_the_unit_of_the_whole_target(server, mappings) -> None:
@@ -102,7 +103,6 @@ def test_zero_is_zero_in_every_unit(server, mappings) -> None:
 
 
 @pytest.mark.parametrize(("help_text", "want", "schema"), [
-    ("GPU utilization (in %).", 1, "dcgm-4.6"),
     ("GPU utilization (ratio 0-1).", 100, "dcgm-4.7"),
     ("Fraction of time a kernel ran (0.0 to 1.0)", 100, "dcgm-4.7"),
 ])
@@ -113,8 +113,6 @@ def test_the_help_text_decides_a_value_that_does_not(server, mappings, help_text
 
 
 @pytest.mark.parametrize(("body", "why"), [
-    # a custom CSV that renamed the field and kept the legacy help text: the value says ratio
-    (util_body(0.97, help_text="GPU utilization (in %)."), "help says %, value says ratio"),
     # FB_CAPACITY_BYTES exists from DCGM 4.7 on, where GPU_UTIL_RATIO is a ratio: 97 cannot be one
     (util_body(97, extra='DCGM_FI_DEV_FB_CAPACITY_BYTES{gpu="0",UUID="GPU-5b7c3a2e-9d41-4f6a-b8e2-1c0d9e8f7a60",'
                          'pci_bus_id="00000000:10:00.0",hostname="node-a"} 85520809984\n'), "names say 4.7, value says %"),

@@ -5,8 +5,9 @@ empty (``no_load_signal``) while its instances are busy.  Each instance is decid
 its own (``state.decide`` over its GPM / DCGM signals and its own busy clients: processes of two
 instances are not co-tenants), exported with ``gpu_instance`` and ``mig_profile``; the GPU reads
 the most severe of its instances' states.  An instance without load signals of its own (pre-Hopper
-MIG: no GPM, no DCGM) on which processes hold compute contexts is busy but not evaluable
-(``no_instance_load_signal``), so the GPU is never ``no_load_signal`` while such an instance is in use.
+MIG: no GPM, no DCGM) on which processes hold compute contexts is in use (whether they compute
+or idle cannot be told) and not evaluable (``no_instance_load_signal``), so the GPU is never
+``no_load_signal`` while such an instance is in use.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ bottom, the first matching row wins; docs/detection.md prints ``ROWS`` as its de
 
 1. ``unknown`` without any load signal (``no_load_signal``; a MIG instance whose processes hold
    compute contexts but which reports no load signal of its own, as on pre-Hopper MIG without
-   GPM / DCGM, is busy but not evaluable: ``no_instance_load_signal``); ``idle`` below the idle
-   bars; ``unknown`` while the profiling counters read zero on a busy GPU.
+   GPM / DCGM, is in use, busy or not, and not evaluable: ``no_instance_load_signal``); ``idle``
+   below the idle bars; ``unknown`` while the profiling counters read zero on a busy GPU.
 2. Co-tenancy first, whatever the throttle reasons: two or more active clients are ``contended``
    with the memory-bound signature (bandwidth above 85 % and, where the GPU reports a
    compute-starvation signal, that signal below 50 %) or with bandwidth above
@@ -137,7 +137,8 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("1", "no load signal at all (no utilization, bandwidth or compute signal)", "unknown",
      "`no_load_signal`"),
     ("1a", "a MIG instance (and its GPU) with no load signal of its own while processes hold compute "
-     "contexts on it (pre-Hopper MIG: no GPM, no DCGM): busy, not evaluable", "unknown",
+     "contexts on it (pre-Hopper MIG: no GPM, no DCGM): in use (an idle process holding a context "
+     "counts too), not evaluable", "unknown",
      "`no_instance_load_signal`"),
     ("2", "all load signals below the idle bars", "idle", "`below_idle_bars`"),
     ("2a", "busy while the profiling counters read zero or blank (`gpu_profiling_available` 0: another "

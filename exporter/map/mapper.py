@@ -40,6 +40,10 @@ class MapResult:
 # link that went away); a shorter gap (one missed poll, a flapping fallback) keeps them
 STATE_TTL_POLLS = 120
 MAX_STATE = 200_000  # raw + total entries; above it, state of series absent this poll goes
+# ``transform: integrate`` adds value x seconds only over a step between two mapped polls no
+# longer than this many expected poll intervals: a longer one spans polls that failed outright
+# (the source raised, map() never ran), and the throughput during that outage is unknown
+INTEGRATE_MAX_STEPS = 2.0
 
 
 class Mapper:
@@ -55,8 +59,14 @@ class Mapper:
     ``profiling_unavailable`` (the runner adds a poll's errors after mapping it).
     """
 
-    def __init__(self, mappings: MappingSet):
+    def __init__(self, mappings: MappingSet, interval: float | None = None):
         self.mappings = mappings
+        # the source's poll interval (seconds; None: learned as the shortest step between two
+        # map() calls) and the time of the previous map(): bound what ``integrate`` assumes
+        self.interval = interval if interval and interval > 0 else None
+        self._last_t: float | None = None
+        self._min_step = 0.0
+        self._step_ok = False  # this map()'s step is short enough to integrate over
         # (device key, raw field, raw labels) -> (device, plan): the rules with their series keys,
         # value lookups and raw-state keys, built on first sight, so a poll builds no label tuples
         self._plans: dict[tuple, tuple[Device, tuple | None]] = {}
@@ -74,6 +84,7 @@ class Mapper:
         out = MapResult()
         self._poll += 1
         now = sample.monotonic
+        self._step_ok = self._consecutive(now)
         # candidates per series: (order, combine, value) for gauges -- one tuple, or a list once
         # a second entry feeds the same series -- and a list of (order, combine, delta or None,
         # initial total) for counters
@@ -118,8 +129,9 @@ class Mapper:
                         value = looked_up
                     if rule.is_counter:
                         if rule.integrate:  # a throughput gauge: its integral, from 0
-                            if not (isfinite(value) and value >= 0):
-                                malformed += 1
+                            if not (isfinite(value) and value >= 0) or (
+                                    rule.valid and not rule.valid[0] <= value * rule.scale <= rule.valid[1]):
+                                malformed += 1  # a junk rate would inflate the counter for good
                                 continue
                             delta, initial = self._integral(skey, rule, value, now), 0.0
                         else:
@@ -255,13 +267,29 @@ class Mapper:
         step = self._step(skey, rule, raw, now)
         return None if step is None else step[0] * rule.scale
 
+    def _consecutive(self, now: float) -> bool:
+        """Whether the step since the previous map() is one a run of consecutive polls makes:
+        at most INTEGRATE_MAX_STEPS x the expected interval (the source's, or the shortest step
+        seen, whichever is longer).  A poll that raised never reaches map(), so the step after an
+        outage spans it and is refused here; with no interval known yet the first step is taken."""
+        last, self._last_t = self._last_t, now
+        if last is None or now <= last:
+            return False
+        step = now - last
+        expected = max(self.interval or 0.0, self._min_step)
+        ok = not expected or step <= INTEGRATE_MAX_STEPS * expected
+        if ok:  # an outage's step does not teach the interval
+            self._min_step = step if self._min_step <= 0 else min(self._min_step, step)
+        return ok
+
     def _integral(self, skey: tuple, rule: Rule, raw: float, now: float) -> float | None:
         """A throughput gauge (the vendor's average over the window ending now) times the seconds
         since its reading in the previous poll; None on first sight, after a poll without a value
-        (missed, blank, malformed: nothing is assumed for that time) or when no time passed."""
+        (missed, blank, malformed) or a poll that failed outright (a step longer than
+        consecutive polls make), or when no time passed: nothing is assumed for unread time."""
         st = self._raw.get(skey)
         self._raw[skey] = _RawState(raw, now, self._poll)
-        if st is None or st.seen != self._poll - 1 or now <= st.last_t:
+        if st is None or st.seen != self._poll - 1 or now <= st.last_t or not self._step_ok:
             return None
         return raw * rule.scale * (now - st.last_t)
 
@@ -301,6 +329,7 @@ class Mapper:
         ``raw`` (the mapping rules are unchanged: raw keys name rules by position), the readings
         behind its rates and deltas."""
         self._poll = prev._poll
+        self._last_t, self._min_step = prev._last_t, prev._min_step
         self._totals = dict(prev._totals)
         if raw:
             self._raw = dict(prev._raw)

@@ -64,11 +64,11 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
     "config_last_reload_success_timestamp_seconds": (
         "gauge", "Unix time of the last successful configuration (re)load."),
     "upstream_schema_info": ("gauge",
-                             "Value 1 per upstream target that answered its last poll: the exporter "
-                             "and the naming generation (schema) its series were recognised as "
-                             "(mappings/upstream/<exporter>.yaml, schemas); e.g. dcgm-ambiguous "
-                             "while a name's unit is not proven (source_errors_total"
-                             "{kind=\"unit_ambiguous\"} counts the values skipped)."),
+                             "Value 1 per upstream target that answered its last poll and naming "
+                             "generation (schema) its hosts' series were recognised as (the oldest "
+                             "the evidence allows; mappings/upstream/<exporter>.yaml, schemas); e.g. "
+                             "dcgm-ambiguous when names and values contradict each other "
+                             "(source_errors_total{kind=\"unit_ambiguous\"} counts the values skipped)."),
     "upstream_unknown_fields": ("gauge",
                                 "Metric names of an upstream target, in its last poll, that no "
                                 "mapping knows (an upgrade that added or renamed fields); the "

@@ -270,4 +270,5 @@ def build_runner(col: Collector, explicit: bool, context: SourceContext, mapping
         state.provides_identity = abilities.provides_identity
     store.add(state)
     fast = Mapper(mappings) if source is not None and abilities.fast_poll else None
-    return SourceRunner(col, source, state, Mapper(mappings), interval, timeout, Worker(col.name), fast, store)
+    mapper = Mapper(mappings, interval=interval)
+    return SourceRunner(col, source, state, mapper, interval, timeout, Worker(col.name), fast, store)

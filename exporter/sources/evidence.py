@@ -50,7 +50,9 @@ def procfs_visibility(procfs: Path, host_pids: bool) -> tuple[bool, str]:
     """(complete, reason) of a client count made by walking ``procfs`` the way amdsmi's process
     list does (``/proc/<pid>/fdinfo`` of every process it may ``access(R_OK)``; the others are
     skipped silently): complete only in the host PID namespace with every fdinfo directory
-    accessible (a ptrace-read check for other users' processes: root or CAP_SYS_PTRACE)."""
+    accessible.  ``access()`` checks with the real uid and, for a non-root real uid, no
+    capabilities: other users' fdinfo passes only for a real uid of 0 with CAP_SYS_PTRACE and
+    CAP_DAC_READ_SEARCH (a dynamic user with those capabilities still reads procfs_unreadable)."""
     if not host_pids:
         return False, "pid_namespace_private"
     try:

@@ -11,7 +11,9 @@ units); ``mappings/nvml.yaml`` turns them into canonical series.  Pieces:
 * ``nvml_calls``: error classification; unsupported series are counted once and not retried.
 
 A GPU that returns GpuIsLost/Unknown is reported with ``device_up=False``; the others continue,
-and every poll re-checks the device count and re-acquires handles of GPUs that were lost.
+and every poll re-checks the device count and re-acquires handles of GPUs that were lost.  MIG
+devices are scanned every ``mig_rescan_polls`` polls, and on the poll after any MIG read that
+failed (a handle taken before a MIG reconfiguration is stale).
 
 Options (the ``nvml`` section of the config; all optional):
   processes: count (off | count | series), processes_top_n: 10, xid: true, xid_timeout_ms: 500, gpm: true,
@@ -45,6 +47,11 @@ from .options import NvmlOptions
 UTILIZATION_FIELDS = frozenset({"utilization.gpu", "utilization.memory"})
 
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
+
+
+def _failures(errors: Counter[str]) -> int:
+    """NVML calls that failed other than by a lasting refusal, as counted so far in a poll."""
+    return errors["read_error"] + errors["timeout"]
 
 
 def _text(v: Any) -> str:
@@ -222,6 +229,7 @@ class NvmlSource(SourceBase):
         nv, g = self.nv, self.guard
         st.mig = []
         st.polls_since_mig_scan = 0
+        st.mig_stale = False
         if st.device.partitions:
             st.device = dataclasses.replace(st.device, partitions=())
         if not self.options.mig:
@@ -314,8 +322,9 @@ class NvmlSource(SourceBase):
         assert self.reader is not None
         self.reader.read(sample, st)
         st.polls_since_mig_scan += 1
-        if st.polls_since_mig_scan >= self.options.mig_rescan_polls:
+        if st.mig_stale or st.polls_since_mig_scan >= self.options.mig_rescan_polls:
             self._scan_mig(sample.errors, st)
+        failures = _failures(sample.errors)
         for inst in st.mig:
             self.reader.read_memory(sample, st.key, inst.handle, inst.labels)
         if st.gpm and self.gpm is not None:
@@ -330,6 +339,9 @@ class NvmlSource(SourceBase):
                 self.gpm.read(sample, st.key, st.handle, now, gi=inst.gpu_instance, labels=labels)
         if self.procs is not None:
             self.procs.read(sample, st.key, st.handle, mig=st.mig)
+        # a MIG read that failed (or answered for another instance) may hold a handle the
+        # scan made before a MIG reconfiguration: scan again on the next poll, not in 30
+        st.mig_stale = bool(st.mig) and _failures(sample.errors) > failures
 
     def _read_xid(self, sample: PollResult) -> None:
         if self.xid is None:

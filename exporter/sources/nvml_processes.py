@@ -29,6 +29,8 @@ from .evidence import mark
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 from .nvml_readers import MigInstance
 
+INVALID_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process entry outside MIG
+
 
 @dataclass
 class _Proc:
@@ -141,28 +143,39 @@ class ProcessReader:
         """A MIG GPU: the processes holding a compute context on each MIG device, asked with
         that device's own handle (NVML gives no per-process utilization in MIG mode), counted per
         GPU instance.  The evidence is complete only when every MIG device answered; one that
-        did not leaves the count partial (its instance gets no count: never "0 clients")."""
+        did not leaves the count partial (its instance gets no count: never "0 clients").
+
+        A process is counted in the GPU instance its entry names (``gpuInstanceId``, where
+        valid), not the one the scan recorded for the handle: after a MIG reconfiguration a
+        handle may answer for another instance.  Such an answer, like a failed call, is counted
+        as a ``read_error`` (the source rescans the GPU's MIG devices on the next poll) and
+        leaves the evidence partial; an instance the scan does not know is not counted."""
         per_gi: dict[int, set[int]] = {}
-        profiles: dict[int, str] = {}
+        profiles = {inst.gpu_instance: inst.gi_profile for inst in instances}
         procs: list[_Proc] = []
         failed = ""
         for inst in instances:
-            profiles.setdefault(inst.gpu_instance, inst.gi_profile)
             field = f"client.contexts.{inst.gpu_instance}.{inst.compute_instance}"
             running = self.guard.call(sample.errors, key, field, "nvmlDeviceGetComputeRunningProcesses",
                                       inst.handle)
             if running is None:
                 failed = failed or self.guard.failure_reason(key, field)
                 continue
-            pids = per_gi.setdefault(inst.gpu_instance, set())
-            for p in running:
+            ids = [_instance_ids(p, inst) for p in running]
+            if any(gi != inst.gpu_instance for gi, _ in ids):  # it answers for another instance
+                sample.errors["read_error"] += 1
+                failed = failed or "read_error"
+            for p, (gi, ci) in zip(running, ids, strict=True):
+                if gi not in profiles:
+                    continue
+                pids = per_gi.setdefault(gi, set())
                 pid = int(p.pid)
                 if pid in pids:
                     continue
                 pids.add(pid)
                 if self.mode == "series":
                     mem = float(p.usedGpuMemory) if p.usedGpuMemory is not None else None
-                    procs.append(_Proc(pid, None, mem, inst.gpu_instance, inst.compute_instance))
+                    procs.append(_Proc(pid, None, mem, gi, ci))
         for gi, pids in sorted(per_gi.items()):
             if pids:
                 sample.add(key, "client.contexts", len(pids),
@@ -170,3 +183,13 @@ class ProcessReader:
         mark(sample, key, "nvml", not failed, failed)
         if self.mode == "series":
             self._emit(sample, key, procs)
+
+
+def _instance_ids(p: Any, inst: MigInstance) -> tuple[int, int]:
+    """(GPU instance, compute instance) of a process entry read through ``inst``'s handle: the
+    entry's own ids where valid (NVML: 0xFFFFFFFF when not set), else the scanned instance's."""
+    gi = getattr(p, "gpuInstanceId", None)
+    ci = getattr(p, "computeInstanceId", None)
+    if not isinstance(gi, int) or not 0 <= gi < INVALID_ID:
+        return inst.gpu_instance, inst.compute_instance
+    return gi, ci if isinstance(ci, int) and 0 <= ci < INVALID_ID else inst.compute_instance

@@ -83,6 +83,7 @@ class GpuState:
     gpm: bool = False
     mig: list[MigInstance] = field(default_factory=list)
     polls_since_mig_scan: int = 0
+    mig_stale: bool = False  # a MIG read failed since the last scan: rescan on the next poll
 
     @property
     def key(self) -> str:

@@ -24,19 +24,21 @@ Each series becomes a raw reading: field = the upstream metric name (qualified b
 selector labels, see ``upstream_identity``), value = the sample value, labels = the remaining
 dimension labels.  The device's mapping file is ``mappings/upstream/<exporter>.yaml``.
 
-Per scrape the target's naming generation is recognised from the mapping file's ``schemas``
-(``upstream_schema``): a raw field whose unit depends on it is qualified with the schema whose
-unit the names, HELP texts and values prove (``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``),
-or, unproven, dropped and counted (error kind ``unit_ambiguous``); the poll reports the
-self-metrics ``upstream_schema_info{target, exporter, schema}`` and ``upstream_unknown_fields{target,
-exporter}`` (metric names no mapping knows; each new set is logged once, the first names).
+Per scrape and host behind the target, the naming generation is recognised from the mapping
+file's ``schemas`` (``upstream_schema``): a raw field whose unit depends on it is qualified with
+the schema whose unit the names and values (of this scrape and, remembered, earlier ones; a HELP
+text breaks a tie) prove (``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``), or, unproven,
+dropped and counted (error kind ``unit_ambiguous``); the poll reports the self-metrics
+``upstream_schema_info{target, exporter, schema}`` (one series per distinct host result) and
+``upstream_unknown_fields{target, exporter}`` (metric names no mapping knows; each new set is
+logged once, the first names).  The schema memory of a target is forgotten when it fails.
 
 A target that fails in a poll (refused, timeout, HTTP error, unparsable body) contributes no
 readings at all in that poll; its error kind is counted (read_error, timeout, parse_error) and
 its devices seen before are reported with ``device_up=False``.  When every target fails, ``poll``
 raises ``UpstreamDown`` (``UpstreamTimeout``, a ``TimeoutError``, when all of them timed out) so
 that the daemon reports the source down; the exception carries the error kinds in ``errors``.
-Nothing is cached between polls, so a stale value is never served again.
+No value is cached between polls, so a stale value is never served again.
 
 ``secondary = True``: the store drops an upstream GPU that a native source also reads (same
 normalized PCI bus id key, or same uuid).
@@ -50,7 +52,7 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
@@ -71,11 +73,25 @@ from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: import
 from .upstream_identity import (
     SeriesIdentity,
 )
-from .upstream_schema import qualify, resolve, schema_dependent, unknown
+from .upstream_schema import Group, Memory, group_by_host, qualify, resolve_target, schema_dependent, unknown
 
 log = logging.getLogger(__name__)
 # after a target's own deadline, how long its parse may take before the poll stops waiting
 RESULT_GRACE_S = 5.0
+_AMBIGUOUS = ("upstream target %s (%s): %s not mapped: the names and values of its scrapes do not prove "
+              "one unit, or contradict each other (counted as unit_ambiguous; set the target's schema "
+              "option if you know the exporter's version)")
+_HELP_CONFLICT = ("upstream target %s (%s): the HELP text of %s names a unit that the names and values "
+                  "rule out (a text carried over from an older collector CSV?): ignored")
+
+
+class _Scraped(NamedTuple):
+    """One target's answer, parsed on its thread."""
+
+    result: TargetReadings
+    extra: list  # self-metric samples
+    ambiguous: int  # readings skipped for want of a proven unit
+    memory: Memory  # the schema memory to keep when the poll takes this answer
 
 # --- the source ------------------------------------------------------------------------------
 
@@ -97,6 +113,8 @@ class UpstreamSource(SourceBase):
         self._mappings = context.mappings
         self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
         self._ambiguous_logged: dict[str, frozenset[str]] = {}  # target name -> fields last logged
+        self._help_logged: dict[str, frozenset[str]] = {}  # likewise, fields whose HELP conflicts
+        self._memory: dict[str, Memory] = {}  # target name -> what its hosts' evidence ruled out
         self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
@@ -125,7 +143,7 @@ class UpstreamSource(SourceBase):
                 # bound only keeps one stuck thread from holding the others' results
                 wait = started + target.timeout + RESULT_GRACE_S - time.monotonic()
                 try:
-                    result, extra, ambiguous = future.result(timeout=max(0.0, wait))
+                    scraped: _Scraped = future.result(timeout=max(0.0, wait))
                 except FutureTimeout:
                     raise FetchError("timeout", f"no answer within {target.timeout} s") from None
             except FetchError as e:
@@ -140,20 +158,22 @@ class UpstreamSource(SourceBase):
             if target.name in self._failing:
                 del self._failing[target.name]
                 log.info("upstream target %s (%s) answers again", target.name, target.url)
-            self._add_target(target, result, sample, keys_taken)
-            sample.self_samples.extend(extra)
-            if ambiguous:
-                sample.errors["unit_ambiguous"] += ambiguous
+            self._memory[target.name] = scraped.memory
+            self._add_target(target, scraped.result, sample, keys_taken)
+            sample.self_samples.extend(scraped.extra)
+            if scraped.ambiguous:
+                sample.errors["unit_ambiguous"] += scraped.ambiguous
         if failures and len(failures) == len(self._targets):
             errors = Counter(sample.errors)
             cls = UpstreamTimeout if set(errors) == {"timeout"} else UpstreamDown
             raise cls(errors, "; ".join(failures))
         return sample
 
-    def _scrape(self, target: Target) -> tuple[TargetReadings, list, int]:
+    def _scrape(self, target: Target) -> _Scraped:
         """``scrape_target`` plus the schema (run on the target's thread): schema-dependent raw
-        fields qualified with the schema ``resolve`` proved for them or dropped (their count is
-        the third value), the schema and the unknown names as self-metric samples."""
+        fields qualified with the schema ``resolve_target`` proved for their host, or dropped
+        (counted), the schemas and the unknown names as self-metric samples, and the schema
+        memory to keep (the poll keeps it only from a result it takes)."""
         text, content_type = fetch(target)
         helps: dict[str, str] = {}
         samples = parse_exposition(text, content_type, helps)
@@ -164,49 +184,45 @@ class UpstreamSource(SourceBase):
         def bare(name: str) -> str:
             return name[len(prefix):] if prefix and name.startswith(prefix) else name
 
-        names = {bare(n) for n, _, _ in samples}
-        names.update(fld for _, fld, _, _ in result.readings)  # with selector labels, too
         dependent = schema_dependent(cm)
-        values: dict[str, list[float]] = {}
-        if dependent:
-            for _, fld, value, _ in result.readings:
-                if fld in dependent:
-                    values.setdefault(fld, []).append(value)
-        res = resolve(cm, names, {k for _, labels, _ in samples for k in labels}, values,
-                      {bare(n): h for n, h in helps.items()}, target.schema)
+        hosts = {ref: ident.host for ref, ident in result.identities.items()}
+        groups = group_by_host(hosts, result.readings, result.label_names, dependent)
+        if not groups:  # no GPU series: the target's names still say which generation it is
+            groups = {"": Group({bare(n) for n, _, _ in samples}, {k for _, lb, _ in samples for k in lb})}
+        res = resolve_target(cm, groups, {bare(n): h for n, h in helps.items()}, target.schema,
+                             self._memory.get(target.name, {}))
         skipped = 0
-        if values:
+        if dependent:
             kept = []
             for ref, fld, value, dims in result.readings:
-                if fld in values:
-                    schema = res.chosen.get(fld)
+                if fld in dependent:
+                    schema = res.chosen.get((hosts.get(ref, ""), fld))
                     if schema is None:
                         skipped += 1
                         continue
                     fld = qualify(fld, schema)
                 kept.append((ref, fld, value, dims))
             result.readings = kept
-        self._say_ambiguous(target, res.skipped)
+        self._say(self._ambiguous_logged, target, res.skipped, _AMBIGUOUS)
+        self._say(self._help_logged, target, res.help_conflicts, _HELP_CONFLICT)
         labels = (("target", target.name), ("exporter", target.spec.name))
         extra = []
         if cm is not None:
             unknown_names = self._unknown(target, cm, {fld for _, fld, _, _ in result.readings})
             extra.append(("upstream_unknown_fields", labels, float(len(unknown_names))))
-        if res.schema:
-            extra.append(("upstream_schema_info", (*labels, ("schema", res.schema)), 1.0))
-        return result, extra, skipped
+        extra.extend(("upstream_schema_info", (*labels, ("schema", schema)), 1.0) for schema in res.schemas)
+        return _Scraped(result, extra, skipped, res.memory)
 
-    def _say_ambiguous(self, target: Target, skipped: frozenset[str]) -> None:
-        """Log once per target and change which fields are skipped for want of a proven unit."""
-        if self._ambiguous_logged.get(target.name, frozenset()) == skipped:
+    @staticmethod
+    def _say(logged: dict[str, frozenset[str]], target: Target, fields: frozenset[str], message: str) -> None:
+        """Log once per target and change of the set of ``fields`` (skipped, or with a HELP text
+        that conflicts)."""
+        if logged.get(target.name, frozenset()) == fields:
             return
-        if len(self._ambiguous_logged) < 1024:  # bounded: target names come from the config
-            self._ambiguous_logged[target.name] = skipped
-        if skipped:
-            log.warning("upstream target %s (%s): %s not mapped: the names, HELP texts and values of the "
-                        "scrape do not prove one unit (counted as unit_ambiguous; set the target's "
-                        "schema option if you know the exporter's version)", target.name,
-                        target.spec.name, ", ".join(sorted(skipped)[:20]))
+        if len(logged) < 1024:  # bounded: target names come from the config
+            logged[target.name] = fields
+        if fields:
+            log.warning(message, target.name, target.spec.name, ", ".join(sorted(fields)[:20]))
 
     def _unknown(self, target: Target, cm: Any, fields: set[str]) -> set[str]:
         names = unknown(cm, fields)
@@ -223,6 +239,7 @@ class UpstreamSource(SourceBase):
         self, target: Target, kind: str, message: str, sample: PollResult, keys_taken: set[str]
     ) -> None:
         sample.errors[kind] += 1
+        self._memory.pop(target.name, None)  # what answers next may be another exporter version
         if self._failing.get(target.name) != kind:  # once per target and state change
             self._failing[target.name] = kind
             log.warning("upstream target %s (%s) failed: %s: %s", target.name, target.url, kind, message)

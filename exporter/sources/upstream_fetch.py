@@ -18,7 +18,7 @@ import urllib.request
 import zlib
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,8 @@ class TargetReadings:
 
     identities: dict[str, SeriesIdentity]
     readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]]  # (ref, field, value, labels)
+    # label names seen on the series of each host (identity ``host``): schema markers
+    label_names: dict[str, set[str]] = field(default_factory=dict)
 
 
 def read_series(
@@ -296,6 +298,7 @@ def read_series(
                                                    f"{target.max_label_values} distinct values "
                                                    f"(max_label_values)")
     identities: dict[str, SeriesIdentity] = {}
+    label_names: dict[str, set[str]] = {}
     readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]] = []
     seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
     prefix = target.metric_prefix
@@ -305,6 +308,10 @@ def read_series(
             continue
         known = identities.get(ident.ref)
         identities[ident.ref] = ident if known is None else known.merged(ident)
+        host_labels = label_names.get(ident.host)
+        if host_labels is None:
+            host_labels = label_names[ident.host] = set()
+        host_labels.update(labels)
         if prefix and name.startswith(prefix):
             name = name[len(prefix):]
         fld = field_name(name, labels, spec.selector_labels)
@@ -314,7 +321,7 @@ def read_series(
             continue
         seen.add(key)
         readings.append((ident.ref, fld, value, dims))
-    return TargetReadings(identities, readings)
+    return TargetReadings(identities, readings, label_names)
 
 
 def scrape_target(target: Target) -> TargetReadings:

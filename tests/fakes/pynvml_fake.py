@@ -15,7 +15,10 @@ MIG entry makes one fail).  Test controls
 are module attributes starting with ``fake_`` (they do not exist in the real binding):
 ``fake_advance(s)`` moves the fake clock and the counters, ``fake_lose(i)``/``fake_recover(i)``
 make GPU i answer GpuIsLost, ``fake_inject_xid(i, code)`` queues an XID event, ``fake_calls``
-counts calls per function, ``fake_live_gpm_samples()`` counts samples not freed.
+counts calls per function, ``fake_live_gpm_samples()`` counts samples not freed,
+``fake_destroy_gpu_instance(i, gi)`` / ``fake_create_gpu_instance(i, entry)`` reconfigure MIG
+(a MIG device handle names its instance: once destroyed it answers NOT_FOUND; a GPU with
+``mig_handles: "slot"`` models a handle that is an enumeration index instead).
 """
 
 from __future__ import annotations
@@ -240,11 +243,14 @@ class struct_c_nvmlGpmSample_t:
 
 
 class c_nvmlDevice_t:
-    """Opaque device handle; MIG handles carry their parent and slot."""
+    """Opaque device handle; a MIG device handle carries its parent and its (GPU instance,
+    compute instance) ids, so once that instance is destroyed the handle answers NOT_FOUND
+    instead of re-pointing to whichever instance now sits at its enumeration index."""
 
-    def __init__(self, gpu: int, mig: int | None = None) -> None:
+    def __init__(self, gpu: int, mig: tuple[int, int] | None = None, slot: int = 0) -> None:
         self.gpu = gpu
         self.mig = mig
+        self.slot = slot  # its enumeration index (used only by a GPU with mig_handles="slot")
 
     def __repr__(self) -> str:
         return f"c_nvmlDevice_t(gpu={self.gpu}, mig={self.mig})"
@@ -398,6 +404,17 @@ def t4(i: int = 0) -> dict[str, Any]:
     )
 
 
+def _mig_entry(spec: dict[str, Any], h: c_nvmlDevice_t) -> dict[str, Any] | None:
+    """The MIG device a MIG device handle stands for, if it still exists: the one with the
+    handle's (GPU instance, compute instance) ids, or with ``mig_handles: "slot"`` whichever
+    now sits at the handle's enumeration index (NVML does not document what a handle does
+    after its instance is destroyed; that mode lets a test check the exporter trusts neither)."""
+    migs = spec["mig"] or []
+    if spec.get("mig_handles") == "slot":
+        return migs[h.slot] if h.slot < len(migs) else None
+    return next((m for m in migs if (m["gi"], m["ci"]) == h.mig), None)
+
+
 # ---------------------------------------------------------------------------------------------
 def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
                 init_error: int | None = None) -> types.ModuleType:
@@ -487,6 +504,11 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
                 if dev.gpu in state["lost"]:
                     fail(ERRORS["NVML_ERROR_GPU_IS_LOST"])
                 spec = gpus[dev.gpu]
+                if dev.mig is not None and _mig_entry(spec, dev) is None:
+                    # the MIG device was destroyed (reconfiguration): its handle is stale.  NVML
+                    # documents instance ids as valid "until the GPU instance is destroyed" but
+                    # not the code a stale handle gets; NOT_FOUND, as for an empty MIG slot
+                    fail(ERRORS["NVML_ERROR_NOT_FOUND"])
                 if name in spec["missing"]:
                     fail(ERRORS["NVML_ERROR_FUNCTION_NOT_FOUND"])
                 if name in spec["unsupported"] and not (dev.mig is not None and name.startswith("nvmlGpm")):
@@ -502,7 +524,7 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
         return gpus[h.gpu]
 
     def mig_of(h: c_nvmlDevice_t) -> dict[str, Any] | None:
-        return None if h.mig is None else gpus[h.gpu]["mig"][h.mig]
+        return None if h.mig is None else _mig_entry(gpus[h.gpu], h)
 
     # -- init / system ----------------------------------------------------------------------------
     @api
@@ -545,7 +567,7 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     @api
     def nvmlDeviceGetUUID(h: c_nvmlDevice_t) -> str:
         m = mig_of(h)
-        return f"MIG-{spec_of(h)['uuid'][4:]}-{h.mig}" if m else spec_of(h)["uuid"]
+        return f"MIG-{spec_of(h)['uuid'][4:]}-{m['gi']}.{m['ci']}" if m else spec_of(h)["uuid"]
 
     @api
     def nvmlDeviceGetName(h: c_nvmlDevice_t) -> str:
@@ -735,7 +757,7 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
             fail(ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
         if index >= len(migs):
             fail(ERRORS["NVML_ERROR_NOT_FOUND"])
-        return c_nvmlDevice_t(h.gpu, index)
+        return c_nvmlDevice_t(h.gpu, (migs[index]["gi"], migs[index]["ci"]), index)
 
     @api
     def nvmlDeviceGetGpuInstanceId(h: c_nvmlDevice_t) -> int:
@@ -895,6 +917,18 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     def fake_live_gpm_samples() -> int:
         return sum(1 for s in state["samples"] if not s.freed)
 
+    def fake_destroy_gpu_instance(index: int, gi: int) -> None:
+        """MIG reconfiguration: GPU instance ``gi`` of GPU ``index`` (and its compute instances)
+        goes away with the processes that ran in it; handles to it answer NOT_FOUND."""
+        g = gpus[index]
+        g["mig"] = [m for m in g["mig"] if m["gi"] != gi]
+        g["processes"] = [p for p in g["processes"] if p.get("gi") != gi]
+
+    def fake_create_gpu_instance(index: int, entry: dict[str, Any]) -> None:
+        """MIG reconfiguration: a new MIG device (``gi``, ``ci``, ``profile``, ``memory``) in
+        the first free enumeration slot (where a destroyed one was)."""
+        gpus[index]["mig"].insert(0, entry)
+
     mod.fake_state = state
     mod.fake_calls = calls
     mod.fake_advance = fake_advance
@@ -902,5 +936,7 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     mod.fake_recover = fake_recover
     mod.fake_inject_xid = fake_inject_xid
     mod.fake_live_gpm_samples = fake_live_gpm_samples
+    mod.fake_destroy_gpu_instance = fake_destroy_gpu_instance
+    mod.fake_create_gpu_instance = fake_create_gpu_instance
     mod.fake_time = lambda: state["time"]
     return mod
