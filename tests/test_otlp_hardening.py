@@ -8,11 +8,9 @@ from __future__ import annotations
 import collections
 import logging
 import shutil
-import ssl
 import subprocess
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,8 @@ from exporter.otlp.transport import PushSession  # noqa: E402
 from exporter.render.otlp_stats import STATS, PushStats  # noqa: E402
 from exporter.yamlfile import ConfigError  # noqa: E402
 from tests.e2e_util import free_port, wait_until  # noqa: E402
-from tests.otlp_receiver import ConnectProxy, OtlpReceiver  # noqa: E402
+from tests.otlp_receiver import ConnectProxy, GrpcReceiver, OtlpReceiver  # noqa: E402
+from tests.test_otlp_tls import _server_ctx  # noqa: E402
 from tests.test_webconfig_tls import tls_files  # noqa: E402, F401 - the session fixture (openssl PKI)
 
 CYCLE = b'gpu_power_watts{vendor="nvidia",gpu="0",uuid="u"} 10\n'
@@ -64,15 +63,6 @@ def _load(tmp: Path, endpoint: str, extra: str = "", protocol: str = "http/proto
     return load_config(conf)
 
 
-def _server_ctx(files: dict[str, Path], client_ca: str | None = None) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(files["server.pem"], files["server.key"])
-    if client_ca:
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.load_verify_locations(files[client_ca])
-    return ctx
-
-
 def _offer(pusher: Pusher, timeout: float = 30) -> None:
     """One push, due now, and its end."""
     pusher.pushed.clear()
@@ -88,43 +78,16 @@ def _pusher(cfg, names, stats: PushStats) -> Pusher:  # noqa: ANN001
 
 @pytest.fixture
 def grpc_tls_receiver(tls_files):  # noqa: F811
-    grpc = pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-
-    got: list = []
-
-    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request, context):  # noqa: N802 - the service's name
-            got.append(request)
-            return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
-    creds = grpc.ssl_server_credentials([(tls_files["server.key"].read_bytes(), tls_files["server.pem"].read_bytes())])
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    server.start()
-    yield port, got
-    server.stop(0)
+    pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
+    with GrpcReceiver((tls_files["server.key"].read_bytes(), tls_files["server.pem"].read_bytes())) as receiver:
+        yield receiver.port, receiver.requests
 
 
 @pytest.fixture
 def grpc_plain_receiver():
-    grpc = pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-
-    got: list = []
-
-    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request, context):  # noqa: N802 - the service's name
-            got.append(request)
-            return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield port, got
-    server.stop(0)
+    pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
+    with GrpcReceiver() as receiver:
+        yield receiver.port, receiver.requests
 
 
 # --------------------------------------------------------------------------- OTLP/HTTP transport
