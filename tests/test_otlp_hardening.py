@@ -23,7 +23,7 @@ from exporter.otlp import tlsfiles  # noqa: E402
 from exporter.otlp.hook import OtlpOutput  # noqa: E402
 from exporter.otlp.naming import load_mapping  # noqa: E402
 from exporter.otlp.pusher import Pusher  # noqa: E402
-from exporter.otlp.transport import PushSession  # noqa: E402
+from exporter.otlp.transport import PushSession, make_exporter  # noqa: E402
 from exporter.render.otlp_stats import STATS, PushStats  # noqa: E402
 from exporter.yamlfile import ConfigError  # noqa: E402
 from tests.e2e_util import free_port, wait_until  # noqa: E402
@@ -272,6 +272,22 @@ def test_grpc_verifies_against_a_system_ca_directory(tmp_path, tls_files, names,
     pusher.close(wait=5)
     assert (stats.success, stats.failure) == (1, 0)
     assert len(got) == 1
+
+
+def test_no_system_ca_store_fails_closed_for_both_protocols(tmp_path, names, monkeypatch):
+    """Without tls.ca_file and with no system store at all, neither protocol falls back to a
+    bundle of its own (requests' certifi, gRPC's bundled roots): the push cannot start, says why."""
+    pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
+    _verify_paths(monkeypatch, str(tmp_path / "no-bundle.pem"), str(tmp_path / "no-dir"))
+    for protocol in ("http/protobuf", "grpc"):
+        stats = PushStats()
+        pusher = _pusher(_load(tmp_path, "https://127.0.0.1:1/v1/metrics", protocol=protocol).exporters.otlp,
+                         names, stats)
+        with pytest.raises(OSError, match="no system CA store"):
+            make_exporter(pusher.cfg)
+        _offer(pusher)
+        pusher.close(wait=5)
+        assert (stats.success, stats.failure) == (0, 1), protocol
 
 
 def test_a_pusher_that_cannot_start_retries_at_every_interval(tmp_path, tls_files, names, monkeypatch, caplog,  # noqa: F811

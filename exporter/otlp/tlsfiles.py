@@ -82,6 +82,11 @@ def fingerprint(paths: Iterable[Path | None]) -> str:
     return h.hexdigest()
 
 
+def no_store(paths: ssl.DefaultVerifyPaths) -> str:
+    return (f"no system CA store (neither {paths.openssl_cafile!r} nor {paths.openssl_capath!r} exists): "
+            "set exporters.otlp.tls.ca_file")
+
+
 def system_roots() -> bytes:
     """The system's CA certificates as one PEM bundle: OpenSSL's CA file, or else the
     certificates of its CA directory.  Raises OSError naming what was looked at when there are
@@ -91,8 +96,7 @@ def system_roots() -> bytes:
         return read_bounded(Path(paths.openssl_cafile), MAX_BUNDLE_BYTES)
     directory = paths.openssl_capath
     if not directory or not os.path.isdir(directory):
-        raise OSError(f"no system CA store (neither {paths.openssl_cafile!r} nor {directory!r} exists): "
-                      "set exporters.otlp.tls.ca_file")
+        raise OSError(no_store(paths))
     certs: list[bytes] = []
     seen: set[bytes] = set()
     total = 0

@@ -38,15 +38,16 @@ from .config import OtlpConfig
 MAX_FAILURE = 400  # characters of a transport failure kept for the log line
 
 
-def system_trust() -> str | bool:
-    """The system's CA file (or directory) as OpenSSL was built to find it; True (requests'
-    own bundle) where neither exists."""
+def system_trust() -> str:
+    """The system's CA file (or directory) as OpenSSL was built to find it.  Raises OSError
+    where neither exists (the push cannot start, counted and logged) rather than falling back to
+    requests' own bundle (certifi)."""
     paths = ssl.get_default_verify_paths()
     if paths.openssl_cafile and os.path.isfile(paths.openssl_cafile):
         return paths.openssl_cafile
     if paths.openssl_capath and os.path.isdir(paths.openssl_capath):
         return paths.openssl_capath
-    return True
+    raise OSError(tlsfiles.no_store(paths))
 
 
 # requests.Session.request's parameters after method and url, in order (a caller may pass any
