@@ -6,6 +6,13 @@ files) in deploy/fleet/kubernetes/central/generated-config.yaml.
 
     scripts/gen-kubernetes-monitoring.py          # rewrite the generated files (make kubernetes)
     scripts/gen-kubernetes-monitoring.py --check  # exit 1 naming each file that is out of date
+    scripts/gen-kubernetes-monitoring.py --runbook-base https://git.example.com/.../runbooks.md
+
+The fleet's rule files are rendered with their runbook links under ``--runbook-base`` (default:
+$FLEET_RUNBOOK_BASE, else the repository path deploy/prometheus/runbooks.md), not under an
+external label of vmalert (which would label every recorded series and alert with it).  The
+PrometheusRule keeps the rules' own ``$externalLabels.runbook_base`` template: Prometheus'
+external labels do not touch the series it stores.
 
 Every rule file and every dashboard in those directories is picked up; nothing is listed by
 name here, so a new rule file or dashboard only needs a re-run (tests/test_kubernetes_manifests.py
@@ -14,6 +21,7 @@ fails while the generated files drift from their sources).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,6 +29,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "deploy" / "fleet"))
+from fleet_util import link_runbooks, rule_sources, runbook_base  # noqa: E402
+
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 DASHBOARDS_DIR = REPO / "deploy" / "grafana"
 KDIR = REPO / "deploy" / "kubernetes" / "components"
@@ -110,38 +121,52 @@ def render_dashboards(dashboards_dir: Path = DASHBOARDS_DIR) -> str:
     return HEADER.format(src="deploy/grafana/*.json") + body
 
 
-def _configmap(name: str, files: list[Path]) -> dict:
+def _configmap(name: str, files: list[Path], runbooks: str | None = None) -> dict:
+    """``runbooks``: rule files, their runbook links rendered under this base."""
     data = {}
     for path in files:
         if path.name in data:
             raise SystemExit(f"{path}: a second file named {path.name} for ConfigMap {name}")
-        data[path.name] = path.read_text()
+        text = path.read_text()
+        data[path.name] = text if runbooks is None else link_runbooks(text, runbooks, str(path))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-fleet"}}, "data": data}
 
 
-def render_fleet_config() -> str:
-    """The central vmalert's rule files (both directories), Alertmanager's config and the central
-    stores' relabel files, as ConfigMaps: kustomize cannot read files above its directory."""
-    rules = sorted([*RULES_DIR.glob("*.yml"), *(FLEET / "rules").glob("*.yml")])
+def render_fleet_config(runbooks: str | None = None) -> str:
+    """The central vmalert's rule files (both directories, runbook links under
+    ``runbook_base(runbooks)``), Alertmanager's config and the central stores' relabel files, as
+    ConfigMaps: kustomize cannot read files above its directory."""
+    base = runbook_base(runbooks)
     docs = [
-        _configmap("gpu-fleet-rules", rules),
+        _configmap("gpu-fleet-rules", sorted(rule_sources()), base),
         _configmap("gpu-fleet-alertmanager", [REPO / "deploy" / "alertmanager" / "alertmanager.yml"]),
         _configmap("gpu-fleet-central-config", [FLEET / "victoria-metrics-relabel.yml",
                                                 FLEET / "vmagent-longterm-relabel.yml"]),
     ]
     src = "deploy/prometheus/rules, deploy/fleet/rules, deploy/alertmanager/alertmanager.yml, deploy/fleet/*-relabel.yml"
-    return HEADER.format(src=src) + "---\n".join(_dump(d) for d in docs)
+    note = f"# Runbook links of the rules: {base}#<alert> (--runbook-base / $FLEET_RUNBOOK_BASE).\n"
+    return HEADER.format(src=src) + note + "---\n".join(_dump(d) for d in docs)
 
 
-def outputs() -> dict[Path, str]:
-    return {RULE_OUT: render_prometheusrule(), DASHBOARD_OUT: render_dashboards(), FLEET_OUT: render_fleet_config()}
+def outputs(runbooks: str | None = None) -> dict[Path, str]:
+    return {RULE_OUT: render_prometheusrule(), DASHBOARD_OUT: render_dashboards(),
+            FLEET_OUT: render_fleet_config(runbooks)}
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 naming each generated file that is out of date")
+    p.add_argument("--runbook-base", metavar="URL", help="URL of runbooks.md for the fleet's alerts "
+                                                          "(default: $FLEET_RUNBOOK_BASE, else the repository path)")
+    args = p.parse_args(argv)
+    check = args.check
+    try:
+        generated = outputs(args.runbook_base)
+    except ValueError as exc:
+        p.error(str(exc))
     stale = []
-    for path, text in outputs().items():
+    for path, text in generated.items():
         current = path.read_text() if path.exists() else None
         if current == text:
             continue

@@ -164,3 +164,39 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+class GrpcReceiver:
+    """An OTLP/gRPC metrics receiver (grpcio, the otlp-grpc extra) on 127.0.0.1: ``requests``
+    keeps every ExportMetricsServiceRequest with its metadata.  ``tls``: (key, certificate) PEM
+    bytes for a TLS port; plaintext without."""
+
+    def __init__(self, tls: tuple[bytes, bytes] | None = None) -> None:
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+        self.requests: list[tuple[dict, ExportMetricsServiceRequest]] = []
+        self.arrived = threading.Event()
+        receiver = self
+
+        class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):  # noqa: N802, ANN001, ANN202 - the service's name
+                receiver.requests.append((dict(context.invocation_metadata()), request))
+                receiver.arrived.set()
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        from concurrent import futures
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), self.server)
+        if tls is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            self.port = self.server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([tls]))
+
+    def __enter__(self) -> GrpcReceiver:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(0)

@@ -147,15 +147,53 @@ def test_fleet_rules_use_known_names_and_labels():
                 assert labels <= CANONICAL[name] | TARGET_LABELS, (name, labels)
 
 
-def test_fleet_alerts_have_runbooks_under_the_configurable_base():
-    """Every fleet alert links its section of runbooks.md under the rule engine's external label
-    runbook_base (as deploy/prometheus/rules do), never under a hard-coded host."""
+def test_fleet_alerts_link_their_runbook_section_without_external_labels():
+    """Every fleet alert links its section of runbooks.md by the repository path; no fleet rule
+    reads $externalLabels (vmalert's -external.label would label every recorded series and alert
+    it writes: the base is rendered into the central copies instead)."""
     runbooks = (REPO / "deploy" / "prometheus" / "runbooks.md").read_text()
-    base = '{{ or $externalLabels.runbook_base "deploy/prometheus/runbooks.md" }}#'
+    for path in RULES:
+        assert "$externalLabels" not in path.read_text(), path.name
     for rule in _rules(RULES):
         if "alert" in rule:
-            assert rule["annotations"]["runbook_url"] == base + rule["alert"].lower(), rule["alert"]
+            assert rule["annotations"]["runbook_url"] == "deploy/prometheus/runbooks.md#" + rule["alert"].lower()
             assert re.search(rf"^## {rule['alert']}$", runbooks, re.M)
+
+
+def test_central_rule_copies_carry_the_rendered_runbook_base(tmp_path, monkeypatch):
+    """What vmalert evaluates (fleet.py's copies, the Kubernetes ConfigMap) has every alert's link
+    under the fleet's runbook base (--runbook-base, else $FLEET_RUNBOOK_BASE, else the repository
+    path), deploy/prometheus/rules' alerts included, and no $externalLabels left."""
+    fleet = load_fleet_module()
+    base = "https://git.example.com/ops/unified-gpu-exporter/blob/main/deploy/prometheus/runbooks.md"
+
+    def links(paths) -> dict[str, str]:
+        for p in paths:
+            assert "$externalLabels" not in p.read_text(), p.name
+        return {r["alert"]: r["annotations"]["runbook_url"] for r in _rules(paths) if "alert" in r}
+
+    got = links(fleet.prepare_rules(tmp_path / "given", "30s", base))
+    assert {"GPUExporterAbsent", "GPUCrossCloudPerformanceVariance", "Watchdog", "GPUClusterNotReporting"} <= set(got)
+    assert got == {name: f"{base}#{name.lower()}" for name in got}
+    monkeypatch.setenv("FLEET_RUNBOOK_BASE", "https://runbooks.example/gpu.md")
+    assert set(links(fleet.prepare_rules(tmp_path / "env", None)).values()) == \
+        {f"https://runbooks.example/gpu.md#{name.lower()}" for name in got}
+    monkeypatch.delenv("FLEET_RUNBOOK_BASE")
+    assert set(links(fleet.prepare_rules(tmp_path / "default", None)).values()) == \
+        {f"deploy/prometheus/runbooks.md#{name.lower()}" for name in got}
+    for bad in ("https://x.example/a b.md", "https://x.example/r.md#x", '{{ template "x" }}', "it's", ""):
+        with pytest.raises(ValueError, match="runbook base"):
+            fleet.prepare_rules(tmp_path / "bad", None, bad)
+    # the Kubernetes ConfigMap, rendered with a base
+    spec = importlib.util.spec_from_file_location("gen_k8s", REPO / "scripts" / "gen-kubernetes-monitoring.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    docs = list(yaml.safe_load_all(gen.render_fleet_config(base)))
+    (rules,) = [d["data"] for d in docs if d["metadata"]["name"] == "gpu-fleet-rules"]
+    (tmp_path / "cm").mkdir()
+    for name, text in rules.items():
+        (tmp_path / "cm" / name).write_text(text)
+    assert links(sorted((tmp_path / "cm").iterdir())) == got
 
 
 def _agent_keep_list() -> re.Pattern:

@@ -21,6 +21,8 @@ from tests.e2e_util import wait_until
 from tests.promql_names import grafana_expr_to_promql
 from tests.test_fleet import load_fleet_module
 
+RUNBOOKS = "https://git.example.com/ops/unified-gpu-exporter/blob/main/deploy/prometheus/runbooks.md"
+
 # Dashboard queries that may return nothing on the simulated fleet, and why.
 NO_DATA_ON_THE_SIMULATED_FLEET = {
     # profiler-only series (Nsight Compute / rocprof imports), not live counters
@@ -62,7 +64,7 @@ def fleet(tmp_path_factory):
     ]
     workdir = tmp_path_factory.mktemp("fleet")
     f = mod.Fleet(workdir, clusters, scrape_interval="1s", eval_interval="2s", max_for="0s",
-                  latency_offset="1s")
+                  latency_offset="1s", runbook_base=RUNBOOKS)
     f.start(timeout=90)
     try:
         yield f
@@ -100,9 +102,9 @@ def test_cross_cloud_alert_fires_for_the_degraded_cloud_only(fleet):
                what="a webhook notification")
     receivers = {r for r, v in fleet.notifications().items() if "GPUCrossCloudPerformanceVariance{cloud=azure}" in v}
     assert receivers == {"cloud-ops-azure"}, fleet.notifications()
-    # vmalert expands the runbook link: no runbook_base external label here, so the repository path
-    assert {a["annotations"]["runbook_url"] for a in alerts} == {
-        "deploy/prometheus/runbooks.md#gpucrosscloudperformancevariance"}
+    # the runbook link carries the fleet's base, rendered into vmalert's rule files (not an
+    # external label, which vmalert would add to every series it writes)
+    assert {a["annotations"]["runbook_url"] for a in alerts} == {f"{RUNBOOKS}#gpucrosscloudperformancevariance"}
 
 
 def test_fleet_rollup_by_cluster_and_cloud_from_the_central_store(fleet):
@@ -246,7 +248,7 @@ def test_a_live_node_without_its_exporter_target_pages_exporter_absent(fleet):
             return [a for a in fleet.alertmanager_alerts() if a["labels"].get("alertname") == "GPUExporterAbsent"]
         alerts = wait_until(absent, timeout=120, interval=1, what="GPUExporterAbsent in Alertmanager")
         assert [(a["labels"]["cluster"], a["labels"]["node"]) for a in alerts] == [(cluster, node)]
-        assert alerts[0]["annotations"]["runbook_url"] == "deploy/prometheus/runbooks.md#gpuexporterabsent"
+        assert alerts[0]["annotations"]["runbook_url"] == f"{RUNBOOKS}#gpuexporterabsent"
     finally:
         tmp.write_text(saved)
         tmp.rename(targets)

@@ -132,10 +132,14 @@ def test_generated_central_config_holds_every_rule_file_and_the_alertmanager_con
     expected = sorted(p.name for p in [*(REPO / "deploy" / "prometheus" / "rules").glob("*.yml"),
                                        *(FLEET / "rules").glob("*.yml")])
     assert sorted(rules) == expected
+    fleet = load_fleet_module()
     for name, text in rules.items():
         src = FLEET / "rules" / name
         src = src if src.exists() else REPO / "deploy" / "prometheus" / "rules" / name
-        assert text == src.read_text(), name
+        # the source with its runbook links rendered under the default base (no $externalLabels:
+        # vmalert would label every series it writes with an external label)
+        assert text == fleet.link_runbooks(src.read_text(), fleet.RUNBOOK_DEFAULT), name
+        assert "$externalLabels" not in text, name
     am = configmap(docs, "gpu-fleet-alertmanager")["alertmanager.yml"]
     assert am == (REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
 

@@ -223,16 +223,21 @@ def test_config_headers_file_tls_and_timeouts(tmp_path):
     pytest.importorskip(otlp_config.PROTOCOL_MODULES["http/protobuf"][0], reason="the otlp extra (make install)")
     headers = tmp_path / "h"
     headers.write_text("Authorization: Bearer x\n# comment\n\nX-Tenant: a\n")
-    cfg = load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n"))
+    with pytest.raises(ConfigError, match=r"config.yml:2: exporters.otlp: headers_file with the plaintext endpoint "
+                                          r"http://localhost:4318/v1/metrics: the headers \(credentials\) would "
+                                          r"travel unencrypted.*set allow_plaintext: true"):
+        load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n"))
+    plain = "    allow_plaintext: true\n"
+    cfg = load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n{plain}"))
     assert cfg.exporters.otlp.headers == {"authorization": "Bearer x", "x-tenant": "a"}
     assert cfg.exporters.otlp.url == "http://localhost:4318/v1/metrics"
     link = tmp_path / "link"
     os.symlink(headers, link)
     with pytest.raises(ConfigError, match="symbolic link"):
-        load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {link}\n"))
+        load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {link}\n{plain}"))
     headers.write_text("Authorization Bearer s3cret\n")
     with pytest.raises(ConfigError) as exc:
-        load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n"))
+        load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n{plain}"))
     assert "not a 'Name: value' header line" in str(exc.value) and "s3cret" not in str(exc.value)
     with pytest.raises(ConfigError, match="must not exceed interval"):
         load_config(_write(tmp_path, "exporters:\n  otlp:\n    interval: 5s\n    timeout: 10s\n"))
@@ -336,7 +341,7 @@ def test_an_unchanged_reload_keeps_the_pusher(schema, mapping, tmp_path):
 
     headers = tmp_path / "h"
     headers.write_text("X-Tenant: a\n")
-    body = f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n"
+    body = f"exporters:\n  otlp:\n    enabled: true\n    headers_file: {headers}\n    allow_plaintext: true\n"
     out = OtlpOutput()
     try:
         out.configure(load_config(_write(tmp_path, body)), schema, mapping)
@@ -351,7 +356,7 @@ def test_an_unchanged_reload_keeps_the_pusher(schema, mapping, tmp_path):
                       schema, mapping)
         assert out.pusher is not second
         third = out.pusher
-        third._closing = True  # it could not start (bad TLS material): the next reload tries again
+        third._closing = True  # closed (a stop under way): a reload makes a new one
         out.configure(load_config(_write(tmp_path, body)), schema, mapping)
         assert out.pusher is not third
     finally:
@@ -448,6 +453,7 @@ def test_grpc_protocol_pushes_to_a_grpc_receiver(schema, mapping, tmp_path):
         headers.write_text("X-Tenant: a\n")
         cfg = load_config(_write(tmp_path, f"exporters:\n  otlp:\n    enabled: true\n    protocol: grpc\n"
                                            f"    endpoint: http://127.0.0.1:{port}\n    headers_file: {headers}\n"
+                                           "    allow_plaintext: true\n"
                                            "    interval: 5s\n    timeout: 5s\n")).exporters.otlp
         stats = PushStats()
         pusher = Pusher(cfg, mapping, schema, lambda static: {"service.name": "t"}, stats)

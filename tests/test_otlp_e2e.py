@@ -38,6 +38,7 @@ exporters:
     interval: {interval}
     timeout: {timeout}
     headers_file: {headers}
+    allow_plaintext: true
     resource_attributes: {{deployment.environment.name: test}}
 """)
     return conf

@@ -10,7 +10,6 @@ import re
 import signal
 import ssl
 import time
-from concurrent import futures
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from exporter.otlp.naming import load_mapping  # noqa: E402
 from exporter.otlp.pusher import Pusher  # noqa: E402
 from exporter.render.otlp_stats import PushStats  # noqa: E402
 from tests.e2e_util import ProcessSet, exporter, free_port, http_get, wait_until  # noqa: E402
-from tests.otlp_receiver import ConnectProxy, OtlpReceiver  # noqa: E402
+from tests.otlp_receiver import ConnectProxy, GrpcReceiver, OtlpReceiver  # noqa: E402
 from tests.test_webconfig_tls import tls_files  # noqa: E402, F401 - the session fixture (openssl PKI)
 
 CYCLE = b'gpu_power_watts{vendor="nvidia",gpu="0",uuid="u"} 10\n'
@@ -151,22 +150,9 @@ def test_proxy_url_tunnels_the_https_push(tmp_path, tls_files, names, monkeypatc
 
 @pytest.fixture
 def grpc_receiver():
-    grpc = pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-
-    got: list = []
-
-    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request, context):  # noqa: N802 - the service's name
-            got.append(request)
-            return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield port, got
-    server.stop(0)
+    pytest.importorskip("grpc", reason="grpcio (the otlp-grpc extra)")
+    with GrpcReceiver() as receiver:
+        yield receiver.port, receiver.requests
 
 
 def test_grpc_ignores_the_proxy_variables_and_uses_proxy_url(tmp_path, names, monkeypatch, grpc_receiver):

@@ -46,11 +46,13 @@ from fleet_procs import Supervisor  # noqa: E402
 from fleet_util import (  # noqa: E402,F401  (re-exported for tests and callers)
     HERE,
     REPO,
+    RUNBOOK_DEFAULT,
     WebhookSink,
     capped_for,
     duration_seconds,
     free_port,
     http_get,
+    link_runbooks,
     prepare_rules,
     self_signed_tls,
     write_secret,
@@ -80,6 +82,7 @@ class Fleet(EdgeMixin):
     resend_delay: str = "1m"             # vmalert: alerts stay active in Alertmanager 4x this long
     edge: str = "vmagent"                # or "prometheus": the Prometheus agent pair, for comparison
     group_wait: str = "5s"
+    runbook_base: str | None = None      # the rules' runbook links (None: $FLEET_RUNBOOK_BASE or the repo path)
     python: str = sys.executable
     urls: dict[str, str] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
@@ -264,7 +267,7 @@ class Fleet(EdgeMixin):
             "-tls", f"-tlsCertFile={cert}", f"-tlsKeyFile={key}", "-loggerLevel=WARN"], None)
 
     def _start_vmalert(self, replica: str) -> None:
-        rules = prepare_rules(self.workdir / "rules", self.max_for)
+        rules = prepare_rules(self.workdir / "rules", self.max_for, self.runbook_base)
         name = f"vmalert-{replica}"
         self._spawn(name, [
             find_binary("vmalert"), f"-httpListenAddr=127.0.0.1:{self.ports[name]}",
@@ -316,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--edge", choices=["vmagent", "prometheus"], default="vmagent")
     p.add_argument("--real-timing", action="store_true",
                    help="keep the rules' for: durations and group intervals (alerts take 15+ minutes)")
+    p.add_argument("--runbook-base", metavar="URL",
+                   help="the alerts' runbook links: URL of runbooks.md (default: $FLEET_RUNBOOK_BASE, else "
+                        "the repository path deploy/prometheus/runbooks.md)")
     p.add_argument("--kill", metavar="NAME", help="ask the fleet running in --workdir to SIGKILL one process")
     p.add_argument("--down", type=float, metavar="SECONDS", help="with --kill: restart it after this long")
     p.add_argument("--restart", metavar="NAME", help="ask the fleet running in --workdir to restart one process")
@@ -332,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ugpu-fleet-"))
     fleet = Fleet(workdir, load_topology(args.topology), scrape_interval=args.scrape_interval,
-                  eval_interval=args.eval_interval, max_for=None if args.real_timing else "30s", edge=args.edge)
+                  eval_interval=args.eval_interval, max_for=None if args.real_timing else "30s", edge=args.edge,
+                  runbook_base=args.runbook_base)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -61,16 +61,61 @@ def capped_for(rule: dict, max_for: str) -> str:
     return rule["for"] if seconds == own else f"{seconds:.0f}s"
 
 
-def prepare_rules(dest: Path, max_for: str | None) -> list[Path]:
-    """Copies of every rule file the central engine evaluates.  With ``max_for`` the copies drop
-    the groups' own intervals (the engine's -evaluationInterval applies) and cap every ``for:`` at
-    ``max_for``: a demo or a test sees alerts in seconds instead of 15 minutes."""
+# Runbook links of the rules the central engine evaluates: rendered into the rule files, not an
+# external label (vmalert adds -external.label values to every recorded series and alert it
+# writes: a URL label on every rollup of the 2-year store, new series whenever it changes).
+RUNBOOK_DEFAULT = "deploy/prometheus/runbooks.md"
+RUNBOOK_VARIABLE = "FLEET_RUNBOOK_BASE"
+_RUNBOOK_BASE = re.compile(r"[A-Za-z0-9._~:/?&=%+@!$,;*()\[\]-]{1,1000}")  # no space, quote, #, {, }
+_RUNBOOK_LINE = re.compile(r"^(?P<key>[ \t]*runbook_url:)[ \t]*(?P<value>\S.*?)[ \t]*$", re.M)
+
+
+def runbook_base(value: str | None = None) -> str:
+    """The fleet's runbook base: ``value``, else $FLEET_RUNBOOK_BASE, else the repository path of
+    runbooks.md.  A URL or path with no space, quote, ``#`` or brace (it is pasted into a Go
+    template, before the alert's ``#anchor``)."""
+    base = value if value is not None else (os.environ.get(RUNBOOK_VARIABLE) or RUNBOOK_DEFAULT)
+    if not _RUNBOOK_BASE.fullmatch(base):
+        raise ValueError(f"runbook base {base!r}: give a URL or path of runbooks.md without spaces, quotes, "
+                         "'#' or braces (the alert's #anchor is appended)")
+    return base
+
+
+def link_runbooks(text: str, base: str, where: str = "rules") -> str:
+    """A rule file's text with every ``runbook_url`` rendered as ``base#<anchor>`` (the anchor the
+    source gives), comments and layout kept; checked by parsing the result."""
+    base = runbook_base(base)
+
+    def render(m: re.Match) -> str:
+        value = yaml.safe_load(m.group("value"))
+        if not isinstance(value, str) or "#" not in value:
+            raise ValueError(f"{where}: runbook_url {m.group('value')!r} has no #anchor")
+        return f"{m.group('key')} '{base}#{value.rsplit('#', 1)[1]}'"
+
+    out = _RUNBOOK_LINE.sub(render, text)
+    for group in (yaml.safe_load(out) or {}).get("groups", []):
+        for rule in group.get("rules", []):
+            url = rule.get("annotations", {}).get("runbook_url")
+            if "alert" in rule and (url is None or not url.startswith(base + "#")):
+                raise ValueError(f"{where}: alert {rule['alert']}: runbook_url not rendered ({url!r})")
+    return out
+
+
+def rule_sources() -> list[Path]:
+    """Every rule file the central engine evaluates."""
+    return sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml")) + sorted((HERE / "rules").glob("*.yml"))
+
+
+def prepare_rules(dest: Path, max_for: str | None, runbooks: str | None = None) -> list[Path]:
+    """Copies of every rule file the central engine evaluates, their runbook links under
+    ``runbook_base(runbooks)``.  With ``max_for`` the copies drop the groups' own intervals (the
+    engine's -evaluationInterval applies) and cap every ``for:`` at ``max_for``: a demo or a test
+    sees alerts in seconds instead of 15 minutes."""
     dest.mkdir(parents=True, exist_ok=True)
     out = []
-    sources = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml")) + \
-        sorted((HERE / "rules").glob("*.yml"))
-    for src in sources:
-        doc = yaml.safe_load(src.read_text())
+    base = runbook_base(runbooks)
+    for src in rule_sources():
+        doc = yaml.safe_load(link_runbooks(src.read_text(), base, str(src)))
         for group in doc["groups"]:
             for rule in group["rules"]:
                 # Debian's vmalert (1.79) refuses keep_firing_for (a Prometheus 2.42+ field), so

@@ -12,26 +12,36 @@
         timeout: 10s                     # per push, retries included; at most the interval
         compression: gzip                # or none
         resource_attributes: {deployment.environment.name: prod}
+        allow_plaintext: false           # true: headers_file/tls allowed with an http:// endpoint
 
 The headers file is read like every file another user might write (``exporter/safefile.py``:
-no symlink, a regular file, bounded) and its values are never logged.  With ``enabled: true``
-and the OpenTelemetry packages missing (the ``otlp`` extra; ``otlp-grpc`` for protocol grpc),
-loading the config fails, naming the extra.  The push takes its endpoint, TLS material and proxy
-from this section only (``transport.make_exporter``: no proxy, CA bundle or OTLP certificate variables
-of the environment).
+no symlink, a regular file, bounded) and its values are never logged.  With an ``http://``
+endpoint the headers (credentials) would go unencrypted and ``tls`` would be unused: either is an
+error unless ``allow_plaintext: true`` says the path is private.  The TLS files are loaded at load
+as OpenSSL will load them (an encrypted or mismatched client key fails here, naming the file and
+its line).  With ``enabled: true`` and the OpenTelemetry packages missing (the ``otlp`` extra;
+``otlp-grpc`` for protocol grpc), loading the config fails, naming the extra.  The push takes its
+endpoint, TLS material and proxy from this section only (``transport.make_exporter``: no proxy, CA
+bundle or OTLP certificate variables of the environment); the one exception, gRPC's
+``no_grpc_proxy``/``no_proxy``, which gRPC applies even to ``proxy_url``, is refused at load where it
+would exempt the endpoint.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ..durations import Duration
+from . import tlsfiles
 
 MAX_HEADERS_BYTES = 64 * 1024
 _TOKEN = re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")  # an HTTP header name (RFC 9110 token)
@@ -53,19 +63,92 @@ def _missing(modules: tuple[str, ...]) -> str:
 
 
 class OtlpTLS(BaseModel):
+    """Checked at load as OpenSSL will load the files (``tlsfiles``); ``digest`` fingerprints
+    their contents for ``OtlpConfig.identity``."""
+
     model_config = ConfigDict(extra="forbid")
     ca_file: Path | None = None      # default: the system's trust store
     cert_file: Path | None = None    # client certificate (mutual TLS), with key_file
     key_file: Path | None = None
+    _digest: str = PrivateAttr(default="")
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _file(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"{v}: not a file")
+        return v
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            tlsfiles.check_ca(v)
+        return v
+
+    @field_validator("key_file")
+    @classmethod
+    def _key(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        cert = info.data.get("cert_file")
+        if v is not None and cert is not None:
+            tlsfiles.check_pair(cert, v)
+        return v
 
     @model_validator(mode="after")
     def _pair(self) -> OtlpTLS:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together")
-        for f in (self.ca_file, self.cert_file, self.key_file):
-            if f is not None and not f.is_file():
-                raise ValueError(f"{f}: not a file")
+        try:
+            self._digest = tlsfiles.fingerprint((self.ca_file, self.cert_file, self.key_file))
+        except OSError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def configured(self) -> bool:
+        return any(f is not None for f in (self.ca_file, self.cert_file, self.key_file))
+
+    @property
+    def digest(self) -> str:
+        return self._digest
+
+
+def grpc_no_proxy(host: str, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The (variable, entry) by which gRPC core would connect to ``host`` directly although a
+    proxy is set (its HTTP proxy mapper: ``no_grpc_proxy`` if set, else ``no_proxy``; lower case
+    only; entries split on commas, blank-trimmed, matching a host name that ends with them, case
+    aside, or an IP address inside a CIDR range; there is no channel option to turn this off)."""
+    var = "no_grpc_proxy" if "no_grpc_proxy" in env else "no_proxy" if "no_proxy" in env else None
+    if var is None:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for raw in env[var].split(","):
+        if not raw:
+            continue
+        entry = raw.strip()
+        if host.lower().endswith(entry.lower()):
+            return var, entry
+        if address is not None and "/" in entry:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return var, entry
+            except ValueError:
+                continue
+    return None
+
+
+def _refuse_grpc_no_proxy(url: str) -> None:
+    host = urlsplit(url).hostname or ""
+    hit = grpc_no_proxy(host, os.environ)
+    if hit is not None:
+        var, entry = hit
+        raise ValueError(f"proxy_url with protocol grpc: gRPC would not use the proxy for {host}, because "
+                         f"the environment's {var} lists {entry!r} (gRPC applies {var} even to a configured "
+                         f"proxy and has no option to ignore it); remove that entry, or set no_grpc_proxy "
+                         f"(which gRPC reads instead of no_proxy) without it for the exporter")
 
 
 def parse_headers(text: str, where: str) -> dict[str, str]:
@@ -107,6 +190,7 @@ class OtlpConfig(BaseModel):
     timeout: Duration = 10.0
     compression: Literal["gzip", "none"] = "gzip"
     proxy_url: str = ""              # an HTTP proxy (CONNECT for https:// and gRPC)
+    allow_plaintext: bool = False    # headers_file / tls with an http:// endpoint (sent unencrypted)
     resource_attributes: dict[str, str] = {}
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -134,8 +218,18 @@ class OtlpConfig(BaseModel):
             raise ValueError("interval and timeout must be positive")
         if self.timeout > self.interval:
             raise ValueError(f"timeout ({self.timeout:g}s) must not exceed interval ({self.interval:g}s)")
+        if self.url.startswith("http://") and not self.allow_plaintext:
+            given = [n for n, on in (("headers_file", self.headers_file is not None),
+                                     ("tls", self.tls.configured)) if on]
+            if given:
+                raise ValueError(f"{' and '.join(given)} with the plaintext endpoint {self.url}: the headers "
+                                 "(credentials) would travel unencrypted and no TLS would be used; give an "
+                                 "https:// endpoint, or set allow_plaintext: true where the path is private "
+                                 "(a Collector on this host)")
         if not self.enabled:
             return self
+        if self.protocol == "grpc" and self.proxy_url:
+            _refuse_grpc_no_proxy(self.url)
         module = _missing(PROTOCOL_MODULES[self.protocol])
         if module:
             extra = PROTOCOL_EXTRAS[self.protocol]
@@ -156,9 +250,10 @@ class OtlpConfig(BaseModel):
         return "http://localhost:4318/v1/metrics" if self.protocol == "http/protobuf" else "http://localhost:4317"
 
     def identity(self) -> tuple:
-        """What a running pusher depends on (the section and the headers file's content): a
-        reload that changes none of it keeps the pusher (``hook.OtlpOutput.configure``)."""
-        return (self.model_dump_json(), tuple(sorted(self._headers.items())))
+        """What a running pusher depends on (the section, the headers file's content and the TLS
+        files' contents: gRPC holds them in memory): a reload that changes none of it keeps the
+        pusher (``hook.OtlpOutput.configure``)."""
+        return (self.model_dump_json(), tuple(sorted(self._headers.items())), self.tls.digest)
 
 
 class ExportersConfig(BaseModel):

@@ -71,6 +71,7 @@ class Pusher:
         self._after_warmup = after_warmup
         self._converter = Converter(mapping, schema)
         self._encoder = None  # encode.Encoder, made by the thread (it imports the protobuf modules)
+        self._sdk = None  # the sdk module, imported by the thread
         self._lock = threading.Lock()
         self._pending: tuple | None = None
         self._wake = threading.Event()
@@ -84,9 +85,11 @@ class Pusher:
     # ------------------------------------------------------------------ event loop side
     def keeps(self, cfg: OtlpConfig, mapping: OtelMapping, schema: Schema) -> bool:
         """Whether a reload to these can keep this pusher, with its start times, its exporter's
-        connection and its logged state: the section and its headers file, the names and the
-        schema are unchanged, and the pusher still runs."""
-        return (not self._closing and cfg.identity() == self.cfg.identity()
+        connection and its logged state: the section, its headers file and TLS files, the names and
+        the schema are unchanged, and the pusher still runs (not closing, its thread not started
+        yet or alive: a thread that died is replaced)."""
+        alive = self._thread is None or self._thread.is_alive()
+        return (not self._closing and alive and cfg.identity() == self.cfg.identity()
                 and _same(mapping, self.mapping) and _same(schema, self.schema))
 
     def set_resource(self, resource: Callable[[tuple], dict[str, str]]) -> None:
@@ -119,22 +122,7 @@ class Pusher:
 
     # ------------------------------------------------------------------ push thread
     def _run(self) -> None:
-        try:
-            from . import sdk
-            from .encode import Encoder
-            from .transport import make_exporter
-
-            self._encoder = Encoder()
-            exporter = make_exporter(self.cfg)
-        except Exception as exc:  # noqa: BLE001 - bad TLS material, a broken install: counted, logged
-            log.error("OTLP push cannot start", extra={"reason": f"{type(exc).__name__}: {exc}"[:300]})
-            self.stats.failure += 1
-            self._closing = True  # no more cycles taken: the next reload tries again
-            return
-        for name in SDK_LOGGERS:
-            lg = logging.getLogger(name)
-            lg.addHandler(self._why)
-            lg.propagate = False  # their per-attempt messages are summarised by _log_outcome
+        exporter = None
         frozen = False
         try:
             while True:
@@ -143,30 +131,58 @@ class Pusher:
                 with self._lock:
                     job, self._pending = self._pending, None
                 if job is not None:
-                    self._push(sdk, exporter, *job)
-                    if not frozen:
-                        if self._after_warmup is not None:
-                            self._after_warmup()
-                        frozen = True
+                    if exporter is None:
+                        exporter = self._start()
+                    if exporter is not None:
+                        self._push(exporter, *job)
+                        if not frozen:
+                            if self._after_warmup is not None:
+                                self._after_warmup()
+                            frozen = True
+                    self.pushed.set()
                 if self._closing:
                     return
         finally:
-            for name in SDK_LOGGERS:
-                logging.getLogger(name).removeHandler(self._why)
-            try:
-                exporter.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
+            if exporter is not None:
+                for name in SDK_LOGGERS:
+                    logging.getLogger(name).removeHandler(self._why)
+                try:
+                    exporter.shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
 
-    def _push(self, sdk, exporter, rendered, static_labels: tuple) -> None:  # noqa: ANN001
+    def _start(self):  # noqa: ANN202 - transport.Exporter, or None
+        """The exporter, or None where it cannot be made (unreadable or bad TLS material, a broken
+        install): counted as a failed push and tried again with the next cycle, one interval on,
+        so the failure keeps counting (and GPUExporterOtlpPushFailing keeps firing) until it is
+        fixed, on disk or by a reload; logged once, like a failing push."""
+        try:
+            from . import sdk
+            from .encode import Encoder
+            from .transport import make_exporter
+
+            self._encoder = Encoder()
+            exporter = make_exporter(self.cfg)
+        except Exception as exc:  # noqa: BLE001 - counted and logged, never the thread's end
+            self.stats.failure += 1
+            self._log_outcome(False, f"cannot start: {type(exc).__name__}: {exc}"[:MAX_REASON])
+            return None
+        self._sdk = sdk
+        for name in SDK_LOGGERS:
+            lg = logging.getLogger(name)
+            lg.addHandler(self._why)
+            lg.propagate = False  # their per-attempt messages are summarised by _log_outcome
+        return exporter
+
+    def _push(self, exporter, rendered, static_labels: tuple) -> None:  # noqa: ANN001
         t0 = time.perf_counter()
         self._why.messages = []
         exporter.take_failure()
         try:
             strip = frozenset(k for k, _ in static_labels)
             conv = self._converter.convert(rendered.text, rendered.at, strip)
-            ok = sdk.send(exporter.sdk, self._encoder, conv, self._resource(static_labels), self.mapping.schema_url,
-                          self.cfg.timeout)
+            ok = self._sdk.send(exporter.sdk, self._encoder, conv, self._resource(static_labels),
+                                self.mapping.schema_url, self.cfg.timeout)
             why = "" if ok else self._why.reason(exporter.take_failure())
             self.stats.points = conv.exported
         except Exception as exc:  # noqa: BLE001 - never let the thread die
@@ -178,7 +194,6 @@ class Pusher:
         else:
             self.stats.failure += 1
         self._log_outcome(ok, why)
-        self.pushed.set()
 
     def _log_outcome(self, ok: bool, why: str) -> None:
         if ok == self._state:
