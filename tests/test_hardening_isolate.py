@@ -262,6 +262,14 @@ def test_limits_are_strict_config_options(tmp_path):
     src = ProfilesSource(SourceContext(options=load_config(cfg).collector("profiles").options_dict()))
     assert src.limits == ImportLimits(memory_bytes=1 << 30, timeout=30.0, cpu_seconds=20, max_events=5000)
     assert src.max_series_total == 30000
+    # a per-import cap above the default total raises the default total with it (was: "max_series_total
+    # (50000) must be at least max_series_per_import", an error for a setting the user never wrote)
+    cfg.write_text(base + "      max_series_per_import: 80000\n")
+    src = ProfilesSource(SourceContext(options=load_config(cfg).collector("profiles").options_dict()))
+    assert src.max_series_total == 80000 and src.limits.max_series == 80000
+    cfg.write_text(base + "      max_series_per_import: 80000\n      max_series_total: 60000\n")
+    with pytest.raises(ConfigError, match="max_series_total \\(60000\\) must be at least max_series_per_import"):
+        load_config(cfg)
     for bad, msg in (("import_memory_bytes: 1GiB", "import_memory_bytes"),
                      ("import_memory_bytes: 1000", "import_memory_bytes"),
                      ("import_cpu_seconds: '20'", "import_cpu_seconds"),

@@ -14,6 +14,7 @@ Options (``collectors.profiles.options``)::
     max_devices_per_import: 16     # an artifact naming more GPUs is rejected
     max_series_per_import: 20000   # an artifact giving more series is rejected
     max_series_total: 50000        # all kept imports: the oldest are evicted to make room
+                                   # (default: 50000 or max_series_per_import if larger)
     max_events_per_import: 1000000 # trace events / table rows read from one artifact
     import_memory_bytes: 805306368   # each artifact is parsed in a child process with
     import_cpu_seconds: 60           # these kernel limits (RLIMIT_AS, RLIMIT_CPU) and
@@ -77,7 +78,7 @@ class ProfilesSource(SourceBase):
             raise ValueError(f"profiles ttl must be >= 0 seconds, got {self.ttl!r}")
         self.max_devices = opts.max_devices_per_import
         self.max_series = opts.max_series_per_import
-        self.max_series_total = opts.max_series_total
+        self.max_series_total = opts.max_series_total or max(50000, self.max_series)
         self.clock = time.monotonic
         self.limits = ImportLimits(
             max_bytes=opts.max_file_bytes, max_events=opts.max_events_per_import, max_devices=self.max_devices,
