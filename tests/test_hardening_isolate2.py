@@ -323,32 +323,59 @@ def test_as_root_that_cannot_switch_users_the_worker_drops_every_capability(tmp_
 
 
 DAEMON = textwrap.dedent("""\
-    import json, sys
+    import json, sys, threading, time
+    from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from exporter.importers import spawn
+    from exporter.importers import isolate, spawn
     show = "import sys; sys.stdout.write(open('/proc/self/status').read())"
     proc = spawn.spawn([sys.executable, "-I", "-S", "-c", show], (), {})
     out, _ = proc.communicate(timeout=30)
     child = {k: int(v, 16) for k, v in (line.split(":") for line in out.decode().splitlines() if line.startswith("Cap"))}
-    print(json.dumps({"own": spawn.capabilities("self"), "child": child}))
+    # a whole import: the worker, held at the gate, needs no capset (the unit's seccomp denies it)
+    gate, imp = Path(sys.argv[2]), isolate.Importer()
+    imp.probe()
+    isolate.BOOT = sys.argv[4]
+    done = []
+    t = threading.Thread(target=lambda: done.append(imp.file(Path(sys.argv[3])).profile.tool), daemon=True)
+    t.start()
+    end = time.monotonic() + 50
+    while not (gate / "ready").exists() and time.monotonic() < end:
+        time.sleep(0.005)
+    pid = (gate / "ready").read_text()
+    worker = spawn.capabilities(pid)
+    nnp = [l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("NoNewPrivs")]
+    (gate / "go").touch()
+    t.join(50)
+    print(json.dumps({"own": spawn.capabilities("self"), "child": child, "worker": worker, "nnp": nnp,
+                      "done": done}))
     """)
 
 
 @pytest.mark.skipif(not (os.geteuid() == 0 and shutil.which("setpriv") and _nobody_can_run(SYSTEM_PYTHON)),
                     reason="needs root, setpriv (util-linux) and a Python any user can run")
-def test_ambient_capabilities_do_not_reach_the_worker():
+def test_ambient_capabilities_do_not_reach_the_worker(shared_fixtures, gate):
     """The shipped unit: a non-root user with AmbientCapabilities=CAP_SYS_PTRACE
-    CAP_DAC_READ_SEARCH, which survive execve.  The worker starts with none (it could not
-    drop them itself there: the unit's seccomp filter denies capset)."""
+    CAP_DAC_READ_SEARCH, which survive execve.  The worker starts with none, and never has to
+    drop them itself (the unit's seccomp filter denies capset: the worker would refuse to run)."""
     repo = str(Path(__file__).resolve().parent.parent)
-    cmd = ["setpriv", "--reuid=61234", "--regid=61234", "--clear-groups",
-           "--inh-caps=+sys_ptrace,+dac_read_search", "--ambient-caps=+sys_ptrace,+dac_read_search",
-           str(SYSTEM_PYTHON), "-c", DAEMON, repo]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=55, cwd="/")
+    drop = Path(tempfile.mkdtemp(prefix="ugx-drop-"))
+    try:
+        os.chmod(drop, 0o755)
+        shutil.copy(shared_fixtures / "profilers" / KINETO, drop / "t.json")
+        os.chmod(drop / "t.json", 0o644)
+        cmd = ["setpriv", "--reuid=61234", "--regid=61234", "--clear-groups",
+               "--inh-caps=+sys_ptrace,+dac_read_search", "--ambient-caps=+sys_ptrace,+dac_read_search",
+               str(SYSTEM_PYTHON), "-c", DAEMON, repo, str(gate), str(drop / "t.json"), _gated(gate)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=55, cwd="/")
+    finally:
+        shutil.rmtree(drop, ignore_errors=True)
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["own"]["CapAmb"] != 0 and got["own"]["CapEff"] != 0  # the daemon keeps its own
-    assert got["child"]["CapAmb"] == 0 and got["child"]["CapEff"] == 0 and got["child"]["CapPrm"] == 0, got
+    for who in ("child", "worker"):
+        assert got[who]["CapAmb"] == 0 and got[who]["CapEff"] == 0 and got[who]["CapPrm"] == 0, got
+    assert got["nnp"] == ["0"], got  # BOOT's own capset path (denied under the unit) never ran
+    assert got["done"] == ["kineto"], got
 
 
 # ------------------------------------------------------------------ 6: the answer is hostile input

@@ -39,9 +39,9 @@ try:
         f.write("1000")  # under memory pressure the kernel kills this child first, never the daemon
 except OSError:
     pass
-def caps():
+def caps():  # what this process holds or hands on (an inheritable set alone grants nothing)
     with open("/proc/self/status") as f:
-        return [int(l.split()[1], 16) for l in f if l.startswith(("CapInh", "CapPrm", "CapEff", "CapAmb"))]
+        return [int(l.split()[1], 16) for l in f if l.startswith(("CapPrm", "CapEff", "CapAmb"))]
 try:
     if any(caps()):  # uid 0 that could not switch users: drop every capability before reading
         import ctypes
