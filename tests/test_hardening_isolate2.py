@@ -182,7 +182,7 @@ def test_only_an_sqlite_file_needs_a_private_folder(tmp_path, shared_fixtures, m
     d = _drop(tmp_path, shared_fixtures, KINETO, NSYS)
     outs = {o.name: o for o in d.scan(now=time.time() + 10)}
     assert outs[KINETO].profile is not None and outs[NSYS].profile is not None, outs
-    assert stat.S_IMODE((tmp_path / "drop" / "scratch").stat().st_mode) & 0o077 in (0, 0o011)  # no one else lists it
+    assert stat.S_IMODE((tmp_path / "drop" / "scratch").stat().st_mode) == 0o711  # others pass, never list
     assert list((tmp_path / "drop" / "scratch").iterdir()) == []  # removed after each import
     # and where even scratch/ cannot take the copy: deferred, the file back in the drop directory
     shutil.copy(shared_fixtures / "profilers" / NSYS, tmp_path / "drop" / "again.sqlite")
@@ -306,6 +306,31 @@ def test_as_root_the_worker_runs_as_nobody_without_capabilities(tmp_path, shared
     for cap in ("CapEff", "CapPrm", "CapInh", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
     assert out.profile is not None, out  # the fds it was given and its SQLite folder: readable
+
+
+@pytest.mark.skipif(not _nobody_can_run(SYSTEM_PYTHON), reason=f"needs root and {SYSTEM_PYTHON} (uid 65534 "
+                    "cannot run the interpreter under /root)")
+def test_as_nobody_the_sqlite_copy_goes_to_scratch_where_nobody_reaches_it(shared_fixtures, monkeypatch):
+    """SQLite resolves its path: uid 65534 needs o+x on every folder above scratch/ (0711).  Here
+    the temp dir is unusable (a read-only root), so only scratch/ can take the copy."""
+    from exporter import safefile
+
+    def read_only(*_a, **_k):
+        raise OSError(errno.EROFS, "Read-only file system")
+    base = Path(tempfile.mkdtemp(prefix="ugx-reach-"))
+    try:
+        os.chmod(base, 0o755)
+        d = DropDir(base / "drop", settle=0)
+        d.setup()
+        d.importer.python = str(SYSTEM_PYTHON)
+        assert d.importer.probe() == [] and d.importer.creds == spawn.as_nobody()
+        monkeypatch.setattr(safefile, "private_dir", read_only)
+        shutil.copy(shared_fixtures / "profilers" / NSYS, base / "drop" / NSYS)
+        [out] = d.scan(now=time.time() + 10)
+        assert out.profile is not None, out
+        d.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")

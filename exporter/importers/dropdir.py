@@ -111,12 +111,15 @@ class DropDir(Spool):
         except OSError as exc:
             raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is not a directory the exporter "
                                 f"can use ({exc.strerror}; a symlink is refused): remove it") from None
-        problem = safefile.owner_problem(os.fstat(fd))
+        st = os.fstat(fd)
+        problem = safefile.owner_problem(st)
         if problem:
             os.close(fd)
             raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is {problem}; another user "
                                 f"could redirect imports: remove it (the exporter recreates it) or "
                                 f"chown/chmod it")
+        if name == "scratch" and stat.S_IMODE(st.st_mode) & 0o777 != 0o711:
+            os.fchmod(fd, 0o711)  # not the umask's: a worker running as uid 65534 passes through
         return fd
 
     # ------------------------------------------------------------------ API
