@@ -12,7 +12,8 @@ One rule, written once:
 
 Every refusal is a ``Refused`` (an ``OSError``) whose message says why; ``TooLarge`` is the one
 for a limit.  ``private_dir`` checks (or creates) a directory only the exporter's user can
-write, with no ancestor another user could swap.
+write, with no ancestor another user could swap; a symlink on the way is followed only where
+nobody else could repoint it (``resolve_trusted``).
 """
 
 from __future__ import annotations
@@ -192,12 +193,56 @@ def check_swappable(dirs: Iterable[Path]) -> None:
                                        f"another user could swap what is inside")
 
 
+def resolve_trusted(path: str | os.PathLike) -> Path:
+    """The real path of ``path`` (absolute), following only symlinks nobody but root or the
+    exporter's user could repoint: each one must sit in a directory only they can write (no
+    sticky exception: a link planted in /tmp is someone else's) and be owned by one of them.
+    systemd's ``DynamicUser=`` state directory (``/var/lib/x -> private/x``) and a symlinked
+    ancestor such as ``/var -> /data/var`` pass; a link another user could swap raises Refused
+    naming it.  A missing component ends the walk (the rest is returned as written)."""
+    euid = os.geteuid()
+    parts = list(Path(os.path.abspath(path)).parts[1:])
+    cur, links = Path("/"), 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / part
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return Path(nxt, *parts)
+        if not stat.S_ISLNK(st.st_mode):
+            cur = nxt
+            continue
+        links += 1
+        if links > 40:
+            raise Refused(errno.ELOOP, f"{path}: too many levels of symbolic links")
+        holder = os.lstat(cur)  # ``cur`` is a real directory: every link before it was resolved
+        problem = owner_problem(holder, root_ok=True)
+        if problem or st.st_uid not in (0, euid):
+            why = f"{cur} is {problem}" if problem else f"the link is owned by uid {st.st_uid}"
+            raise Refused(errno.EPERM, f"{nxt} is a symlink another user could repoint ({why}): "
+                                       "name the real directory, or make what holds the link writable "
+                                       f"by uid 0 or {euid} only")
+        target = Path(os.readlink(nxt))
+        if target.is_absolute():
+            cur = Path("/")
+            parts = list(target.parts[1:]) + parts
+        else:
+            parts = list(target.parts) + parts
+    return cur
+
+
 def private_dir(path: str | os.PathLike | None, prefix: str) -> Path:
     """A fresh directory (mode 0700, unpredictable name) inside ``path`` (default: the system
-    temp dir), which must pass ``check_swappable`` with every ancestor: otherwise another user
-    could swap the fresh directory for a symlink and have files written where they choose.
-    Raises Refused naming the culprit (nothing is created then)."""
-    base = Path(os.path.abspath(path if path is not None else tempfile.gettempdir()))
+    temp dir), which must pass ``check_swappable`` with every ancestor (after ``resolve_trusted``):
+    otherwise another user could swap the fresh directory for a symlink and have files written
+    where they choose.  Raises Refused naming the culprit (nothing is created then)."""
+    base = resolve_trusted(path if path is not None else tempfile.gettempdir())
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode):
         raise Refused(errno.ENOTDIR, f"{base} is {_kind(st.st_mode)}, not a directory")
@@ -207,22 +252,27 @@ def private_dir(path: str | os.PathLike | None, prefix: str) -> Path:
 
 def owned_dir(path: str | os.PathLike, what: str) -> Path:
     """Check (creating it 0700 when missing) a directory the exporter keeps its own files in
-    (``--state.dir``): not a symlink, a directory owned by the exporter's user or root and
-    writable by nobody else, under ancestors nobody else can swap.  Raises Refused naming
-    ``what`` and the culprit."""
+    (``--state.dir``): a directory owned by the exporter's user or root and writable by nobody
+    else, under ancestors nobody else can swap, reached through no symlink another user could
+    repoint (``resolve_trusted``: systemd's ``DynamicUser=`` layout passes).  Returns its real
+    path.  Raises Refused naming ``what`` and the culprit."""
     p = Path(os.path.abspath(path))
     try:
         p.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(p)
+        real = resolve_trusted(p)
+        st = os.lstat(real)
         if not stat.S_ISDIR(st.st_mode):
             raise Refused(errno.ENOTDIR, f"{what} {p} is {_kind(st.st_mode)}, not a directory")
         problem = owner_problem(st, root_ok=True)
         if problem:
-            raise Refused(errno.EPERM, f"{what} {p} is {problem}: another user could replace the files "
+            shown = p if real == p else f"{p} (really {real})"
+            raise Refused(errno.EPERM, f"{what} {shown} is {problem}: another user could replace the files "
                                        "the exporter keeps there; chown/chmod it (e.g. chmod go-w)")
-        check_swappable(p.parents)
-    except Refused:
-        raise
+        check_swappable(real.parents)
+    except Refused as exc:
+        if str(exc).startswith(what):
+            raise
+        raise Refused(exc.errno or errno.EPERM, f"{what} {p}: {exc}") from None
     except OSError as exc:
         raise Refused(exc.errno or errno.EIO, f"{what} {p}: {exc.strerror or exc}") from None
-    return p
+    return real

@@ -177,7 +177,9 @@ def test_a_running_import_is_killed_at_shutdown(tmp_path):
     for pid in child:
         with pytest.raises(ProcessLookupError):  # killed and reaped, no zombie
             os.kill(pid, 0)
-    assert "at shutdown" in (tmp_path / "drop" / "rejected" / "z.json.gz.reason").read_text()
+    # stopped is no fault of the file: back in the drop directory for the next start, never rejected
+    assert (tmp_path / "drop" / "z.json.gz").is_file()
+    assert list((tmp_path / "drop" / "rejected").iterdir()) == []
 
 
 def test_sqlite_time_limit_and_shutdown_with_a_generated_export(tmp_path):
@@ -193,7 +195,8 @@ def test_sqlite_time_limit_and_shutdown_with_a_generated_export(tmp_path):
     os.rename(nsys, tmp_path / "drop" / "k.sqlite")
     d.stopping.set()  # the daemon is stopping: the import ends at once
     [out] = d.scan(now=time.time() + 10)
-    assert out.kind == "stopped" and "at shutdown" in out.reason
+    assert out.kind == "stopped" and out.deferred and "at shutdown" in out.reason
+    assert (tmp_path / "drop" / "k.sqlite").is_file() and not list((tmp_path / "drop" / "rejected").iterdir())
     d.close()
 
 
@@ -237,7 +240,7 @@ def test_a_forged_answer_is_refused(answer, match):
 def test_an_answer_with_a_non_finite_value_or_a_bad_index_is_refused():
     good = {"ok": True, "profile": {"tool": "kineto", "variant": "v", "path": "p", "trace_id": "", "trace_id_from": "",
                                     "wall_zero_ns": None, "warnings": []},
-            "devices": [{"key": "k", "vendor": "nvidia", "index": "0", "mapping": "profiles/kineto", "uuid": "",
+            "devices": [{"key": "profiles:kineto:0", "vendor": "nvidia", "index": "0", "mapping": "profiles/kineto", "uuid": "",
                          "model": "", "pci_bus_id": ""}],
             "labels": [[["kernel", "k"]]], "readings": [[0, "kernel.executions", 1.0, 0]], "errors": {},
             "summary": None}
@@ -259,6 +262,14 @@ def test_limits_are_strict_config_options(tmp_path):
     src = ProfilesSource(SourceContext(options=load_config(cfg).collector("profiles").options_dict()))
     assert src.limits == ImportLimits(memory_bytes=1 << 30, timeout=30.0, cpu_seconds=20, max_events=5000)
     assert src.max_series_total == 30000
+    # a per-import cap above the default total raises the default total with it (was: "max_series_total
+    # (50000) must be at least max_series_per_import", an error for a setting the user never wrote)
+    cfg.write_text(base + "      max_series_per_import: 80000\n")
+    src = ProfilesSource(SourceContext(options=load_config(cfg).collector("profiles").options_dict()))
+    assert src.max_series_total == 80000 and src.limits.max_series == 80000
+    cfg.write_text(base + "      max_series_per_import: 80000\n      max_series_total: 60000\n")
+    with pytest.raises(ConfigError, match="max_series_total \\(60000\\) must be at least max_series_per_import"):
+        load_config(cfg)
     for bad, msg in (("import_memory_bytes: 1GiB", "import_memory_bytes"),
                      ("import_memory_bytes: 1000", "import_memory_bytes"),
                      ("import_cpu_seconds: '20'", "import_cpu_seconds"),
@@ -268,20 +279,26 @@ def test_limits_are_strict_config_options(tmp_path):
             load_config(cfg)
 
 
-def test_the_child_inherits_only_the_file_and_its_folder(tmp_path, monkeypatch):
-    """pass_fds: the fds the daemon holds (sockets, other folders) are not the child's."""
+def test_the_child_inherits_only_the_file_no_folder(tmp_path, monkeypatch):
+    """pass_fds: the fds the daemon holds (sockets, other folders) are not the child's, and the
+    artifact's folder is not either (siblings come as fds the parent opened)."""
     (tmp_path / "t.json").write_text("{}")
-    probe = tmp_path / "leak"
     secret = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # an fd the daemon holds
     os.set_inheritable(secret, True)
-    boot = isolate.BOOT.replace("from exporter.importers.worker import main",
-                                f"import os\nfds = os.listdir('/proc/self/fd')\nopen({str(probe)!r}, 'w').write(repr(fds))\n"
-                                "from exporter.importers.worker import main")
+    boot = isolate.BOOT.replace(
+        "from exporter.importers.worker import main",
+        "fds = [(int(n), os.path.isdir(f'/proc/self/fd/{n}')) for n in os.listdir('/proc/self/fd')]\n"
+        "sys.stdout.write(json.dumps({'ok': False, 'kind': '', 'reason': repr(fds)}))\n"
+        "sys.exit(0)\n"
+        "from exporter.importers.worker import main")
+    importer = Importer()
+    importer.probe()  # with the real worker: who it runs as
     monkeypatch.setattr(isolate, "BOOT", boot)
     try:
-        with pytest.raises(ProfileRejected):
-            Importer().file(tmp_path / "t.json")
+        with pytest.raises(ProfileRejected) as exc:
+            importer.file(tmp_path / "t.json")
     finally:
         os.close(secret)
-    fds = {int(x) for x in eval(probe.read_text())}
-    assert secret not in fds and len(fds) <= 6, sorted(fds)  # stdin/out/err, the file, its folder, listdir's
+    fds = dict(eval(str(exc.value)))
+    assert secret not in fds and len(fds) <= 5, (secret, fds)  # stdin/out/err, the file, listdir's own
+    assert not any(fds.values()), fds  # no directory (listdir's own is closed when it is looked at)

@@ -10,6 +10,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from exporter.indicators.baseline import BaselineStore
 from exporter.run.baseline_file import STATE_FILE, BaselineFile
 from exporter.sources.context import SourceContext
@@ -159,9 +161,12 @@ def test_state_dir_others_can_write_or_swap_is_refused_at_start(tmp_path):
     os.chmod(state, 0o1777)  # sticky does not help: a file another user plants first stays theirs
     assert _check(tmp_path, state)[0] == 1
     os.chmod(state, 0o755)
-    os.symlink(state, tmp_path / "link")
-    rc, err = _check(tmp_path, tmp_path / "link")
-    assert rc == 1 and "a symlink, not a directory" in err
+    exposed = tmp_path / "exposed"
+    exposed.mkdir()
+    os.chmod(exposed, 0o1777)  # a link in a folder others write (even sticky) could be theirs
+    os.symlink(state, exposed / "link")
+    rc, err = _check(tmp_path, exposed / "link")
+    assert rc == 1 and "is a symlink another user could repoint" in err
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)  # a parent others can write: they could swap the state dir itself
@@ -213,3 +218,58 @@ def test_state_file_limit_fits_a_real_file_and_no_more(tmp_path):
         f.write(b" " * (limit - size + 1))
     assert not BaselineFile(tmp_path, limit).load(BaselineStore())
     assert (tmp_path / (STATE_FILE + ".corrupt")).exists()
+
+
+# ------------------------------------------------------------------ symlinks on the way to --state.dir
+DYNAMIC_UID = 61234  # the transient uid systemd's DynamicUser= gives the exporter
+
+
+def _dynamic_user_layout(root: Path) -> Path:
+    """What ``DynamicUser=yes`` + ``StateDirectory=ugx`` make: ``var/lib/private`` (root, 0700)
+    holds the real ``ugx`` (the dynamic user's, 0700) and ``var/lib/ugx`` is a root-owned
+    symlink to ``private/ugx``: $STATE_DIRECTORY names the symlink."""
+    lib = root / "var" / "lib"
+    (lib / "private" / "ugx").mkdir(parents=True)
+    os.chmod(lib / "private", 0o700)
+    os.chmod(lib / "private" / "ugx", 0o700)
+    os.chown(lib / "private" / "ugx", DYNAMIC_UID, DYNAMIC_UID)
+    os.symlink("private/ugx", lib / "ugx")
+    return lib / "ugx"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chown simulates systemd's dynamic user")
+def test_dynamic_user_state_directory_symlink_is_accepted(tmp_path, monkeypatch):
+    from exporter.run.baseline_file import check_state_dir
+    from exporter.yamlfile import ConfigError
+    state = _dynamic_user_layout(tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: DYNAMIC_UID)  # the exporter as the dynamic user
+    check_state_dir(state)  # was: "a symlink, not a directory": the unit did not start
+    BaselineFile(state).save(BaselineStore())
+    assert (tmp_path / "var" / "lib" / "private" / "ugx" / STATE_FILE).exists()
+    # a symlinked ancestor (/var -> /data/var) in a folder only root writes: accepted too
+    os.rename(tmp_path / "var", tmp_path / "data")
+    os.symlink("data", tmp_path / "var")
+    check_state_dir(tmp_path / "var" / "lib" / "ugx")
+    # the real directory still has to be the exporter's
+    os.chown(tmp_path / "data" / "lib" / "private" / "ugx", 4242, 4242)
+    with pytest.raises(ConfigError, match="owned by uid 4242"):
+        check_state_dir(tmp_path / "var" / "lib" / "ugx")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chown simulates other users")
+@pytest.mark.parametrize("how", ["holder_world_writable", "holder_owned_by_other", "sticky_holder"])
+def test_a_symlink_another_user_could_swap_is_refused(tmp_path, monkeypatch, how):
+    from exporter.run.baseline_file import check_state_dir
+    from exporter.yamlfile import ConfigError
+    state = _dynamic_user_layout(tmp_path)
+    holder = state.parent  # var/lib, which holds the link
+    if how == "holder_world_writable":
+        os.chmod(holder, 0o777)
+    elif how == "holder_owned_by_other":
+        os.chown(holder, 4242, 4242)
+    else:
+        os.chmod(holder, 0o1777)  # /tmp-like: the link may have been planted by anyone
+        os.lchown(state, 4242, 4242)
+    monkeypatch.setattr(os, "geteuid", lambda: DYNAMIC_UID)
+    with pytest.raises(ConfigError, match="is a symlink another user could repoint"):
+        check_state_dir(state)

@@ -84,3 +84,22 @@ def test_stderr_says_what_each_file_gave_and_warns_on_identity_only(shared_fixtu
     assert good.startswith("imported: ") and "gpu_kernel_execution_time_milliseconds" in good
     (identity_only,) = [ln for ln in err if "counter_collection-sdk-2024-10.csv" in ln]
     assert identity_only.startswith("warning: ") and "only the GPU's identity" in identity_only
+
+
+def test_every_flag_has_help_and_the_limits_are_flags(shared_fixtures, capsys):
+    """The child's limits (issue 26) were fixed at the daemon's defaults: a file past one of them
+    could not be imported at all from the command line."""
+    from exporter.importers.cli import build_parser
+    undocumented = [a.option_strings or [a.dest] for a in build_parser()._actions if not a.help]
+    assert undocumented == []
+    kineto = _fx(shared_fixtures, "kineto-mi250-rocm6.2.json")
+    assert main(kineto + ["--max-events", "5"]) == 1  # lowered: rejected, naming the limit
+    assert "above max_events_per_import (5)" in capsys.readouterr().err
+    assert main(kineto + ["--max-series", "3"]) == 1
+    assert "above max_series_per_import (3)" in capsys.readouterr().err
+    assert main(kineto + ["--import-memory-bytes", str(1 << 30), "--import-cpu-seconds", "120",
+                          "--import-timeout", "300", "--max-events", "2000000", "--max-series", "50000",
+                          "--max-devices", "64"]) == 0  # raised
+    capsys.readouterr()
+    assert main(kineto + ["--import-memory-bytes", "1000"]) == 2  # below what a child needs
+    assert "at least 67108864" in capsys.readouterr().err

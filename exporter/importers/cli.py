@@ -3,8 +3,9 @@
 For engineers comparing runs offline: prints the canonical series the daemon would export for
 these files (``--format text``, the Prometheus text format) or, with ``--format json``, a
 per-file summary (kernels, launch delay, timeline aligned to the artifact's zero), the files
-grouped by trace id, and the canonical series.  Each file is parsed in a child process with the
-daemon's default limits (``isolate``).  Exit status 0 when every file was imported (or is a
+grouped by trace id, and the canonical series.  Each file is parsed in a child process under the
+daemon's default limits (``isolate``), which flags raise or lower (``--import-memory-bytes``,
+``--import-cpu-seconds``, ``--import-timeout``, ``--max-events``, ``--max-series``, ...).  Exit status 0 when every file was imported (or is a
 companion file), 1 when any was rejected, 2 on usage errors.
 """
 
@@ -33,22 +34,63 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="unified-gpu-exporter import",
                            description="Import profiler artifacts (ncu CSV, nsys SQLite, rocprof CSV, "
                                        "Kineto JSON, unitrace CSV) into the canonical schema.")
+    d = ImportLimits()
     p.add_argument("files", nargs="+", metavar="FILE",
-                   help="profiler artifacts to import; the format is detected from the content")
+                   help="profiler artifacts to import (gzip allowed); the format is detected from the content")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: the canonical series in the Prometheus text format (for node_exporter's "
                         "textfile collector); json: a summary per file, the files grouped by trace "
                         "id, and the series (default text)")
     p.add_argument("--trace-id", dest="trace_id", help="trace id for every file (default: sidecar "
                    "<file>.meta.json, an NVTX/annotation range 'trace_id=ID', or 'traceid-ID' in the name)")
-    p.add_argument("--top-kernels", dest="top_kernels", type=int, default=10,
+    p.add_argument("--top-kernels", dest="top_kernels", type=_positive, default=10,
                    help="kernels per GPU that keep their name, by total time; the rest are pooled as "
                         "kernel=\"other\" (default 10)")
     p.add_argument("--path.mappings", dest="mappings", type=Path,
-                   help="directory with canonical.yaml and the mappings (default: shipped)")
-    p.add_argument("--max-file-bytes", dest="max_bytes", type=int, default=MAX_BYTES,
-                   help=f"refuse files larger than this many bytes (default {MAX_BYTES})")
+                   help="the mappings folder (default: the installed mappings/)")
+    p.add_argument("--max-file-bytes", dest="max_bytes", type=_positive, default=MAX_BYTES,
+                   help=f"bytes read from one file, after decompression (default {MAX_BYTES})")
+    # each file is parsed in a child process under these limits (the daemon's options of the same name)
+    p.add_argument("--import-memory-bytes", dest="memory_bytes", type=_at_least(64 << 20), default=d.memory_bytes,
+                   help=f"address space of the child that parses one file, at least 64 MiB (default "
+                        f"{d.memory_bytes}: import_memory_bytes)")
+    p.add_argument("--import-cpu-seconds", dest="cpu_seconds", type=_positive, default=d.cpu_seconds,
+                   help=f"CPU seconds that child may use (default {d.cpu_seconds}: import_cpu_seconds)")
+    p.add_argument("--import-timeout", dest="timeout", type=_seconds, default=d.timeout,
+                   help=f"wall-clock seconds before the child is killed (default {d.timeout:g}: import_timeout)")
+    p.add_argument("--max-events", dest="max_events", type=_positive, default=d.max_events,
+                   help=f"trace events or table rows read from one file (default {d.max_events}: "
+                        "max_events_per_import)")
+    p.add_argument("--max-series", dest="max_series", type=_positive, default=d.max_series,
+                   help=f"series one file may give (default {d.max_series}: max_series_per_import)")
+    p.add_argument("--max-devices", dest="max_devices", type=_positive, default=d.max_devices,
+                   help=f"GPUs one file may name (default {d.max_devices}: max_devices_per_import)")
     return p
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+_positive = _at_least(1)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400 seconds, got {text}")
+    return value
 
 
 _HISTOGRAM_PART = re.compile(r"_(bucket|count|sum)$")
@@ -83,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     imports: list[Imported] = []
     rejected, companions = [], []
-    importer = Importer(ImportLimits(max_bytes=args.max_bytes), args.top_kernels, mappings.raw_fields(),
-                        summary=args.format == "json")
+    limits = ImportLimits(max_bytes=args.max_bytes, max_events=args.max_events, max_devices=args.max_devices,
+                          max_series=args.max_series, memory_bytes=args.memory_bytes,
+                          cpu_seconds=args.cpu_seconds, timeout=args.timeout)
+    importer = Importer(limits, args.top_kernels, mappings.raw_fields(), summary=args.format == "json")
     for f in args.files:
         try:
             imports.append(importer.file(f, trace_id=args.trace_id))

@@ -25,12 +25,11 @@ from typing import TypeVar
 from .. import safefile
 from . import kineto_json, ncu_csv, nsys_sqlite, rocprof_csv, unitrace_csv
 from .model import CompanionFile, Profile, ProfileRejected
-from .siblings import Siblings
+from .siblings import SIDECAR, Siblings
 
 MAX_BYTES = 512 * 1024 * 1024  # per file, after decompression
 MAX_EVENTS = 1_000_000  # trace events, rows of one table or kernel records per file
 MAX_SIDECAR_BYTES = 64 * 1024  # a <file>.meta.json holds a trace id, not data
-SIDECAR = ".meta.json"
 T = TypeVar("T")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _TRACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
@@ -86,11 +85,14 @@ def import_at(dir_fd: int, name: str, *, trace_id: str | None = None, max_bytes:
 def import_fd(fd: int, dir_fd: int | None, name: str, *, trace_id: str | None = None,
               max_bytes: int = MAX_BYTES, path: str | None = None, single_link: bool = False,
               cancel: Callable[[], bool] | None = None, max_events: int = MAX_EVENTS,
-              tmp_dir: str | None = None, sqlite: dict | None = None) -> Profile:
+              tmp_dir: str | None = None, sqlite: dict | None = None,
+              opened: dict[str, int | str] | None = None) -> Profile:
     """``import_at`` of a file the caller opened (``fd``, read from offset 0; ``dir_fd``: its
-    directory, for companions and the sidecar).  ``tmp_dir``: where the private copy of a SQLite
-    file goes (default: a fresh temp dir); ``sqlite``: keyword limits for ``nsys_sqlite.parse``."""
-    siblings = Siblings(dir_fd, max_bytes, single_link=single_link)
+    directory, for companions and the sidecar, or ``opened``: those the caller opened, see
+    ``siblings``).  ``tmp_dir``: where the private copy of a SQLite file goes (default: a fresh
+    temp dir; "": nowhere, SQLite content is refused); ``sqlite``: keyword limits for
+    ``nsys_sqlite.parse``."""
+    siblings = Siblings(dir_fd, max_bytes, single_link=single_link, opened=opened)
     shown = path or name
     try:
         prof = _import(fd, shown, siblings, max_bytes, cancel, max_events, tmp_dir, sqlite or {})
@@ -128,14 +130,25 @@ def _import(fd: int, shown: str, siblings: Siblings, max_bytes: int, cancel: Cal
     parts = safefile.chunks(fd, max_bytes, gunzip=gz)
     first = next(parts, b"")
     if first.startswith(SQLITE_MAGIC):
+        if tmp_dir == "":  # the importer saw no SQLite header (a gzip member without content first)
+            raise ProfileRejected("SQLite content after an empty gzip member: not an nsys export")
         # SQLite reads its file by path: it gets a private copy (0700 temp dir), never the
         # producer's inode, so the bytes it reads are the ones counted against the limit
-        with tempfile.TemporaryDirectory(prefix="ugx-import-", dir=tmp_dir) as tmp:
+        try:
+            scratch = tempfile.TemporaryDirectory(prefix="ugx-import-", dir=tmp_dir)
+        except OSError as exc:
+            raise ProfileRejected(f"cannot make the private SQLite copy: {exc}", "environment") from None
+        with scratch as tmp:
             copy = os.path.join(tmp, "export.sqlite")
-            with open(copy, "wb") as out:
-                out.write(first)
-                for c in parts:
-                    out.write(c)
+            try:
+                with open(copy, "wb") as out:
+                    out.write(first)
+                    for c in parts:
+                        out.write(c)
+            except OSError as exc:  # a full disk is no fault of the file: try it later
+                if isinstance(exc, safefile.Refused):
+                    raise
+                raise ProfileRejected(f"cannot write the private SQLite copy: {exc}", "environment") from None
             del first
             return nsys_sqlite.parse(shown, copy, cancel=cancel, max_rows=max_events, **sqlite)
     raw = bytearray(first)

@@ -6,17 +6,22 @@ Layout under ``root``::
     root/processing/   files claimed by one scan (rename: atomic on one filesystem)
     root/imported/     imported files (and companions such as hip_api_trace, sysinfo)
     root/rejected/     bad files, each with ``<name>.reason`` saying why
+    root/scratch/      the private copy of an SQLite file (a 0700 folder) while it is imported
 
 A file is claimed once it has not changed for ``settle`` seconds.  A sidecar
 ``<name>.meta.json`` ({"trace_id": ...}) travels with its file.  Files of a triggered capture
 never pass through the root: ``adopt`` moves (or copies) them from the capture's private
-staging directory straight into processing/ and imports them.  Files left in processing/ by a
-daemon that stopped mid-import are moved to rejected/ at start (not retried: a file that
-crashed or hung the importer must not do it again); drop them again to retry.  An imported file
-that no longer imports at start (``restore``) is moved to rejected/ once, never re-read.
+staging directory straight into processing/ and imports them.  An import that is no fault of
+the file (``ProfileRejected.deferred``: the exporter is stopping, or no import worker could be
+started) rejects nothing: the file goes back to the root and is claimed again by a later scan
+(after a restart, at once); at start-up restore it stays in imported/.  Files left in
+processing/ by a daemon that died mid-import are moved to rejected/ at start (not retried: a
+file that crashed or hung the importer must not do it again); drop them again to retry.  An
+imported file that no longer imports at start (``restore``) is moved to rejected/ once, never
+re-read.
 
 The root is writable by other users (the producers), so it is handled like a spool someone else
-owns.  ``setup()`` opens the root and the three folders once and keeps the directory fds; every
+owns.  ``setup()`` opens the root and the four folders once and keeps the directory fds; every
 later operation is relative to those fds (``dir_fd``/``openat``/``renameat``) and never follows a
 symlink, so replacing ``processing/`` (or any other folder) with a symlink or another directory
 after the start changes nothing.  The folders must be owned by the exporter's user and writable
@@ -37,6 +42,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import stat
 import threading
 import time
@@ -44,16 +50,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import safefile
-from ..render.textformat import valid_utf8
-from .detect import SIDECAR
 from .isolate import Imported, Importer
 from .model import CompanionFile, Profile, ProfileRejected
+from .siblings import SIDECAR
+from .spool import Spool
 
 log = logging.getLogger("unified_gpu_exporter")
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".reason", ".crdownload", SIDECAR)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_FOLDERS = ("processing", "imported", "rejected")
-MAX_REASON = 500  # characters of a reason written to .reason (never a file's content at length)
+_FOLDERS = ("processing", "imported", "rejected", "scratch")
 
 
 class UnsafeDropDir(OSError):
@@ -68,38 +73,24 @@ class Outcome:
     companion: bool = False
     result: Imported | None = None  # its devices and readings
     kind: str = ""  # the limit a rejected file hit (ProfileRejected.kind)
+    deferred: bool = False  # not the file's fault (stopping, environment): left to be tried again
 
 
-class DropDir:
+class DropDir(Spool):
     def __init__(self, root: str | os.PathLike, settle: float = 1.0, max_bytes: int | None = None,
                  importer: Importer | None = None):
+        super().__init__()
         self.root = Path(root)
         self.processing = self.root / "processing"
         self.imported = self.root / "imported"
         self.rejected = self.root / "rejected"
-        self._last_stamp = 0
         self.settle = settle
         self.importer = importer if importer is not None else Importer()
         if max_bytes is not None:
             self.importer.limits = replace(self.importer.limits, max_bytes=max_bytes)
-        self.stopping = threading.Event()  # set: a running SQLite import stops at once
-        self._fds: dict[str, int] = {}  # "root" and each folder -> held directory fd
+        self.stopping = threading.Event()  # set: a running import stops at once
 
     # ------------------------------------------------------------------ directory fds
-    def _fd(self, which: str) -> int:
-        fd = self._fds.get(which)
-        if fd is None:
-            raise OSError(f"drop directory {self.root}: not set up")
-        return fd
-
-    def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
     def _open_root(self) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root, _DIR_FLAGS)
@@ -111,8 +102,8 @@ class DropDir:
         return fd
 
     def _open_folder(self, root_fd: int, name: str) -> int:
-        try:
-            os.mkdir(name, 0o755, dir_fd=root_fd)
+        try:  # scratch/: private copies of SQLite files (each in a 0700 folder) while they are imported
+            os.mkdir(name, 0o711 if name == "scratch" else 0o755, dir_fd=root_fd)
         except FileExistsError:
             pass
         try:
@@ -120,12 +111,15 @@ class DropDir:
         except OSError as exc:
             raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is not a directory the exporter "
                                 f"can use ({exc.strerror}; a symlink is refused): remove it") from None
-        problem = safefile.owner_problem(os.fstat(fd))
+        st = os.fstat(fd)
+        problem = safefile.owner_problem(st)
         if problem:
             os.close(fd)
             raise UnsafeDropDir(f"drop directory {self.root}: {name}/ is {problem}; another user "
                                 f"could redirect imports: remove it (the exporter recreates it) or "
                                 f"chown/chmod it")
+        if name == "scratch" and stat.S_IMODE(st.st_mode) & 0o777 != 0o711:
+            os.fchmod(fd, 0o711)  # not the umask's: a worker running as uid 65534 passes through
         return fd
 
     # ------------------------------------------------------------------ API
@@ -143,6 +137,8 @@ class DropDir:
                 os.close(fd)
             raise
         self._fds = fds
+        for name in os.listdir(fds["scratch"]):  # left by an import the exporter did not finish
+            shutil.rmtree(name, ignore_errors=True, dir_fd=fds["scratch"])
         moved = 0
         for name in sorted(os.listdir(self._fd("processing"))):
             if name.endswith(SIDECAR):
@@ -251,6 +247,10 @@ class DropDir:
     def _import_claimed(self, claimed: list[str]) -> list[Outcome]:
         outcomes = []
         for name in claimed:  # all claimed first: companions of one run sit together in processing/
+            if self.stopping.is_set():  # not started: back to the root for the next start
+                outcomes.append(Outcome(name, reason="stopped at shutdown", kind="stopped", deferred=True))
+                self._unclaim(name, "stopped at shutdown (import not started)")
+                continue
             # swapped for a symlink, a device or a hard link between the scan and the claim:
             # never opened, never moved where its content could be read
             if self._plain_file("processing", name) is None:
@@ -265,8 +265,11 @@ class DropDir:
                 outcomes.append(Outcome(name, reason=str(exc), companion=True))
                 continue
             except ProfileRejected as exc:
-                outcomes.append(Outcome(name, reason=str(exc), kind=exc.kind))
-                self._reject(name, str(exc))
+                outcomes.append(Outcome(name, reason=str(exc), kind=exc.kind, deferred=exc.deferred))
+                if exc.deferred:  # stopping, or no worker could run: no fault of the file
+                    self._unclaim(name, str(exc))
+                else:
+                    self._reject(name, str(exc))
                 continue
             outcomes.append(Outcome(name, profile=got.profile, result=got))
         for o in outcomes:
@@ -279,9 +282,13 @@ class DropDir:
         return self.importer.limits.max_bytes
 
     def _read(self, folder: str, name: str) -> Imported:
-        """Parse one file of a held folder (``ProfileRejected``/``CompanionFile`` when not kept)."""
-        got = self.importer(self._fd(folder), name, path=str(getattr(self, folder) / name), single_link=True,
-                            cancel=self.stopping.is_set)
+        """Parse one file of a held folder (``ProfileRejected``/``CompanionFile`` when not kept;
+        any OSError of the environment is a deferred ``ProfileRejected``)."""
+        try:
+            got = self.importer(self._fd(folder), name, path=str(getattr(self, folder) / name), single_link=True,
+                                cancel=self.stopping.is_set, scratch=self._fd("scratch"))
+        except OSError as exc:
+            raise ProfileRejected(f"not imported now: {type(exc).__name__}: {exc}", "environment") from None
         got.profile.path = str(self.imported / name)
         return got
 
@@ -315,81 +322,12 @@ class DropDir:
             except ProfileRejected as exc:
                 if exc.kind == "stopped":
                     break  # the daemon is stopping: not the file's fault
+                if exc.deferred:  # no worker could run: left in imported/ for the next start
+                    out.append(Outcome(name, reason=str(exc), kind=exc.kind, deferred=True))
+                    log.warning("imported profile not restored", extra={"file": name, "reason": str(exc)})
+                    continue
                 self._reject(name, f"no longer imports at start: {exc}", folder="imported")
             except Exception as exc:  # noqa: BLE001 - worse: quarantine it
                 self._reject(name, f"no longer imports at start: {exc}", folder="imported")
                 continue
         return out
-
-    # ------------------------------------------------------------------ helpers
-    def _plain_file(self, which: str, name: str) -> os.stat_result | None:
-        """lstat of ``name`` in a held folder when it is a regular file with one link, else None."""
-        try:
-            st = os.lstat(name, dir_fd=self._fd(which))
-        except OSError:
-            return None
-        return st if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else None
-
-    def _discard(self, which: str, name: str) -> None:
-        try:
-            os.unlink(name, dir_fd=self._fd(which))
-        except OSError:
-            pass
-
-    def _exists(self, which: str, name: str) -> bool:
-        try:
-            os.lstat(name, dir_fd=self._fd(which))
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True
-        return True
-
-    def _unique(self, which: str, name: str) -> str:
-        if not self._exists(which, name):
-            return name
-        return f"{name}.{time.time_ns()}"
-
-    def _move(self, src_folder: str, name: str, folder: str) -> str:
-        src, dst = self._fd(src_folder), self._fd(folder)
-        dest = self._unique(folder, name)
-        if self._plain_file(src_folder, name + SIDECAR) is not None:
-            os.replace(name + SIDECAR, dest + SIDECAR, src_dir_fd=src, dst_dir_fd=dst)
-        os.replace(name, dest, src_dir_fd=src, dst_dir_fd=dst)
-        if folder == "imported":
-            # stamp the import order: file times are coarse (a kernel tick), and restore() keeps
-            # the newest files, so two imports in one tick must still be ordered
-            stamp = max(time.time_ns(), self._last_stamp + 1)
-            self._last_stamp = stamp
-            try:
-                os.utime(dest, ns=(stamp, stamp), dir_fd=dst, follow_symlinks=False)
-            except OSError:
-                pass
-        return dest
-
-    @staticmethod
-    def _create(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
-        try:
-            os.fchmod(out, mode)  # not the umask's
-            os.write(out, data)
-        finally:
-            os.close(out)
-
-    def _write_reason(self, dest: str, reason: str) -> None:
-        name = dest + ".reason"
-        if self._exists("rejected", name):
-            name = f"{dest}.{time.time_ns()}.reason"
-        st = self._plain_file("rejected", dest)
-        # as readable as the file it explains (it may quote the file's first line)
-        mode = 0o600 | (stat.S_IMODE(st.st_mode) & 0o044 if st is not None else 0)
-        self._create(self._fd("rejected"), name,
-                     (valid_utf8(reason)[:MAX_REASON] + "\n").encode("utf-8", "replace"), mode)
-
-    def _reject(self, name: str, reason: str, folder: str = "processing") -> None:
-        try:
-            dest = self._move(folder, name, "rejected")
-            self._write_reason(dest, reason)
-        except OSError as exc:
-            log.error("cannot move a rejected profile aside", extra={"file": name, "reason": str(exc)})
-        log.warning("profile rejected", extra={"file": name, "reason": reason[:MAX_REASON]})

@@ -6,95 +6,88 @@ decompression bounds what is read, not what parsing it costs.  So the daemon (an
 command) never parses one itself:
 
 - the parent opens the file under the ``safefile`` rule (held directory fd, ``O_NOFOLLOW``, a
-  regular file with one link) and starts ``python -I -S`` with that fd and the directory's fd
-  (``pass_fds``; nothing else is inherited);
-- the child (``worker``) first lowers its own limits: address space ``memory_bytes``
+  regular file with one link), and the siblings a parser may read (``siblings.open_wanted``),
+  and starts ``python -I -S`` with those fds (``pass_fds``; nothing else is inherited, no
+  directory) as an unprivileged user where it can (``spawn``: as root, uid 65534);
+- the child (``worker``) first ignores the stop signals, offers itself to the OOM killer, drops
+  any capability it still has and lowers its own limits: address space ``memory_bytes``
   (``RLIMIT_AS``), CPU ``cpu_seconds`` (``RLIMIT_CPU``: SIGXCPU, then SIGKILL), files it
-  writes (the private SQLite copy) ``max_bytes``, no core file; then it parses through the fd,
-  converts under the per-import caps and answers one JSON document: only what is exported
-  (devices, readings, a description), never the artifact's events (it imports the standard
-  library and this package only: no site-packages, no environment);
+  writes ``max_bytes``, no core file; then it parses through the fds, converts under the
+  per-import caps and answers one JSON document: only what is exported (devices, readings, a
+  description), never the artifact's events (it imports the standard library and this package
+  only: no site-packages, no environment but ``LD_LIBRARY_PATH``);
+- an nsys SQLite file (seen by its header) gets a fresh 0700 folder for its private copy, made
+  in the ``scratch`` folder the caller holds (the drop directory's ``scratch/``; the ``import``
+  command: a private folder in the temp dir), handed over as an fd and removed afterwards; no
+  other file needs one;
 - the parent reads at most ``1 MiB + 1 KiB x max_series`` of answer, kills the child at the
-  wall-clock ``timeout`` or as soon as ``cancel()`` is true (the daemon is stopping), removes the
-  child's temp folder, and checks every field of the answer before it builds anything from it.
+  wall-clock ``timeout``, as soon as ``cancel()`` is true (the daemon is stopping) or when it
+  leaves early through an exception, and checks every field of the answer (``answer.decode``).
 
 A rejection names the limit it hit (``ProfileRejected.kind``): memory, time, events, size,
-devices, series, output, crash, stopped.  Starting the child costs 60-80 ms per artifact
-(measured on a busy 2-core box); imports are rare and run on their own thread.  The shipped
-systemd unit allows this: Python lowers limits through ``prlimit64`` (in ``@default``), not
-``setrlimit`` (``@resources``, denied); a child that cannot set them refuses to parse.  ``Importer(isolated=False)``
-parses in the calling process (the parsers' own tests).
+devices, series, output, crash.  Two outcomes are no fault of the file and reject nothing
+(``ProfileRejected.deferred``): ``stopped`` (the daemon stopped it, or it died while the daemon
+was stopping) and ``environment`` (no worker could be started, no room for the private copy).
+``probe()`` (at the profiles source's ``open``) starts a worker that parses nothing, to find
+out whether one can run at all, and fits ``memory_bytes`` under the cgroup's memory limit.
+Starting the child costs 60-80 ms per artifact (measured on a busy 2-core box); imports are
+rare and run on their own thread.  The shipped systemd unit allows this: Python lowers limits
+through ``prlimit64`` (in ``@default``), not ``setrlimit`` (``@resources``, denied).
+``Importer(isolated=False)`` parses in the calling process (the parsers' own tests).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import resource
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections import Counter
+import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import safefile
-from ..model import Device, PollResult, Reading
+from . import siblings, spawn
+from .answer import Imported, ImportLimits
+from .answer import decode as _decode
 from .convert import checked_sample, summary
-from .detect import MAX_BYTES, MAX_EVENTS, import_at, in_folder
-from .model import CompanionFile, Profile, ProfileRejected, clean_profile
+from .detect import SQLITE_MAGIC, import_at, in_folder
+from .model import ProfileRejected, clean_profile
 from .worker import BOOT
 
+__all__ = ["Imported", "ImportLimits", "Importer", "_decode"]
+log = logging.getLogger("unified_gpu_exporter")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding exporter/
 _SQLITE_SHARE = 0.9  # of the timeout: the child's own SQLite deadline answers first when it can
 _MAX_TEXT = 4096
-
-
-@dataclass(frozen=True)
-class ImportLimits:
-    """What one artifact may cost (``collectors.profiles.options``)."""
-
-    max_bytes: int = MAX_BYTES              # max_file_bytes: read, after decompression
-    max_events: int = MAX_EVENTS            # max_events_per_import
-    max_devices: int = 16                   # max_devices_per_import
-    max_series: int = 20000                 # max_series_per_import
-    memory_bytes: int = 768 << 20           # import_memory_bytes: the child's address space
-    cpu_seconds: int = 60                   # import_cpu_seconds
-    timeout: float = 120.0                  # import_timeout: wall clock
-
-    @property
-    def answer_bytes(self) -> int:
-        return (1 << 20) + 1024 * self.max_series
-
-
-@dataclass
-class Imported:
-    """One parsed artifact: its description (a ``Profile`` without kernels and ranges when it was
-    parsed in a child), its devices and readings, and the ``import`` command's summary."""
-
-    profile: Profile
-    devices: list[Device]
-    sample: PollResult
-    summary: dict | None = None
-    child_rss_bytes: int = 0  # the child's peak resident memory (0: parsed in this process)
+_MIN_MEMORY = 64 << 20  # below this a worker cannot even start Python and parse
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Importer:
     """``importer(dir_fd, name, ...)`` -> ``Imported``, or ``ProfileRejected`` (``CompanionFile``)."""
 
-    def __init__(self, limits: ImportLimits = ImportLimits(), top_n: int = 10,
+    def __init__(self, limits: ImportLimits | None = None, top_n: int = 10,
                  allowed: dict[str, set[str]] | None = None, *, summary: bool = False,
                  isolated: bool = True) -> None:
-        self.limits, self.top_n, self.allowed = limits, top_n, allowed
+        self.limits, self.top_n, self.allowed = limits or ImportLimits(), top_n, allowed
         self.summary, self.isolated = summary, isolated
+        self.python = sys.executable
+        self.creds: dict | None = None  # Popen keywords of the worker's user; None: not decided yet
 
     def __call__(self, dir_fd: int, name: str, *, path: str | None = None, single_link: bool = False,
-                 trace_id: str | None = None, cancel: Callable[[], bool] | None = None) -> Imported:
+                 trace_id: str | None = None, cancel: Callable[[], bool] | None = None,
+                 scratch: int | None = None) -> Imported:
+        """``scratch``: a folder fd where an SQLite file's private copy may go (default: a
+        private folder in the temp dir)."""
         if not self.isolated:
             return self._here(dir_fd, name, path, single_link, trace_id, cancel)
         try:
@@ -109,13 +102,53 @@ class Importer:
             if st.st_size > self.limits.max_bytes:
                 raise ProfileRejected(f"file is {st.st_size} bytes, above the import limit max_file_bytes "
                                       f"({self.limits.max_bytes})", "size")
-            return self._child(fd, dir_fd, name, path or name, single_link, trace_id, cancel)
+            return self._child(fd, dir_fd, name, path or name, single_link, trace_id, cancel, scratch)
         finally:
             os.close(fd)
 
     def file(self, path: str | os.PathLike, trace_id: str | None = None) -> Imported:
         """A path the caller named (the ``import`` command: a symlink the user typed is resolved)."""
         return in_folder(path, lambda dir_fd, name: self(dir_fd, name, path=str(path), trace_id=trace_id))
+
+    def probe(self) -> list[str]:
+        """Start a worker that parses nothing: as root, as uid 65534, else (with a warning) as
+        uid 0 without capabilities; fit ``memory_bytes`` under the cgroup's memory limit.
+        Returns the warnings; raises ProfileRejected (``environment``) when no worker runs."""
+        warnings = self._fit_memory()
+        if os.geteuid() != 0:
+            self._probe({})
+            self.creds = {}
+            return warnings
+        try:
+            self._probe(spawn.as_nobody())
+            self.creds = spawn.as_nobody()
+        except ProfileRejected as exc:
+            self._probe({})
+            self.creds = {}
+            warnings.append(f"the import worker runs as uid 0 without capabilities, not as uid {spawn.NOBODY}: "
+                            f"{exc} (grant CAP_SETUID and CAP_SETGID, and install Python and the exporter "
+                            "where every user can read them, or run the exporter as a non-root user)")
+        return warnings
+
+    def _probe(self, creds: dict) -> None:
+        out, err, _, status, _ = self._run(b'{"probe": true}', (), creds, None, max(self.limits.timeout, 30.0))
+        if status != 0 or out != b'{"ok":true,"probe":true}':
+            why = _tail(err) or out[:200].decode("utf-8", "replace") or _how(status)
+            raise ProfileRejected(f"the import worker does not start ({why})", "environment")
+
+    def _fit_memory(self) -> list[str]:
+        room = spawn.memory_room()
+        lim = self.limits
+        if room is None or room >= lim.memory_bytes:
+            return []
+        if room >= _MIN_MEMORY:
+            self.limits = dataclasses.replace(lim, memory_bytes=room)
+            return [f"the memory limit of this cgroup (a pod's or unit's memory.max) leaves {room >> 20} MiB "
+                    f"beside the exporter: import_memory_bytes is lowered from {lim.memory_bytes >> 20} to "
+                    f"{room >> 20} MiB (raise the limit to import larger artifacts)"]
+        return [f"the memory limit of this cgroup (a pod's or unit's memory.max) leaves {room >> 20} MiB beside "
+                f"the exporter, less than an import worker needs: raise it by import_memory_bytes "
+                f"({lim.memory_bytes >> 20} MiB)"]
 
     # ------------------------------------------------------------------ in this process
     def _here(self, dir_fd: int, name: str, path: str | None, single_link: bool, trace_id: str | None,
@@ -128,29 +161,36 @@ class Importer:
 
     # ------------------------------------------------------------------ in a child
     def _child(self, fd: int, dir_fd: int, name: str, path: str, single_link: bool, trace_id: str | None,
-               cancel: Callable[[], bool] | None) -> Imported:
+               cancel: Callable[[], bool] | None, scratch: int | None) -> Imported:
         lim = self.limits
-        tmp = tempfile.mkdtemp(prefix="ugx-import-")  # 0700: the child's private SQLite copy
-        request = json.dumps({
-            "fd": fd, "dir_fd": dir_fd, "name": name, "path": path, "single_link": single_link,
-            "trace_id": trace_id, "max_bytes": lim.max_bytes, "max_events": lim.max_events,
-            "max_devices": lim.max_devices, "max_series": lim.max_series, "top_n": self.top_n,
-            "allowed": {k: sorted(v) for k, v in self.allowed.items()} if self.allowed is not None else None,
-            "summary": self.summary, "tmp_dir": tmp, "timeout": lim.timeout * _SQLITE_SHARE,
-            "heap_limit": lim.memory_bytes // 2}).encode()
-        argv = [sys.executable, "-I", "-S", "-c", BOOT, str(lim.memory_bytes), str(lim.cpu_seconds),
-                str(lim.max_bytes + (1 << 20)), _PACKAGE_ROOT]
+        if self.creds is None:
+            for warning in self.probe():
+                log.warning(warning)
+        creds = self.creds or {}
+        opened = siblings.open_wanted(dir_fd, name, single_link=single_link)
+        work: _Scratch | None = None
         try:
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, pass_fds=(fd, dir_fd), cwd="/", env={})
-            except OSError as exc:
-                raise ProfileRejected(f"the import worker could not start: {exc}", "crash") from None
-            out, err, stopped, status, usage = _talk(proc, request, time.monotonic() + lim.timeout,
-                                                   lim.answer_bytes, cancel)
+            if _sqlite_header(fd):
+                try:
+                    work = _Scratch(scratch, creds)
+                except OSError as exc:
+                    raise ProfileRejected(f"no private folder for the SQLite copy: {exc}", "environment") from None
+            request = json.dumps({
+                "fd": fd, "siblings": opened, "name": name, "path": path, "single_link": single_link,
+                "trace_id": trace_id, "max_bytes": lim.max_bytes, "max_events": lim.max_events,
+                "max_devices": lim.max_devices, "max_series": lim.max_series, "top_n": self.top_n,
+                "allowed": {k: sorted(v) for k, v in self.allowed.items()} if self.allowed is not None else None,
+                "summary": self.summary, "tmp_fd": work.fd if work is not None else None,
+                "timeout": lim.timeout * _SQLITE_SHARE, "heap_limit": lim.memory_bytes // 2}).encode()
+            fds = (fd, *(v for v in opened.values() if isinstance(v, int)), *((work.fd,) if work else ()))
+            out, err, stopped, status, usage = self._run(request, fds, creds, cancel, lim.timeout)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if stopped == "stopped":
+            siblings.close(opened)
+            if work is not None:
+                work.remove()
+        if stopped == "stopped" or ((status != 0 or not out) and (
+                -status in spawn.STOP_SIGNALS or (cancel is not None and cancel()))):
+            # killed at shutdown, or died while the daemon was stopping: never the file's fault
             raise ProfileRejected("stopped at shutdown (import not finished)", "stopped")
         if stopped == "time":
             raise ProfileRejected(f"not parsed within the time limit import_timeout ({lim.timeout:g} s)", "time")
@@ -158,25 +198,94 @@ class Importer:
             raise ProfileRejected(f"the import worker's answer is above {lim.answer_bytes} bytes", "output")
         if status < 0 or not out:
             raise _died(status, err, usage.ru_utime + usage.ru_stime, lim)
-        imported = _decode(out, lim)
+        imported = _decode(out, lim, self.allowed)
         imported.child_rss_bytes = usage.ru_maxrss * 1024
         return imported
+
+    def _run(self, request: bytes, fds: tuple[int, ...], creds: dict, cancel: Callable[[], bool] | None,
+             timeout: float) -> tuple[bytes, bytes, str, int, resource.struct_rusage]:
+        lim = self.limits
+        argv = [self.python, "-I", "-S", "-c", BOOT, str(lim.memory_bytes), str(lim.cpu_seconds),
+                str(lim.max_bytes + (1 << 20)), _PACKAGE_ROOT]
+        try:
+            proc = spawn.spawn(argv, fds, creds)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise ProfileRejected(f"the import worker could not start: {exc}", "environment") from None
+        try:
+            return _talk(proc, request, time.monotonic() + timeout, lim.answer_bytes, cancel)
+        except OSError as exc:  # a pipe: the environment, not the file
+            raise ProfileRejected(f"talking to the import worker failed: {exc}", "environment") from None
+
+
+class _Scratch:
+    """A fresh 0700 folder for one SQLite copy, owned by the worker's user, in ``base_fd`` (held
+    by the caller) or else in a private folder made in the temp dir; ``fd`` goes to the worker.
+    SQLite opens the copy by path and resolves every symlink on it (``/proc/self/fd/N`` too), so
+    a worker running as another user needs a folder it can reach by path: ``base_fd`` is used
+    for it only when every folder above it lets others through (``o+x``)."""
+
+    def __init__(self, base_fd: int | None, creds: dict) -> None:
+        if base_fd is not None and creds and not _reachable_by_others(base_fd):
+            base_fd = None
+        if base_fd is None:
+            made = safefile.private_dir(None, "ugx-import-")
+            self._base, self._own, self.name = safefile.open_dir(made.parent), True, made.name
+        else:
+            self._base, self._own, self.name = base_fd, False, f"import-{secrets.token_hex(8)}"
+            os.mkdir(self.name, 0o700, dir_fd=base_fd)
+        try:
+            self.fd = os.open(self.name, _DIR_FLAGS, dir_fd=self._base)
+            if creds:
+                os.fchown(self.fd, creds["user"], creds["group"])
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None
+        shutil.rmtree(self.name, ignore_errors=True, dir_fd=self._base)
+        if self._own:
+            os.close(self._base)
+            self._own = False
+
+
+def _reachable_by_others(dir_fd: int) -> bool:
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{dir_fd}"))
+        return all(os.stat(p).st_mode & 0o001 for p in (real, *real.parents))
+    except OSError:
+        return False
+
+
+def _sqlite_header(fd: int) -> bool:
+    """Whether the file starts as SQLite (inside its first gzip member when gzipped): read at
+    most 4 KiB and inflate at most 16 bytes, never more, in the parent."""
+    try:
+        head = os.pread(fd, 4096, 0)
+        if head.startswith(safefile.GZIP_MAGIC):
+            head = zlib.decompressobj(31).decompress(head, len(SQLITE_MAGIC))
+    except (OSError, zlib.error):
+        return False
+    return head.startswith(SQLITE_MAGIC)
 
 
 def _talk(proc: subprocess.Popen, request: bytes, deadline: float, cap: int,
           cancel: Callable[[], bool] | None) -> tuple[bytes, bytes, str, int, resource.struct_rusage]:
     """Send the request, collect the answer (at most ``cap`` bytes) and stderr's tail; kill the
-    child at ``deadline``, on ``cancel()`` or above ``cap``.  Returns (stdout, stderr tail, why it
-    was killed or "", exit status (-signal), the child's resource usage)."""
+    child at ``deadline``, on ``cancel()``, above ``cap`` or when leaving through an exception.
+    Returns (stdout, stderr tail, why it was killed or "", exit status (-signal), the child's
+    resource usage)."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out, err, why, sent = bytearray(), bytearray(), "", 0
+    out, err, why, sent, done = bytearray(), bytearray(), "", 0, False
     sel = selectors.DefaultSelector()
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-    sel.register(proc.stdin, selectors.EVENT_WRITE)
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    sel.register(proc.stderr, selectors.EVENT_READ)
     try:
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            os.set_blocking(f.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE)
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(proc.stderr, selectors.EVENT_READ)
         while sel.get_map():
             left = deadline - time.monotonic()
             if cancel is not None and cancel():
@@ -208,9 +317,10 @@ def _talk(proc: subprocess.Popen, request: bytes, deadline: float, cap: int,
                     err = (err + data)[-_MAX_TEXT:]
             if why:
                 break
+        done = True
     finally:
         sel.close()
-        if why:
+        if why or not done:  # a limit, a stop, or an exception: never wait on a live child
             proc.kill()
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if not f.closed:
@@ -220,14 +330,18 @@ def _talk(proc: subprocess.Popen, request: bytes, deadline: float, cap: int,
     return bytes(out), bytes(err), why, proc.returncode, usage
 
 
+def _tail(err: bytes) -> str:
+    return (err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""])[0][:200]
+
+
 def _died(status: int, err: bytes, cpu: float, lim: ImportLimits) -> ProfileRejected:
-    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+    tail = _tail(err)
     if status == -signal.SIGXCPU or (status == -signal.SIGKILL and cpu >= lim.cpu_seconds):
         return ProfileRejected(f"not parsed within the CPU limit import_cpu_seconds ({lim.cpu_seconds} s)", "time")
-    if "MemoryError" in tail[0] or status in (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGKILL, -signal.SIGBUS):
+    if "MemoryError" in tail or status in (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGKILL, -signal.SIGBUS):
         return ProfileRejected(f"the import worker died ({_how(status)}) under the memory limit "
-                               f"import_memory_bytes ({lim.memory_bytes}): {tail[0][:200]}", "memory")
-    return ProfileRejected(f"the import worker failed ({_how(status)}): {tail[0][:200]}", "crash")
+                               f"import_memory_bytes ({lim.memory_bytes}): {tail}", "memory")
+    return ProfileRejected(f"the import worker failed ({_how(status)}): {tail}", "crash")
 
 
 def _how(status: int) -> str:
@@ -237,54 +351,3 @@ def _how(status: int) -> str:
         except ValueError:
             return f"signal {-status}"
     return f"exit status {status}"
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} in the import worker's answer")
-
-
-def _decode(data: bytes, lim: ImportLimits) -> Imported:
-    """The child's answer, every field checked (it describes a hostile file)."""
-    try:
-        doc = json.loads(data, parse_constant=_no_constant)
-        return _build(doc, lim)
-    except ProfileRejected:
-        raise
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise ProfileRejected(f"the import worker's answer is not valid ({type(exc).__name__}: "
-                              f"{str(exc)[:200]})", "crash") from None
-
-
-def _s(value: object, limit: int = _MAX_TEXT) -> str:
-    if not isinstance(value, str) or len(value) > limit:
-        raise TypeError("a string expected")
-    return value
-
-
-def _build(doc: dict, lim: ImportLimits) -> Imported:
-    if not doc["ok"]:
-        kind = _s(doc.get("kind", ""), 32)
-        reason = _s(doc["reason"])
-        raise CompanionFile(reason) if doc.get("companion") is True else ProfileRejected(reason, kind)
-    p = doc["profile"]
-    wall = p["wall_zero_ns"]
-    if wall is not None and type(wall) is not int:
-        raise TypeError("wall_zero_ns")
-    prof = Profile(tool=_s(p["tool"], 32), variant=_s(p["variant"], 200), path=_s(p["path"]),
-                   trace_id=_s(p["trace_id"], 64), trace_id_from=_s(p["trace_id_from"], 32), wall_zero_ns=wall,
-                   warnings=[_s(w) for w in p["warnings"][:50]])
-    fields = ("key", "vendor", "index", "mapping", "uuid", "model", "pci_bus_id")
-    devices = [Device(**{f: _s(d[f], 512) for f in fields}) for d in doc["devices"]]
-    if len(devices) > lim.max_devices or len(doc["readings"]) > lim.max_series:
-        raise ProfileRejected("the import worker's answer is above the per-import caps", "crash")
-    labels = [tuple((_s(k, 128), _s(v, 1024)) for k, v in ls) for ls in doc["labels"]]
-    sample = PollResult(devices=devices)
-    for dev, field, value, li in doc["readings"]:
-        if type(value) not in (int, float) or type(dev) is not int or type(li) is not int or dev < 0 or li < 0:
-            raise TypeError("a reading")
-        sample.readings.append(Reading(devices[dev].key, _s(field, 256), float(value), labels[li]))
-    sample.errors = Counter({_s(k, 64): int(v) for k, v in doc["errors"].items()})
-    summ = doc["summary"]
-    if summ is not None and not isinstance(summ, dict):
-        raise TypeError("summary")
-    return Imported(prof, devices, sample, summ)

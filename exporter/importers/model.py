@@ -12,17 +12,26 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 from ..render.textformat import valid_utf8
 
+DEFERRED = ("stopped", "environment")  # kinds that are no fault of the file: tried again
+
 
 class ProfileRejected(Exception):
     """The file is not a supported profiler artifact; ``str(exc)`` is the precise reason.
 
     ``kind`` names a limit the file hit ("" for anything else): ``size`` (``max_file_bytes``),
-    ``memory``, ``time``, ``events``, ``devices``, ``series``, ``output``, ``crash``, ``stopped``;
-    the profiles source counts each as ``profile_rejected_<kind>``."""
+    ``memory``, ``time``, ``events``, ``devices``, ``series``, ``output``, ``crash``; the profiles
+    source counts each as ``profile_rejected_<kind>``.  Two kinds are no fault of the file
+    (``deferred``): ``stopped`` (the exporter is stopping) and ``environment`` (no worker could
+    be started, no room for a private copy, ...): the file stays where it is, to be tried again,
+    and is counted as ``profile_deferred_<kind>``."""
 
     def __init__(self, message: str, kind: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+
+    @property
+    def deferred(self) -> bool:
+        return self.kind in DEFERRED
 
 
 class CompanionFile(ProfileRejected):

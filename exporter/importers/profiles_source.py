@@ -14,6 +14,7 @@ Options (``collectors.profiles.options``)::
     max_devices_per_import: 16     # an artifact naming more GPUs is rejected
     max_series_per_import: 20000   # an artifact giving more series is rejected
     max_series_total: 50000        # all kept imports: the oldest are evicted to make room
+                                   # (default: 50000 or max_series_per_import if larger)
     max_events_per_import: 1000000 # trace events / table rows read from one artifact
     import_memory_bytes: 805306368   # each artifact is parsed in a child process with
     import_cpu_seconds: 60           # these kernel limits (RLIMIT_AS, RLIMIT_CPU) and
@@ -24,7 +25,11 @@ Imports run in a background thread, never in ``poll``, and each artifact is pars
 process with memory, CPU and time limits: a huge or hostile file cannot stall the daemon or grow
 its memory, and a parser failure only moves the file to ``rejected/``.  A rejection is counted
 by the limit it hit: ``profile_rejected`` (not a supported artifact) or
-``profile_rejected_<kind>`` (size, memory, time, events, devices, series, output, crash).  ``poll`` returns the series
+``profile_rejected_<kind>`` (size, memory, time, events, devices, series, output, crash).  An
+import that is no fault of the file is deferred, not rejected (the file is tried again):
+``profile_deferred_stopped`` (the exporter was stopping) or ``profile_deferred_environment``
+(no worker could start, no room for an SQLite copy).  ``open`` starts one worker that parses
+nothing: where none can run, the source is down with the reason.  ``poll`` returns the series
 of the imported artifacts, which stay exported until a newer import of the same tool, GPUs and
 trace id replaces them or until they are ``ttl`` seconds old: they are profiler results, not
 live hardware readings, and a stale one must not keep driving live indicators and alerts.  A
@@ -50,7 +55,7 @@ from ..sources.options import ProfilesOptions
 from .convert import checked_sample
 from .dropdir import DropDir, Outcome
 from .isolate import Importer, ImportLimits
-from .model import Profile
+from .model import Profile, ProfileRejected
 from .trigger import CaptureTrigger, TriggerConfig
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -73,7 +78,7 @@ class ProfilesSource(SourceBase):
             raise ValueError(f"profiles ttl must be >= 0 seconds, got {self.ttl!r}")
         self.max_devices = opts.max_devices_per_import
         self.max_series = opts.max_series_per_import
-        self.max_series_total = opts.max_series_total
+        self.max_series_total = opts.max_series_total or max(50000, self.max_series)
         self.clock = time.monotonic
         self.limits = ImportLimits(
             max_bytes=opts.max_file_bytes, max_events=opts.max_events_per_import, max_devices=self.max_devices,
@@ -103,6 +108,12 @@ class ProfilesSource(SourceBase):
             moved = self.drop.setup()
         except OSError as exc:
             raise SourceUnavailable(f"drop directory {self.dir}: {exc}") from None
+        try:  # once: can an import worker run here at all (and fit the cgroup's memory limit)?
+            for warning in self.drop.importer.probe():
+                log.warning("profiles: %s", warning)
+        except ProfileRejected as exc:
+            self.drop.close()
+            raise SourceUnavailable(f"profiles: {exc}") from None
         if moved:
             with self._lock:
                 self._errors["profile_rejected"] += moved
@@ -145,7 +156,10 @@ class ProfilesSource(SourceBase):
         if self.restore_on_open:
             try:
                 for o in self.drop.restore(self.max_profiles):
-                    self.add(o.profile, count=False, converted=_converted(o))
+                    if o.profile is not None:
+                        self.add(o.profile, count=False, converted=_converted(o))
+                    else:  # deferred (no worker could run): left in imported/
+                        self._count(o)
             except Exception:  # noqa: BLE001 - never let the import thread die
                 log.exception("restoring imported profiles failed")
         # the first scan after one interval: files found at start still get their settle time
@@ -175,9 +189,13 @@ class ProfilesSource(SourceBase):
                                                     "variant": o.profile.variant,
                                                     "trace_id": o.profile.trace_id})
             elif not o.companion:
-                with self._lock:  # by the limit it hit: profile_rejected_memory, _time, ...
-                    self._errors["profile_rejected" + (f"_{o.kind}" if o.kind else "")] += 1
+                self._count(o)
         return n
+
+    def _count(self, o: Outcome) -> None:
+        with self._lock:  # by the limit it hit: profile_rejected_memory, _time, ...; or deferred
+            self._errors[("profile_deferred" if o.deferred else "profile_rejected")
+                         + (f"_{o.kind}" if o.kind else "")] += 1
 
     def _convert(self, prof: Profile) -> tuple[list[Device], PollResult]:
         """A profile parsed in this process: its devices and readings, or ProfileRejected above

@@ -1,10 +1,13 @@
 """The child process that parses one artifact for ``isolate`` (never imported by the daemon itself).
 
-``isolate`` starts ``python -I -S -c BOOT``: ``BOOT`` lowers the child's own resource limits
-(address space, CPU seconds, file size, no core file) before anything else runs, then calls
-``main``.  ``main`` reads its request (JSON on stdin: the fds it inherited, the file's name, the
-limits, the conversion settings), parses the file through the inherited fd
-(``detect.import_fd``), converts it under the per-import caps (``convert.checked_sample``) and
+``isolate`` starts ``python -I -S -c BOOT``: before anything else runs, ``BOOT`` ignores the
+stop signals (the parent kills it when the daemon stops), sets its ``oom_score_adj`` to 1000,
+drops every capability it still has (uid 0 that could not switch users) and lowers its own
+resource limits (address space, CPU seconds, file size, no core file), then calls ``main``.
+``main`` reads its request (JSON on stdin: the fds it inherited, the file's name, the limits,
+the conversion settings; ``{"probe": true}`` only checks that a worker starts), parses the file
+through the inherited fds (``detect.import_fd``: the file, its siblings, the folder for an
+SQLite copy), converts it under the per-import caps (``convert.checked_sample``) and
 writes one JSON answer on stdout: the profile's description, its devices and readings (label
 sets once, readings by index), or the reason it was rejected and the limit it hit.  Nothing of
 the artifact itself travels back: only what is exported, bounded by ``max_series_per_import``.
@@ -25,7 +28,34 @@ MAX_TEXT = 500
 
 # run by ``python -I -S -c``: argv = [-c, memory bytes, CPU seconds, file size bytes, package root]
 BOOT = """\
-import json, resource, signal, sys
+import json, os, resource, signal, sys
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)  # systemd signals the whole cgroup: the parent stops this one
+def refuse(why):
+    sys.stdout.write(json.dumps({"ok": False, "kind": "environment", "reason": why}))
+    sys.exit(0)
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")  # under memory pressure the kernel kills this child first, never the daemon
+except OSError:
+    pass
+def caps():  # what this process holds or hands on (an inheritable set alone grants nothing)
+    with open("/proc/self/status") as f:
+        return [int(l.split()[1], 16) for l in f if l.startswith(("CapPrm", "CapEff", "CapAmb"))]
+try:
+    if any(caps()):  # uid 0 that could not switch users: drop every capability before reading
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: an execve cannot regain them
+        libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+        libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())  # v3, all zero
+        if any(caps()):
+            raise OSError(ctypes.get_errno(), "capset failed")
+except (OSError, ImportError, AttributeError) as exc:
+    refuse(f"the import worker cannot drop its capabilities ({exc})")
 def lower(res, soft, hard):
     have = resource.getrlimit(res)[1]
     if have != resource.RLIM_INFINITY:
@@ -38,15 +68,12 @@ try:
     lower(resource.RLIMIT_CORE, 0, 0)
     lower(resource.RLIMIT_CPU, cpu, cpu + 1)  # SIGXCPU, then SIGKILL a second later
 except (OSError, ValueError) as exc:
-    sys.stdout.write(json.dumps({"ok": False, "kind": "crash",
-                                 "reason": f"the import worker cannot set its resource limits ({exc})"}))
-    sys.exit(0)
+    refuse(f"the import worker cannot set its resource limits ({exc})")
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails (EFBIG), no signal
 sys.path.insert(0, sys.argv[4])
 from exporter.importers.worker import main
 sys.exit(main())
 """
-
 
 def _text(value: object) -> str:
     return str(value)[:MAX_TEXT]
@@ -77,10 +104,12 @@ def encode(prof: Profile, devices: list, sample: Any, summ: dict | None) -> dict
 def answer(req: dict) -> dict:
     """Parse and convert the file the request names; the answer (never raises)."""
     try:
+        tmp = f"/proc/self/fd/{req['tmp_fd']}" if req["tmp_fd"] is not None else ""  # "": no SQLite copy
         prof = clean_profile(import_fd(
-            req["fd"], req["dir_fd"], req["name"], trace_id=req["trace_id"], max_bytes=req["max_bytes"],
+            req["fd"], None, req["name"], trace_id=req["trace_id"], max_bytes=req["max_bytes"],
             path=req["path"], single_link=req["single_link"], max_events=req["max_events"],
-            tmp_dir=req["tmp_dir"], sqlite={"time_limit": req["timeout"], "heap_limit": req["heap_limit"]}))
+            tmp_dir=tmp, sqlite={"time_limit": req["timeout"], "heap_limit": req["heap_limit"]},
+            opened=req["siblings"]))
         allowed = {k: set(v) for k, v in req["allowed"].items()} if req["allowed"] is not None else None
         devices, sample = checked_sample(prof, req["top_n"], allowed, req["max_devices"], req["max_series"])
         summ = summary(prof, req["top_n"]) if req["summary"] else None
@@ -100,7 +129,7 @@ def answer(req: dict) -> dict:
 
 def main() -> int:
     req = json.loads(sys.stdin.buffer.read())
-    out = answer(req)
+    out = {"ok": True, "probe": True} if req.get("probe") is True else answer(req)
     try:
         data = json.dumps(out, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
     except MemoryError:

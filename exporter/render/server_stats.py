@@ -8,8 +8,9 @@ HELP: dict[str, tuple[str, str]] = {
     "web_config_reloads_total": (
         "counter", "Changes of the web config file by result: applied; invalid (not a config: every request "
                    "and handshake is refused until it is fixed); refused_looser (valid but looser than the "
-                   "config in force: users, client_auth_type, client_allowed_sans, min_version or TLS "
-                   "dropped; the stricter config keeps serving until a restart applies it)."),
+                   "config in force: users, client_auth_type, client_allowed_sans, min_version, cipher_suites, "
+                   "curve_preferences, a security header, rate_limit or TLS dropped or weakened; the stricter "
+                   "config keeps serving, with the file's users, until a restart applies it)."),
     "idle_connection_eviction": (
         "gauge", "1 when idle keep-alive connections can be evicted to make room for a new one under "
                  "--web.max-connections; 0 when the installed aiohttp lacks what the check reads (then only "

@@ -44,9 +44,11 @@ def state_bytes_limit(cfg: IndicatorConfig, devices: int) -> int:
 
 
 def check_state_dir(path: Path) -> None:
-    """``--state.dir`` (created 0700 when missing) must be a directory, not a symlink, owned by
-    the exporter's user or root and writable by nobody else, under ancestors nobody else can
-    swap: another user could otherwise plant or replace the state file.  ConfigError when not."""
+    """``--state.dir`` (created 0700 when missing) must be a directory owned by the exporter's
+    user or root and writable by nobody else, under ancestors nobody else can swap, reached
+    through no symlink another user could repoint (systemd's ``DynamicUser=`` makes it a
+    root-owned symlink into ``/var/lib/private``: accepted): another user could otherwise plant
+    or replace the state file.  ConfigError when not."""
     try:
         safefile.owned_dir(path, "--state.dir")
     except OSError as exc:

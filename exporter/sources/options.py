@@ -144,8 +144,9 @@ class ProfilesOptions(Options):
     max_file_bytes: int = Field(512 * 1024 * 1024, ge=1)  # also after decompression
     max_devices_per_import: int = Field(16, ge=1)
     max_series_per_import: int = Field(20000, ge=1)
-    # all kept imports together: the oldest are evicted to make room (at least one import's worth)
-    max_series_total: int = Field(50000, ge=1, strict=True)
+    # all kept imports together: the oldest are evicted to make room (at least one import's worth;
+    # default: 50000, or max_series_per_import where that is larger)
+    max_series_total: int | None = Field(None, ge=1, strict=True)
     # what parsing one artifact may cost: it runs in a child process with these kernel limits
     max_events_per_import: int = Field(1_000_000, ge=1, strict=True)  # trace events, table rows
     import_memory_bytes: int = Field(768 << 20, ge=64 << 20, strict=True)  # RLIMIT_AS of the child
@@ -156,7 +157,9 @@ class ProfilesOptions(Options):
 
     @model_validator(mode="after")
     def _total_holds_one_import(self) -> ProfilesOptions:
-        if self.max_series_total < self.max_series_per_import:
+        if self.max_series_total is None:
+            self.max_series_total = max(50000, self.max_series_per_import)
+        elif self.max_series_total < self.max_series_per_import:
             raise ValueError(f"max_series_total ({self.max_series_total}) must be at least "
                              f"max_series_per_import ({self.max_series_per_import})")
         return self

@@ -117,11 +117,15 @@ _TLS_VERSION_OF = {"TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv
 
 def _meets_tls_policy(cfg: WebConfig, request: web.Request) -> bool:
     """Whether the request's TLS connection was made under a policy at least as strict as the
-    current one (a verified client certificate where one is required, min_version)."""
+    current one (a verified client certificate where one is required, min_version).  A plain
+    request while the config says TLS (turned on at run time: the listener started without it
+    and only a restart makes it a TLS one) never is."""
+    if not cfg.tls_enabled:
+        return True
     transport = request.transport
     sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
-    if not cfg.tls_enabled or sslobj is None:
-        return True
+    if sslobj is None:
+        return False
     if cfg.tls.client_auth_type == "RequireAndVerifyClientCert" and not transport.get_extra_info("peercert"):
         return False
     version = _TLS_VERSION_OF.get(sslobj.version() or "", ssl.TLSVersion.TLSv1)

@@ -41,6 +41,11 @@ class WebConfig:
         cfg.broken = reason
         return cfg
 
+    def with_users_of(self, other: WebConfig) -> WebConfig:
+        """This config with ``other``'s basic_auth_users (the user part of a refused reload)."""
+        return WebConfig(self._data.model_copy(update={"basic_auth_users": other._data.basic_auth_users}),
+                         self.path)
+
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
     def empty(cls) -> WebConfig:

@@ -1,5 +1,6 @@
 """``WebConfigWatcher``: follows the web config file; an invalid new file refuses everything (fail
-closed), a valid looser one is refused and the stricter config in force keeps serving."""
+closed), a valid looser one is refused and the stricter config in force keeps serving (with the
+file's user list, so a user it removes or whose password it changes is out at once)."""
 
 from __future__ import annotations
 
@@ -80,16 +81,26 @@ class WebConfigWatcher:
             weaker = loosened(self._enforced, cfg)
             if weaker:
                 STATS.reloads["refused_looser"] += 1
+                # what the file tightens in its users still applies: a user it removes (or whose
+                # password it changes) must not keep access because something else was loosened
+                users = cfg.users and cfg.users != self._enforced.users
                 if weaker != self._refused:  # once per reason, not once per rewrite of the file
                     log.warning("web config %s: %s at run time is refused; the stricter config in force "
-                                "keeps serving (restart to apply it)", self.path, weaker)
+                                "keeps serving (restart to apply it)%s", self.path, weaker,
+                                "; its basic_auth_users apply now" if users else "")
                 self._refused = weaker
+                if users:
+                    self._enforced = self._enforced.with_users_of(cfg)
                 self._config = self._enforced
                 return self._config
             self._config = self._enforced = cfg
             self._refused = ""
             STATS.reloads["applied"] += 1
-            log.info("web config %s reloaded", self.path)
+            if cfg.tls_enabled and self._tls is None:
+                log.warning("web config %s turns TLS on: the listener started without it and serves plain "
+                            "HTTP until a restart, so every request is refused (403) meanwhile", self.path)
+            else:
+                log.info("web config %s reloaded", self.path)
             return self._config
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -116,14 +127,19 @@ _CLIENT_AUTH_RANK = {"NoClientCert": 0, "RequestClientCert": 0, "RequireAnyClien
 
 
 def loosened(old: WebConfig, new: WebConfig) -> str:
-    """What ``new`` drops of ``old``'s access control ("" when nothing): all users, TLS, the
-    client-certificate requirement, the client SAN allow-list, or TLS versions."""
+    """What ``new`` drops of ``old``'s protection ("" when nothing): all users, TLS, the
+    client-certificate requirement, the client SAN allow-list, TLS versions, cipher suites or
+    curves, a security header (removed or changed: a value cannot be ranked), or the rate limit."""
     if old.users and not new.users:
         return "removing basic_auth_users (turning basic auth off)"
     if old.tls_enabled and not new.tls_enabled:
         return "turning TLS off (tls_server_config no longer enables it)"
-    if not (old.tls_enabled and new.tls_enabled):
-        return ""
+    for name, value in old.headers.items():
+        if new.headers.get(name) != value:
+            return f"{'changing' if name in new.headers else 'removing'} the {name} header"
+    rate = _rate_loosened(old, new)
+    if rate or not (old.tls_enabled and new.tls_enabled):
+        return rate
     if _CLIENT_AUTH_RANK[new.tls.client_auth_type] < _CLIENT_AUTH_RANK[old.tls.client_auth_type]:
         return (f"weakening client_auth_type from {old.tls.client_auth_type} to "
                 f"{new.tls.client_auth_type}")
@@ -131,4 +147,20 @@ def loosened(old: WebConfig, new: WebConfig) -> str:
         return "removing client_allowed_sans"
     if _TLS_VERSIONS[new.tls.min_version] < _TLS_VERSIONS[old.tls.min_version]:
         return f"lowering min_version from {old.tls.min_version} to {new.tls.min_version}"
+    for field in ("cipher_suites", "curve_preferences"):
+        was, now = getattr(old.tls, field), getattr(new.tls, field)
+        if was and (not now or set(now) - set(was)):  # empty: every default allowed
+            return f"{'removing' if not now else 'widening'} {field}"
+    return ""
+
+
+def _rate_loosened(old: WebConfig, new: WebConfig) -> str:
+    """The rate limit turned off, or allowing more (a larger burst or a shorter interval)."""
+    was, now = old.rate_limit, new.rate_limit
+    if not (was.burst > 0 and was.interval_seconds > 0):
+        return ""
+    if not (now.burst > 0 and now.interval_seconds > 0):
+        return "removing rate_limit"
+    if now.burst > was.burst or now.interval_seconds < was.interval_seconds:
+        return "raising rate_limit"
     return ""

@@ -1,0 +1,151 @@
+"""How the import worker is started: as whom, with what, and how much memory it may take.
+
+- **Who.** As root, the worker runs as uid/gid 65534 (nobody) with no supplementary groups:
+  switching every uid away from 0 clears its capabilities (permitted, effective, ambient).
+  Where that cannot start a worker (no CAP_SETUID/CAP_SETGID, or an interpreter or package uid
+  65534 cannot read), it runs as uid 0 and drops every capability itself before it reads
+  anything (``worker.BOOT``), and a warning says why.  As any other user it runs as that user.
+- **What it inherits.** ``Popen`` runs in a short-lived thread that first blocks SIGTERM,
+  SIGINT and SIGHUP (the worker starts with them blocked and ignores them: systemd signals the
+  whole cgroup at stop, and the parent, which kills the worker itself when stopping, must see
+  no "crash") and clears its own ambient capabilities (systemd's ``AmbientCapabilities=``
+  would otherwise survive ``execve`` into the worker).  Capabilities and the signal mask are
+  per thread: the daemon's other threads keep theirs.  The environment is empty but for
+  ``LD_LIBRARY_PATH`` (an interpreter that needs it for libpython or libsqlite3).
+- **Memory.** ``memory_room`` is what the cgroup's ``memory.max`` leaves beside this process
+  (a pod's or unit's limit counts the worker too): the importer lowers the worker's address
+  space to fit, and the worker sets its ``oom_score_adj`` to 1000, so the kernel kills it
+  first, never the daemon.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+NOBODY = 65534
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_NO_LIMIT = 1 << 60  # cgroup v1 writes "unlimited" as a huge page-aligned number
+MARGIN = 32 << 20  # room kept for the daemon's own growth
+
+
+def as_nobody() -> dict:
+    """Popen keywords that start the worker as uid/gid 65534 (only meaningful as root)."""
+    return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+
+
+def child_env() -> dict[str, str]:
+    lib = os.environ.get("LD_LIBRARY_PATH")
+    return {"LD_LIBRARY_PATH": lib} if lib else {}
+
+
+def capabilities(pid: str = "thread-self") -> dict[str, int]:
+    """CapInh, CapPrm, CapEff, CapBnd, CapAmb of a task (``/proc/<pid>/status``)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Cap"):
+                    key, _, value = line.partition(":")
+                    out[key] = int(value.strip() or "0", 16)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _clear_ambient() -> None:
+    """Clear this thread's ambient capabilities (before it starts the worker)."""
+    if not capabilities().get("CapAmb"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot clear the ambient capabilities: {os.strerror(err)}")
+
+
+def spawn(argv: list[str], pass_fds: tuple[int, ...], creds: dict) -> subprocess.Popen:
+    """The worker, started from a fresh thread (see the module text); raises OSError (or
+    SubprocessError) when it cannot be started."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            _clear_ambient()
+            box.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, pass_fds=pass_fds, cwd="/",
+                                        env=child_env(), **creds))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box.append(exc)
+
+    t = threading.Thread(target=run, name="import-spawn", daemon=True)
+    try:
+        t.start()
+    except RuntimeError as exc:  # no thread left: the environment, not the file
+        raise OSError(f"cannot start a thread: {exc}") from None
+    t.join()
+    got = box[0] if box else OSError("the worker was not started")
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def _limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None  # "max"
+    value = int(text)
+    return value if value < _NO_LIMIT else None
+
+
+def memory_max(cgroup_root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self")) -> int | None:
+    """The lowest memory limit on this process's cgroup path (v2 ``memory.max`` up to the
+    root of the mount, or v1 ``memory.limit_in_bytes``); None without one."""
+    try:
+        lines = (proc / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        hid, _, rest = line.partition(":")
+        ctrls, _, path = rest.partition(":")
+        if hid == "0" and not ctrls:
+            base, name = cgroup_root, "memory.max"
+        elif "memory" in ctrls.split(","):
+            base, name = cgroup_root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        p = base / path.strip().lstrip("/")
+        while True:
+            v = _limit(p / name)
+            if v is not None:
+                limits.append(v)
+            if p == base or base not in p.parents:
+                break
+            p = p.parent
+    return min(limits) if limits else None
+
+
+def rss_bytes(proc: Path = Path("/proc/self")) -> int:
+    try:
+        for line in (proc / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def memory_room() -> int | None:
+    """What the cgroup's memory limit leaves beside this process (None: no limit)."""
+    limit = memory_max()
+    return None if limit is None else max(0, limit - rss_bytes() - MARGIN)
