@@ -67,6 +67,14 @@ def _wait_ready(gate: Path, timeout: float = 30) -> int:
     return int((gate / "ready").read_text())
 
 
+def _gated_scan(d, gate: Path, monkeypatch) -> tuple[threading.Thread, list, int]:
+    """Start ``d.scan`` in a thread with the worker held at the gate: (thread, its result box,
+    the worker's pid)."""
+    monkeypatch.setattr(isolate, "BOOT", _gated(gate))
+    t, box = _in_thread(lambda: d.scan(now=time.time() + 10))
+    return t, box, _wait_ready(gate)
+
+
 def _status(pid: int) -> dict[str, str]:
     return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
 
@@ -99,9 +107,7 @@ def test_sigterm_to_the_worker_mid_import_rejects_nothing(tmp_path, shared_fixtu
     was rejected as a crash (and good files were moved from imported/ to rejected/)."""
     d = _drop(tmp_path, shared_fixtures, KINETO)
     d.importer.probe()
-    monkeypatch.setattr(isolate, "BOOT", _gated(gate))
-    t, box = _in_thread(lambda: d.scan(now=time.time() + 10))
-    pid = _wait_ready(gate)
+    t, box, pid = _gated_scan(d, gate, monkeypatch)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         os.kill(pid, sig)
     (gate / "go").touch()
@@ -255,9 +261,7 @@ def test_memory_max_reads_the_lowest_limit_on_the_cgroup_path(tmp_path):
 def test_the_worker_offers_itself_to_the_oom_killer(tmp_path, shared_fixtures, gate, monkeypatch):
     d = _drop(tmp_path, shared_fixtures, KINETO)
     d.importer.probe()
-    monkeypatch.setattr(isolate, "BOOT", _gated(gate))
-    t, _ = _in_thread(lambda: d.scan(now=time.time() + 10))
-    pid = _wait_ready(gate)
+    t, _, pid = _gated_scan(d, gate, monkeypatch)
     try:
         assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
         assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"
@@ -282,9 +286,7 @@ def _look_at_a_worker(tmp_path: Path, shared_fixtures: Path, gate: Path, monkeyp
     copy in scratch/, which its user must be able to write), and the import's outcome."""
     d = _drop(tmp_path, shared_fixtures, NSYS)
     d.importer = importer
-    monkeypatch.setattr(isolate, "BOOT", _gated(gate))
-    t, box = _in_thread(lambda: d.scan(now=time.time() + 10))
-    pid = _wait_ready(gate)
+    t, box, pid = _gated_scan(d, gate, monkeypatch)
     try:
         status = _status(pid)
     finally:
@@ -486,9 +488,7 @@ def test_the_worker_keeps_ld_library_path_and_nothing_else(tmp_path, shared_fixt
     monkeypatch.setenv("UGX_SECRET_TOKEN", "x")
     d = _drop(tmp_path, shared_fixtures, KINETO)
     d.importer.probe()
-    monkeypatch.setattr(isolate, "BOOT", _gated(gate))
-    t, box = _in_thread(lambda: d.scan(now=time.time() + 10))
-    pid = _wait_ready(gate)
+    t, box, pid = _gated_scan(d, gate, monkeypatch)
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     finally:
