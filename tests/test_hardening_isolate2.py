@@ -35,7 +35,10 @@ from exporter.sources.context import SourceContext
 
 KINETO = "kineto-mi250-rocm6.2.json"
 NSYS = "nsys-2026.1.1-schema3.24.14-torch-tiny.sqlite"
-SYSTEM_PYTHON = Path(f"/usr/bin/python3.{sys.version_info.minor}")  # one uid 65534 can run
+# an interpreter uid 65534 can run (this venv's may live under /root, 0700): the worker needs only
+# the standard library and the exporter package
+SYSTEM_PYTHON = next((p for p in (Path(f"/usr/bin/python3.{sys.version_info.minor}"), Path("/usr/bin/python3"))
+                      if p.exists()), Path("/usr/bin/python3"))
 
 
 @pytest.fixture
@@ -280,6 +283,24 @@ def _nobody_can_run(python: Path) -> bool:
     return probe.returncode == 0
 
 
+@pytest.fixture
+def package_nobody_reads(monkeypatch):
+    """The exporter package copied where uid 65534 can read it (a checkout may sit under /root,
+    0700; an installed wheel is readable by all), handed to the worker as its package root."""
+    root = Path(tempfile.mkdtemp(prefix="ugx-pkg-"))
+    try:
+        shutil.copytree(Path(isolate.__file__).resolve().parent.parent, root / "exporter",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for d, _, files in os.walk(root):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o644)
+        monkeypatch.setattr(isolate, "_PACKAGE_ROOT", str(root))
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _look_at_a_worker(tmp_path: Path, shared_fixtures: Path, gate: Path, monkeypatch, importer: Importer
                       ) -> tuple[dict[str, str], object]:
     """The status of a worker held at the gate while it imports the nsys export (an SQLite
@@ -298,7 +319,8 @@ def _look_at_a_worker(tmp_path: Path, shared_fixtures: Path, gate: Path, monkeyp
 
 @pytest.mark.skipif(not _nobody_can_run(SYSTEM_PYTHON), reason=f"needs root and {SYSTEM_PYTHON} (uid 65534 "
                     "cannot run the interpreter under /root)")
-def test_as_root_the_worker_runs_as_nobody_without_capabilities(tmp_path, shared_fixtures, gate, monkeypatch):
+def test_as_root_the_worker_runs_as_nobody_without_capabilities(tmp_path, shared_fixtures, gate, monkeypatch,
+                                                                package_nobody_reads):
     imp = Importer()
     imp.python = str(SYSTEM_PYTHON)
     assert imp.probe() == [] and imp.creds == spawn.as_nobody()
@@ -312,7 +334,8 @@ def test_as_root_the_worker_runs_as_nobody_without_capabilities(tmp_path, shared
 
 @pytest.mark.skipif(not _nobody_can_run(SYSTEM_PYTHON), reason=f"needs root and {SYSTEM_PYTHON} (uid 65534 "
                     "cannot run the interpreter under /root)")
-def test_as_nobody_the_sqlite_copy_goes_to_scratch_where_nobody_reaches_it(shared_fixtures, monkeypatch):
+def test_as_nobody_the_sqlite_copy_goes_to_scratch_where_nobody_reaches_it(shared_fixtures, monkeypatch,
+                                                                           package_nobody_reads):
     """SQLite resolves its path: uid 65534 needs o+x on every folder above scratch/ (0711).  Here
     the temp dir is unusable (a read-only root), so only scratch/ can take the copy."""
     from exporter import safefile
