@@ -238,6 +238,9 @@ def test_capture_ok_is_imported_with_its_trace_id(tmp_path, mappings):
         assert len(trace_ids) == 1 and next(iter(trace_ids)).startswith("capture-")
         imported = [p.name for p in (tmp_path / "drop" / "imported").iterdir()]
         assert any(n.endswith(".csv") for n in imported) and any(n.endswith(".meta.json") for n in imported)
+        # the capture thread counts its result after it moved the files, which the scan may import first
+        while src.trigger.stats["ok"] == 0 and time.monotonic() < deadline + 15:
+            time.sleep(0.05)
         assert src.trigger.stats["ok"] == 1
     finally:
         src.close()
