@@ -87,8 +87,11 @@ DAEMON = textwrap.dedent("""\
         errors = dict(src.poll().errors)
     finally:
         src.close()
+    # the peak RSS of this process image (VmHWM): getrusage's maxrss survives fork and exec, so it
+    # would carry the RSS of the pytest process that started this one
+    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print(json.dumps({"imported": imported, "errors": errors,
-                      "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "rss": hwm * 1024,
                       "child_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
                       "reasons": [p.read_text() for p in (drop / "rejected").glob("*.reason")]}))
     """)

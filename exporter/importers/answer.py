@@ -54,7 +54,7 @@ class Imported:
     devices: list[Device]
     sample: PollResult
     summary: dict | None = None
-    child_rss_bytes: int = 0  # the child's peak resident memory (0: parsed in this process)
+    child_rss_bytes: int = 0  # the child's peak RSS by wait4 (0: parsed here); counts the daemon's RSS at fork too
 
 
 def _no_constant(name: str) -> float:
