@@ -142,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.simulate is None:  # a real node would silently ignore them
-        given = [flag for flag, value in (("--simulate.phase", args.simulate_phase),
-                                          ("--simulate.host", args.simulate_host)) if value is not None]
+        given = [(flag, value) for flag, value in (("--simulate.phase", args.simulate_phase),
+                                                   ("--simulate.host", args.simulate_host)) if value is not None]
         if given:
-            parser.error(f"{' and '.join(given)} without --simulate: only the simulated node has phases "
-                         f"and a simulated host name", hint=f"add --simulate, e.g. --simulate {given[0]} "
-                         f"{args.simulate_phase if given[0] == '--simulate.phase' else args.simulate_host}")
+            parser.error(f"{' and '.join(flag for flag, _ in given)} without --simulate: only the simulated "
+                         f"node has phases and a simulated host name",
+                         hint=f"add --simulate, e.g. --simulate {given[0][0]} {given[0][1]}")
     setup_logging(args.log_level, args.log_format)
     daemon = Daemon(settings_from(args))
     try:

@@ -24,9 +24,7 @@ def load_mappings(directory: Path | None = None) -> MappingSet:
 def shipped_context(mappings: MappingSet | None = None, **fields) -> SourceContext:
     """A ``SourceContext`` as the daemon builds it from the shipped mapping set (``wanted`` and
     ``fast`` included); ``fields`` are the other ``SourceContext`` fields (sysfs, options...)."""
-    mappings = mappings or load_mappings()
-    return SourceContext(wanted=mappings.raw_fields(), mappings=mappings,
-                         fast=mappings.raw_fields(mappings.schema.fast_metrics), **fields)
+    return SourceContext.from_mappings(mappings or load_mappings(), **fields)
 
 
 def shipped_fast_fields(mapping: str) -> frozenset[str]:

@@ -17,12 +17,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..model import Device, PollResult, Reading
-from .convert import mapping_name
+from .convert import device_key, mapping_name
 from .detect import MAX_BYTES, MAX_EVENTS
 from .model import CompanionFile, Profile, ProfileRejected
 
 MAX_TEXT = 4096
 MAX_ERROR_KINDS = 64
+MIN_MEMORY_BYTES = 64 << 20  # import_memory_bytes: below this a worker cannot even start Python and parse
 TOOLS = frozenset({"kineto", "ncu", "nsys", "rocprof", "unitrace"})
 VENDORS = frozenset({"nvidia", "amd", "intel"})
 LABELS = frozenset({"trace_id", "kernel", "quantile", "le"})  # what ``convert`` gives a reading
@@ -54,7 +55,6 @@ class Imported:
     devices: list[Device]
     sample: PollResult
     summary: dict | None = None
-    child_rss_bytes: int = 0  # the child's peak RSS by wait4 (0: parsed here); counts the daemon's RSS at fork too
 
 
 def _no_constant(name: str) -> float:
@@ -116,7 +116,7 @@ def _device(d: dict, tool: str) -> Device:
         raise ValueError(f"vendor {f['vendor'][:40]!r}")
     if f["mapping"] != mapping_name(tool, f["vendor"]):
         raise ValueError(f"mapping {f['mapping'][:60]!r} for a {tool} {f['vendor']} device")
-    if f["key"] != f"profiles:{tool}:{f['uuid'] or f['pci_bus_id'] or f['index']}":
+    if f["key"] != device_key(tool, f["uuid"], f["pci_bus_id"], f["index"]):
         raise ValueError(f"device key {f['key'][:60]!r}")
     return Device(**f)
 

@@ -25,6 +25,7 @@ from ..model import PollResult, identity_labels
 from ..render.exposition import Renderer
 from ..run.argparsing import OneLineErrorParser
 from ..yamlfile import ConfigError
+from .answer import MIN_MEMORY_BYTES
 from .detect import MAX_BYTES, valid_trace_id
 from .isolate import Imported, Importer, ImportLimits
 from .model import CompanionFile, ProfileRejected
@@ -51,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-file-bytes", dest="max_bytes", type=_positive, default=MAX_BYTES,
                    help=f"bytes read from one file, after decompression (default {MAX_BYTES})")
     # each file is parsed in a child process under these limits (the daemon's options of the same name)
-    p.add_argument("--import-memory-bytes", dest="memory_bytes", type=_at_least(64 << 20), default=d.memory_bytes,
-                   help=f"address space of the child that parses one file, at least 64 MiB (default "
-                        f"{d.memory_bytes}: import_memory_bytes)")
+    p.add_argument("--import-memory-bytes", dest="memory_bytes", type=_at_least(MIN_MEMORY_BYTES),
+                   default=d.memory_bytes,
+                   help=f"address space of the child that parses one file, at least {MIN_MEMORY_BYTES >> 20} "
+                        f"MiB (default {d.memory_bytes}: import_memory_bytes)")
     p.add_argument("--import-cpu-seconds", dest="cpu_seconds", type=_positive, default=d.cpu_seconds,
                    help=f"CPU seconds that child may use (default {d.cpu_seconds}: import_cpu_seconds)")
     p.add_argument("--import-timeout", dest="timeout", type=_seconds, default=d.timeout,

@@ -19,10 +19,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 
 from ..model import Device, PollResult
-from .model import DeviceInfo, KernelRecord, Profile, ProfileRejected, quantile
+from .model import DeviceInfo, KernelRecord, Profile, ProfileRejected, clean_profile, quantile
 
 QUANTILES = (("50", 0.5), ("95", 0.95), ("99", 0.99), ("100", 1.0))  # (percentile label, q)
 MAX_NAME = 120
@@ -35,11 +34,15 @@ def mapping_name(tool: str, vendor: str) -> str:
     return f"profiles/{tool}"
 
 
+def device_key(tool: str, uuid: str, pci_bus_id: str, index: str) -> str:
+    """An artifact GPU's device key: by its UUID, else its PCI bus id, else its index."""
+    return f"profiles:{tool}:{uuid or pci_bus_id or index}"
+
+
 def device_for(prof: Profile, info: DeviceInfo) -> Device:
-    ident = info.uuid or info.pci_bus_id or info.index
-    return Device(key=f"profiles:{prof.tool}:{ident}", vendor=info.vendor, index=info.index,
-                  mapping=mapping_name(prof.tool, info.vendor), uuid=info.uuid, model=info.model,
-                  pci_bus_id=info.pci_bus_id)
+    return Device(key=device_key(prof.tool, info.uuid, info.pci_bus_id, info.index), vendor=info.vendor,
+                  index=info.index, mapping=mapping_name(prof.tool, info.vendor), uuid=info.uuid,
+                  model=info.model, pci_bus_id=info.pci_bus_id)
 
 
 def kernel_label(name: str) -> str:
@@ -146,17 +149,6 @@ def add_profile(sample: PollResult, prof: Profile, top_n: int = 10,
     return used
 
 
-def to_sample(profiles: Iterable[Profile], top_n: int = 10,
-              allowed: dict[str, set[str]] | None = None) -> PollResult:
-    sample = PollResult()
-    seen: dict[str, Device] = {}
-    for prof in profiles:
-        for dev in add_profile(sample, prof, top_n, allowed):
-            seen.setdefault(dev.key, dev)
-    sample.devices = list(seen.values())
-    return sample
-
-
 def checked_sample(prof: Profile, top_n: int, allowed: dict[str, set[str]] | None, max_devices: int,
                    max_series: int) -> tuple[list[Device], PollResult]:
     """One profile's devices and readings, or ProfileRejected above the per-import caps."""
@@ -170,6 +162,15 @@ def checked_sample(prof: Profile, top_n: int, allowed: dict[str, set[str]] | Non
                               f"({max_series})", "series")
     sample.devices = devices
     return devices, sample
+
+
+def converted(prof: Profile, top_n: int, allowed: dict[str, set[str]] | None, max_devices: int, max_series: int,
+              with_summary: bool) -> tuple[Profile, list[Device], PollResult, dict | None]:
+    """What a parsed profile gives: the profile made clean (``clean_profile``), its devices and
+    readings under the per-import caps (``checked_sample``) and, ``with_summary``, its summary."""
+    prof = clean_profile(prof)
+    devices, sample = checked_sample(prof, top_n, allowed, max_devices, max_series)
+    return prof, devices, sample, summary(prof, top_n) if with_summary else None
 
 
 def summary(prof: Profile, top_n: int = 10) -> dict:

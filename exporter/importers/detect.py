@@ -25,7 +25,7 @@ from typing import TypeVar
 from .. import safefile
 from . import kineto_json, ncu_csv, nsys_sqlite, rocprof_csv, unitrace_csv
 from .model import CompanionFile, Profile, ProfileRejected
-from .siblings import SIDECAR, Siblings
+from .siblings import Siblings, sidecar_names
 
 MAX_BYTES = 512 * 1024 * 1024  # per file, after decompression
 MAX_EVENTS = 1_000_000  # trace events, rows of one table or kernel records per file
@@ -74,7 +74,7 @@ def import_at(dir_fd: int, name: str, *, trace_id: str | None = None, max_bytes:
     try:
         fd, _ = safefile.open_regular(name, dir_fd, single_link=single_link)
     except OSError as exc:
-        raise _rejection(exc) from None
+        raise rejection(exc) from None
     try:
         return import_fd(fd, dir_fd, name, trace_id=trace_id, max_bytes=max_bytes, path=path,
                          single_link=single_link, cancel=cancel, max_events=max_events)
@@ -99,18 +99,24 @@ def import_fd(fd: int, dir_fd: int | None, name: str, *, trace_id: str | None = 
     except ProfileRejected:
         raise
     except Exception as exc:  # noqa: BLE001 - a parser must never take the importer down
-        raise _rejection(exc) from None
+        raise rejection(exc) from None
     _attach_trace_id(prof, name, siblings, trace_id)
     return prof
 
 
-def _rejection(exc: BaseException) -> ProfileRejected:
+def rejection(exc: BaseException) -> ProfileRejected:
+    """The rejection for an exception met while opening, reading or parsing a file."""
     if isinstance(exc, safefile.TooLarge):
         return ProfileRejected(f"{exc} (the import limit max_file_bytes)", "size")
     if isinstance(exc, safefile.Refused):
         return ProfileRejected(f"not read: {exc}")
     if isinstance(exc, (OSError, EOFError, zlib.error)):
         return ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}")
+    return parse_failure(exc)
+
+
+def parse_failure(exc: BaseException) -> ProfileRejected:
+    """The rejection for an exception of parsing or converting (not of reading) a file."""
     if isinstance(exc, RecursionError):
         return ProfileRejected("too deeply nested")
     if isinstance(exc, MemoryError):
@@ -118,14 +124,18 @@ def _rejection(exc: BaseException) -> ProfileRejected:
     return ProfileRejected(f"parser error: {type(exc).__name__}: {exc}")
 
 
-def _import(fd: int, shown: str, siblings: Siblings, max_bytes: int, cancel: Callable[[], bool] | None,
-            max_events: int, tmp_dir: str | None, sqlite: dict) -> Profile:
-    st = os.fstat(fd)
+def check_size(st: os.stat_result, max_bytes: int) -> None:
+    """ProfileRejected for an empty file or one above ``max_bytes`` before decompression."""
     if st.st_size == 0:
         raise ProfileRejected("empty file")
     if st.st_size > max_bytes:
         raise ProfileRejected(f"file is {st.st_size} bytes, above the import limit max_file_bytes "
                               f"({max_bytes})", "size")
+
+
+def _import(fd: int, shown: str, siblings: Siblings, max_bytes: int, cancel: Callable[[], bool] | None,
+            max_events: int, tmp_dir: str | None, sqlite: dict) -> Profile:
+    check_size(os.fstat(fd), max_bytes)
     gz = safefile.is_gzip(fd)
     parts = safefile.chunks(fd, max_bytes, gunzip=gz)
     first = next(parts, b"")
@@ -196,7 +206,7 @@ def _attach_trace_id(prof: Profile, name: str, siblings: Siblings, explicit: str
             raise ProfileRejected(f"invalid trace id {explicit!r}: use 1-64 of [A-Za-z0-9._:-]")
         prof.trace_id, prof.trace_id_from = explicit, "explicit"
         return
-    for side in dict.fromkeys((name + SIDECAR, name.split(".")[0] + SIDECAR)):
+    for side in dict.fromkeys(sidecar_names(name)):
         if side == name:
             continue
         try:

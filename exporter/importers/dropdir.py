@@ -68,12 +68,16 @@ class UnsafeDropDir(OSError):
 @dataclass
 class Outcome:
     name: str
-    profile: Profile | None = None  # its description (no kernels when parsed in a child)
     reason: str = ""
     companion: bool = False
-    result: Imported | None = None  # its devices and readings
+    result: Imported | None = None  # its description, devices and readings
     kind: str = ""  # the limit a rejected file hit (ProfileRejected.kind)
     deferred: bool = False  # not the file's fault (stopping, environment): left to be tried again
+
+    @property
+    def profile(self) -> Profile | None:
+        """The imported file's description (no kernels when parsed in a child); None when not imported."""
+        return self.result.profile if self.result is not None else None
 
 
 class DropDir(Spool):
@@ -271,7 +275,7 @@ class DropDir(Spool):
                 else:
                     self._reject(name, str(exc))
                 continue
-            outcomes.append(Outcome(name, profile=got.profile, result=got))
+            outcomes.append(Outcome(name, result=got))
         for o in outcomes:
             if (o.profile is not None or o.companion) and self._plain_file("processing", o.name):
                 self._move("processing", o.name, "imported")
@@ -316,18 +320,16 @@ class DropDir(Spool):
                 break
             try:
                 got = self._read("imported", name)
-                out.append(Outcome(name, profile=got.profile, result=got))
+                out.append(Outcome(name, result=got))
             except CompanionFile:
                 continue
-            except ProfileRejected as exc:
-                if exc.kind == "stopped":
-                    break  # the daemon is stopping: not the file's fault
-                if exc.deferred:  # no worker could run: left in imported/ for the next start
+            except Exception as exc:  # noqa: BLE001 - a rejection, or worse: quarantine it
+                if isinstance(exc, ProfileRejected) and exc.deferred:
+                    if exc.kind == "stopped":
+                        break  # the daemon is stopping: not the file's fault
+                    # no worker could run: left in imported/ for the next start
                     out.append(Outcome(name, reason=str(exc), kind=exc.kind, deferred=True))
                     log.warning("imported profile not restored", extra={"file": name, "reason": str(exc)})
                     continue
                 self._reject(name, f"no longer imports at start: {exc}", folder="imported")
-            except Exception as exc:  # noqa: BLE001 - worse: quarantine it
-                self._reject(name, f"no longer imports at start: {exc}", folder="imported")
-                continue
         return out

@@ -56,11 +56,11 @@ from pathlib import Path
 
 from .. import safefile
 from . import siblings, spawn
-from .answer import Imported, ImportLimits
+from .answer import MIN_MEMORY_BYTES, Imported, ImportLimits
 from .answer import decode as _decode
-from .convert import checked_sample, summary
-from .detect import SQLITE_MAGIC, import_at, in_folder
-from .model import ProfileRejected, clean_profile
+from .convert import converted
+from .detect import SQLITE_MAGIC, check_size, import_at, in_folder, rejection
+from .model import ProfileRejected
 from .worker import BOOT
 
 __all__ = ["Imported", "ImportLimits", "Importer", "_decode"]
@@ -68,7 +68,6 @@ log = logging.getLogger("unified_gpu_exporter")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding exporter/
 _SQLITE_SHARE = 0.9  # of the timeout: the child's own SQLite deadline answers first when it can
 _MAX_TEXT = 4096
-_MIN_MEMORY = 64 << 20  # below this a worker cannot even start Python and parse
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -92,16 +91,10 @@ class Importer:
             return self._here(dir_fd, name, path, single_link, trace_id, cancel)
         try:
             fd, st = safefile.open_regular(name, dir_fd, single_link=single_link)
-        except safefile.Refused as exc:
-            raise ProfileRejected(f"not read: {exc}") from None
         except OSError as exc:
-            raise ProfileRejected(f"unreadable: {type(exc).__name__}: {exc}") from None
+            raise rejection(exc) from None
         try:
-            if st.st_size == 0:
-                raise ProfileRejected("empty file")
-            if st.st_size > self.limits.max_bytes:
-                raise ProfileRejected(f"file is {st.st_size} bytes, above the import limit max_file_bytes "
-                                      f"({self.limits.max_bytes})", "size")
+            check_size(st, self.limits.max_bytes)
             return self._child(fd, dir_fd, name, path or name, single_link, trace_id, cancel, scratch)
         finally:
             os.close(fd)
@@ -141,7 +134,7 @@ class Importer:
         lim = self.limits
         if room is None or room >= lim.memory_bytes:
             return []
-        if room >= _MIN_MEMORY:
+        if room >= MIN_MEMORY_BYTES:
             self.limits = dataclasses.replace(lim, memory_bytes=room)
             return [f"the memory limit of this cgroup (a pod's or unit's memory.max) leaves {room >> 20} MiB "
                     f"beside the exporter: import_memory_bytes is lowered from {lim.memory_bytes >> 20} to "
@@ -154,10 +147,9 @@ class Importer:
     def _here(self, dir_fd: int, name: str, path: str | None, single_link: bool, trace_id: str | None,
               cancel: Callable[[], bool] | None) -> Imported:
         lim = self.limits
-        prof = clean_profile(import_at(dir_fd, name, trace_id=trace_id, max_bytes=lim.max_bytes, path=path,
-                                       single_link=single_link, cancel=cancel, max_events=lim.max_events))
-        devices, sample = checked_sample(prof, self.top_n, self.allowed, lim.max_devices, lim.max_series)
-        return Imported(prof, devices, sample, summary(prof, self.top_n) if self.summary else None)
+        prof = import_at(dir_fd, name, trace_id=trace_id, max_bytes=lim.max_bytes, path=path,
+                         single_link=single_link, cancel=cancel, max_events=lim.max_events)
+        return Imported(*converted(prof, self.top_n, self.allowed, lim.max_devices, lim.max_series, self.summary))
 
     # ------------------------------------------------------------------ in a child
     def _child(self, fd: int, dir_fd: int, name: str, path: str, single_link: bool, trace_id: str | None,
@@ -198,9 +190,7 @@ class Importer:
             raise ProfileRejected(f"the import worker's answer is above {lim.answer_bytes} bytes", "output")
         if status < 0 or not out:
             raise _died(status, err, usage.ru_utime + usage.ru_stime, lim)
-        imported = _decode(out, lim, self.allowed)
-        imported.child_rss_bytes = usage.ru_maxrss * 1024
-        return imported
+        return _decode(out, lim, self.allowed)
 
     def _run(self, request: bytes, fds: tuple[int, ...], creds: dict, cancel: Callable[[], bool] | None,
              timeout: float) -> tuple[bytes, bytes, str, int, resource.struct_rusage]:

@@ -78,7 +78,7 @@ class ProfilesSource(SourceBase):
             raise ValueError(f"profiles ttl must be >= 0 seconds, got {self.ttl!r}")
         self.max_devices = opts.max_devices_per_import
         self.max_series = opts.max_series_per_import
-        self.max_series_total = opts.max_series_total or max(50000, self.max_series)
+        self.max_series_total = opts.max_series_total  # ProfilesOptions fills it in: never None
         self.clock = time.monotonic
         self.limits = ImportLimits(
             max_bytes=opts.max_file_bytes, max_events=opts.max_events_per_import, max_devices=self.max_devices,

@@ -34,7 +34,7 @@ from .model import (
     parse_number,
     queue_length_max,
 )
-from .siblings import Siblings
+from .siblings import Siblings, is_sysinfo_for, trace_companions
 
 _IDENTITY = {
     "index", "kernelname", "kernel_name", "gpu-id", "gpu_id", "queue-id", "queue_id", "queue-index", "pid",
@@ -91,15 +91,11 @@ def _agent(value: str) -> str:
     return m.group(1) if m else (value.strip() or "0")
 
 
-def _sibling(path: str, siblings: Siblings | None, names: tuple[str, ...], replace: str) -> str | None:
-    """The file of the same run: ``<pid>_kernel_trace.csv`` -> ``<pid>_hip_api_trace.csv``."""
-    name = Path(path).name
-    if siblings is not None and replace in name:
-        for n in names:
-            cand = name.replace(replace, n)
-            if siblings.exists(cand):
-                return cand
-    return None
+def _companion(path: str, siblings: Siblings | None) -> str | None:
+    """The trace file of the same run: ``<pid>_kernel_trace.csv`` -> ``<pid>_hip_api_trace.csv``."""
+    if siblings is None:
+        return None
+    return next((c for c in trace_companions(Path(path).name) if siblings.exists(c)), None)
 
 
 def parse(path: str, text: str, siblings: Siblings | None = None) -> Profile:
@@ -193,7 +189,7 @@ def _v3_counters(prof: Profile, rows: list[dict[str, str]]) -> None:
 
 def _v3_trace(prof: Profile, rows: list[dict[str, str]], siblings: Siblings | None) -> None:
     api: dict[str, tuple[float, float]] = {}
-    side = _sibling(prof.path, siblings, ("hip_api_trace", "hip_runtime_trace"), replace="kernel_trace")
+    side = _companion(prof.path, siblings)
     if side is not None and siblings is not None:
         try:
             for r in _rows(siblings.read_text(side) or "")[1:]:
@@ -223,7 +219,7 @@ def _sysinfo(path: str, variant: str, siblings: Siblings | None) -> dict[str, st
         return {}
     name = Path(path).name
     for cand in siblings.names():
-        if cand.endswith("sysinfo.csv") and not cand.startswith(".") and name.startswith(cand[: -len("sysinfo.csv")]):
+        if is_sysinfo_for(name, cand):
             try:
                 rows = _rows(siblings.read_text(cand) or "")
             except OSError:

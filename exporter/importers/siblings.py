@@ -17,17 +17,35 @@ from .. import safefile
 SIDECAR = ".meta.json"
 SYSINFO = "sysinfo.csv"
 MAX_SIBLINGS = 16  # fds handed to the worker besides the artifact's own
+KERNEL_TRACE = "kernel_trace"
+TRACE_COMPANIONS = ("hip_api_trace", "hip_runtime_trace")  # in the order rocprof_csv tries them
+
+
+def sidecar_names(name: str) -> tuple[str, str]:
+    """The sidecars ``detect`` reads a trace id from: ``<name>.meta.json``, then
+    ``<name up to its first dot>.meta.json``."""
+    return name + SIDECAR, name.split(".")[0] + SIDECAR
+
+
+def trace_companions(name: str) -> list[str]:
+    """The files of the same rocprofv3 run as a ``*kernel_trace*`` file (``<pid>_kernel_trace.csv``
+    -> ``<pid>_hip_api_trace.csv``, ``<pid>_hip_runtime_trace.csv``); none for another name."""
+    if KERNEL_TRACE not in name:
+        return []
+    return [name.replace(KERNEL_TRACE, n) for n in TRACE_COMPANIONS]
+
+
+def is_sysinfo_for(name: str, entry: str) -> bool:
+    """Whether ``entry`` is an Omniperf ``*sysinfo.csv`` (not hidden) whose prefix ``name`` starts with."""
+    return entry.endswith(SYSINFO) and not entry.startswith(".") and name.startswith(entry[: -len(SYSINFO)])
 
 
 def wanted(name: str, entries: list[str]) -> list[str]:
     """The ``entries`` beside ``name`` that a parser may read: its sidecars (``detect``), the
     trace companions of a rocprofv3 ``*kernel_trace*`` file and Omniperf ``*sysinfo.csv``
     files whose prefix it starts with (``rocprof_csv``)."""
-    cands = [name + SIDECAR, name.split(".")[0] + SIDECAR]
-    if "kernel_trace" in name:
-        cands += [name.replace("kernel_trace", n) for n in ("hip_api_trace", "hip_runtime_trace")]
-    cands += [e for e in sorted(entries) if e.endswith(SYSINFO) and not e.startswith(".")
-              and name.startswith(e[: -len(SYSINFO)])]
+    cands = [*sidecar_names(name), *trace_companions(name)]
+    cands += [e for e in sorted(entries) if is_sysinfo_for(name, e)]
     present = set(entries)
     return [c for c in dict.fromkeys(cands) if c in present and c != name][:MAX_SIBLINGS]
 

@@ -7,7 +7,7 @@ resource limits (address space, CPU seconds, file size, no core file), then call
 ``main`` reads its request (JSON on stdin: the fds it inherited, the file's name, the limits,
 the conversion settings; ``{"probe": true}`` only checks that a worker starts), parses the file
 through the inherited fds (``detect.import_fd``: the file, its siblings, the folder for an
-SQLite copy), converts it under the per-import caps (``convert.checked_sample``) and
+SQLite copy), converts it under the per-import caps (``convert.converted``) and
 writes one JSON answer on stdout: the profile's description, its devices and readings (label
 sets once, readings by index), or the reason it was rejected and the limit it hit.  Nothing of
 the artifact itself travels back: only what is exported, bounded by ``max_series_per_import``.
@@ -19,9 +19,9 @@ import json
 import sys
 from typing import Any
 
-from .convert import checked_sample, summary
-from .detect import import_fd
-from .model import CompanionFile, Profile, ProfileRejected, clean_profile
+from .convert import converted
+from .detect import import_fd, parse_failure
+from .model import CompanionFile, Profile, ProfileRejected
 
 MAX_WARNINGS = 20
 MAX_TEXT = 500
@@ -105,26 +105,23 @@ def answer(req: dict) -> dict:
     """Parse and convert the file the request names; the answer (never raises)."""
     try:
         tmp = f"/proc/self/fd/{req['tmp_fd']}" if req["tmp_fd"] is not None else ""  # "": no SQLite copy
-        prof = clean_profile(import_fd(
+        parsed = import_fd(
             req["fd"], None, req["name"], trace_id=req["trace_id"], max_bytes=req["max_bytes"],
             path=req["path"], single_link=req["single_link"], max_events=req["max_events"],
             tmp_dir=tmp, sqlite={"time_limit": req["timeout"], "heap_limit": req["heap_limit"]},
-            opened=req["siblings"]))
+            opened=req["siblings"])
         allowed = {k: set(v) for k, v in req["allowed"].items()} if req["allowed"] is not None else None
-        devices, sample = checked_sample(prof, req["top_n"], allowed, req["max_devices"], req["max_series"])
-        summ = summary(prof, req["top_n"]) if req["summary"] else None
+        prof, devices, sample, summ = converted(parsed, req["top_n"], allowed, req["max_devices"],
+                                                req["max_series"], req["summary"])
         prof.kernels, prof.ranges = [], []  # not sent: free them before the answer is built
         return encode(prof, devices, sample, summ)
     except CompanionFile as exc:
         return {"ok": False, "companion": True, "reason": _text(exc), "kind": ""}
     except ProfileRejected as exc:
         return {"ok": False, "reason": _text(exc), "kind": exc.kind}
-    except MemoryError:
-        return {"ok": False, "reason": "too large to parse in memory (the import memory limit)", "kind": "memory"}
-    except RecursionError:
-        return {"ok": False, "reason": "too deeply nested", "kind": ""}
     except Exception as exc:  # noqa: BLE001 - a converter bug on a hostile file is a rejection too
-        return {"ok": False, "reason": _text(f"parser error: {type(exc).__name__}: {exc}"), "kind": ""}
+        rejected = parse_failure(exc)  # MemoryError, RecursionError, anything else
+        return {"ok": False, "reason": _text(rejected), "kind": rejected.kind}
 
 
 def main() -> int:

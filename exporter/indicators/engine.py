@@ -70,7 +70,6 @@ class IndicatorEngine:
         self._index = SeriesIndex()
         self._labels = LabelSets()
         self._evidence_said: set[tuple[str, str, str]] = set()  # evidence kinds logged so far
-        self._client_intervals: Mapping[DeviceId, float] = {}
         var = config.variability
         self._window_capacity = capacity_for(var.window_seconds, poll_interval, var.max_samples)
         # the interconnect ring spans two rate spans, so an idle link always has two points
@@ -107,8 +106,9 @@ class IndicatorEngine:
         ``client_intervals``: the poll interval of the source counting each device's clients."""
         if not self.config.enabled:
             return {}
-        self._client_intervals = client_intervals or {}
-        return {device_id: self._update_device(now, device_id, series) for device_id, series in frames.items()}
+        intervals = client_intervals or {}
+        return {device_id: self._update_device(now, device_id, series, intervals.get(device_id, 0.0))
+                for device_id, series in frames.items()}
 
     # -- per device -------------------------------------------------------------------------
 
@@ -145,8 +145,10 @@ class IndicatorEngine:
             st.trackers[metric] = tr
         return tr
 
-    def _update_device(self, now: float, device_id: DeviceId, series: Mapping[SeriesId, float]) -> Frame:
-        """The device's indicator series after this update: the stages of the module doc."""
+    def _update_device(self, now: float, device_id: DeviceId, series: Mapping[SeriesId, float],
+                       client_interval: float) -> Frame:
+        """The device's indicator series after this update: the stages of the module doc.
+        ``client_interval``: the poll interval of the source counting its clients (0: unknown)."""
         cfg = self.config
         st = self._state(device_id)
         dt = self.poll_interval if st.last_update is None else min(max(now - st.last_update, 0.0), self._max_dt)
@@ -155,7 +157,7 @@ class IndicatorEngine:
         labelled = self._gather(st, series)
         t = _Tick(now, dt, st, self.baseline_key(device_id), plain, labelled, {},
                   throttle_explains(labelled.throttle, labelled.clock_ratio(), cfg.rootcause))
-        t.held = held_clients(st, labelled, now, cfg.state, self._client_intervals.get(device_id, 0.0))
+        t.held = held_clients(st, labelled, now, cfg.state, client_interval)
         t.evidence, ev_source, ev_reason = device_evidence(labelled)
         say_evidence(self._evidence_said, device_id, t.evidence, ev_source, ev_reason)
         t.clients = trusted(t.evidence, t.held.get("", 0), cfg.state)

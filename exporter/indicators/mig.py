@@ -20,7 +20,7 @@ from .contention import BANDWIDTH_UTIL, compute_signal
 from .device_state import _Tick
 from .series import LabelledSignals
 from .signals import UTILIZATION
-from .state import STATES, StateVerdict, decide
+from .state import STATES, StateVerdict, _busy, decide
 
 # most severe first: the GPU's state is the first of these any instance is in
 SEVERITY = ("contended", "shared", "throttled", "unknown", "memory_bound", "healthy", "idle")
@@ -66,8 +66,8 @@ def instance_verdicts(cfg: IndicatorConfig, labels: Any, labelled: LabelledSigna
         util = values.get(UTILIZATION)
         count = held.get(gi, 0)
         if count < 0:  # compute contexts of an instance without per-process utilization
-            busy = decide(bw, util, basis, compute, False, None, False, False, False, cfg.state).state != "idle"
-            count = -count if busy else 0
+            # not below the idle bars (no load signal counts as in use): decide()'s "not idle"
+            count = -count if _busy(util, bw, basis, compute, cfg.state) is not False else 0
         clients = trusted(evidence, count, cfg.state)
         verdict = decide(bw, util, basis, compute, throttled, clients, True, False, False, cfg.state,
                          cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent,

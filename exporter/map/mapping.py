@@ -165,9 +165,24 @@ class CompiledMapping:
     schemas: tuple[SchemaRule, ...] = ()
     not_mapped: frozenset[str] = frozenset()
     schema_ambiguous: str = "ambiguous"
+    # raw fields whose rules are qualified by a schema (the unqualified names), and the label
+    # names that mark a schema: what the upstream source weighs per scrape, fixed at load
+    schema_dependent: frozenset[str] = frozenset()
+    schema_markers: frozenset[str] = frozenset()
 
 
-_SCHEMA_SELECTOR = re.compile(r'(?:,|\{)schema="([^"\\]*)"')
+# a ``schema="S"`` selector label of a raw field (``name{schema="S"}``, ``name{a="x",schema="S"}``)
+_SCHEMA_SELECTOR = re.compile(r'(?:,|(?<=\{))schema="([^"\\]*)"(?=[,}])')
+
+
+def _schema_dependent(raws: Collection[str]) -> frozenset[str]:
+    """The raw fields among ``raws`` qualified by a schema, with the selector dropped."""
+    out = set()
+    for raw in raws:
+        if 'schema="' in raw:
+            base = _SCHEMA_SELECTOR.sub("", raw).replace("{,", "{")
+            out.add(base[:-2] if base.endswith("{}") else base)
+    return frozenset(out)
 
 
 def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
@@ -245,7 +260,8 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
         guard = None
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()}, guard, tuple(parsed.schemas),
-                           frozenset(parsed.not_mapped), parsed.schema_ambiguous)
+                           frozenset(parsed.not_mapped), parsed.schema_ambiguous, _schema_dependent(rules),
+                           frozenset(lbl for sr in parsed.schemas for lbl in sr.labels))
 
 
 class MappingSet:

@@ -8,6 +8,8 @@ system's trust store as gRPC needs it (one PEM bundle).  Standard library only.
 * ``fingerprint``: a digest of the files' contents.  gRPC reads them into memory once, when its
   exporter is made, so a reload after a certificate rotation at the same paths must see a change
   (``OtlpConfig.identity``) and replace the pusher.
+* ``system_store``: the system's CA file or directory as OpenSSL finds them (what OTLP/HTTP
+  verifies against), or an error naming both when there is none.
 * ``system_roots``: where OpenSSL finds the system's CAs in a directory (``openssl_capath``) and
   no bundle file, the directory's certificates (the hashed names OpenSSL looks up, bounded) as
   one bundle; gRPC would otherwise fall back to its own bundled roots.
@@ -82,21 +84,25 @@ def fingerprint(paths: Iterable[Path | None]) -> str:
     return h.hexdigest()
 
 
-def no_store(paths: ssl.DefaultVerifyPaths) -> str:
-    return (f"no system CA store (neither {paths.openssl_cafile!r} nor {paths.openssl_capath!r} exists): "
-            "set exporters.otlp.tls.ca_file")
+def system_store() -> str:
+    """The system's CA file, or else its CA directory, as OpenSSL was built to find them.  Raises
+    OSError naming what was looked at where neither exists (the push then cannot start, counted
+    and logged, rather than trusting requests' certifi bundle or gRPC's own roots)."""
+    paths = ssl.get_default_verify_paths()
+    if paths.openssl_cafile and os.path.isfile(paths.openssl_cafile):
+        return paths.openssl_cafile
+    if paths.openssl_capath and os.path.isdir(paths.openssl_capath):
+        return paths.openssl_capath
+    raise OSError(f"no system CA store (neither {paths.openssl_cafile!r} nor {paths.openssl_capath!r} "
+                  "exists): set exporters.otlp.tls.ca_file")
 
 
 def system_roots() -> bytes:
     """The system's CA certificates as one PEM bundle: OpenSSL's CA file, or else the
-    certificates of its CA directory.  Raises OSError naming what was looked at when there are
-    none (the push then fails, counted and logged, rather than trusting gRPC's own roots)."""
-    paths = ssl.get_default_verify_paths()
-    if paths.openssl_cafile and os.path.isfile(paths.openssl_cafile):
-        return read_bounded(Path(paths.openssl_cafile), MAX_BUNDLE_BYTES)
-    directory = paths.openssl_capath
-    if not directory or not os.path.isdir(directory):
-        raise OSError(no_store(paths))
+    certificates of its CA directory (``system_store``)."""
+    directory = system_store()
+    if os.path.isfile(directory):
+        return read_bounded(Path(directory), MAX_BUNDLE_BYTES)
     certs: list[bytes] = []
     seen: set[bytes] = set()
     total = 0

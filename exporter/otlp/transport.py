@@ -26,8 +26,6 @@ configured headers (docs/otel-guide.md says so).
 
 from __future__ import annotations
 
-import os
-import ssl
 from typing import Any
 
 import requests
@@ -36,18 +34,6 @@ from . import tlsfiles
 from .config import OtlpConfig
 
 MAX_FAILURE = 400  # characters of a transport failure kept for the log line
-
-
-def system_trust() -> str:
-    """The system's CA file (or directory) as OpenSSL was built to find it.  Raises OSError
-    where neither exists (the push cannot start, counted and logged) rather than falling back to
-    requests' own bundle (certifi)."""
-    paths = ssl.get_default_verify_paths()
-    if paths.openssl_cafile and os.path.isfile(paths.openssl_cafile):
-        return paths.openssl_cafile
-    if paths.openssl_capath and os.path.isdir(paths.openssl_capath):
-        return paths.openssl_capath
-    raise OSError(tlsfiles.no_store(paths))
 
 
 # requests.Session.request's parameters after method and url, in order (a caller may pass any
@@ -76,7 +62,7 @@ class PushSession(requests.Session):
 
     def apply(self, cfg: OtlpConfig) -> None:
         tls = cfg.tls
-        self._verify = str(tls.ca_file) if tls.ca_file else system_trust()
+        self._verify = str(tls.ca_file) if tls.ca_file else tlsfiles.system_store()
         self._cert = (str(tls.cert_file), str(tls.key_file)) if tls.cert_file and tls.key_file else None
         self._proxies = {"http": cfg.proxy_url, "https": cfg.proxy_url} if cfg.proxy_url else {}
         self.verify, self.cert, self.proxies = self._verify, self._cert, dict(self._proxies)
@@ -128,13 +114,9 @@ def _http(cfg: OtlpConfig) -> Exporter:
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    tls = cfg.tls
-    session = PushSession(cfg)
+    session = PushSession(cfg)  # its verify/cert are the only TLS settings (forced per request)
     exporter = OTLPMetricExporter(
         endpoint=cfg.url, headers=cfg.headers, timeout=cfg.timeout, session=session,
-        certificate_file=str(tls.ca_file) if tls.ca_file else None,
-        client_certificate_file=str(tls.cert_file) if tls.cert_file else None,
-        client_key_file=str(tls.key_file) if tls.key_file else None,
         compression=Compression.Gzip if cfg.compression == "gzip" else Compression.NoCompression)
     session.apply(cfg)  # the SDK set verify/cert from its own variables where ours were empty
     return Exporter(exporter, session)

@@ -132,13 +132,11 @@ class Daemon:
         """A fresh store and one runner per enabled collector (``runner.build_runner``)."""
         assert self.mappings is not None
         self.store = Store()
-        wanted = self.mappings.raw_fields()  # per mapping file, the raw fields it maps
-        fast = self.mappings.raw_fields(self.mappings.schema.fast_metrics)  # ... that feed `fast: true`
         self.runtimes = []
         for col, explicit in self.enabled_collectors():
-            context = SourceContext(self.settings.sysfs, self.settings.procfs,
-                                    collector_options(col, self.settings, self.config), wanted, self.mappings,
-                                    fast)
+            context = SourceContext.from_mappings(  # wanted and fast: the raw fields the mappings read
+                self.mappings, sysfs=self.settings.sysfs, procfs=self.settings.procfs,
+                options=collector_options(col, self.settings, self.config))
             interval, timeout = interval_and_timeout(self.config.collector(col.name), self.poll_interval)
             self.runtimes.append(build_runner(col, explicit, context, self.mappings, interval, timeout,
                                               self.store))

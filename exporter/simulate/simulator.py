@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from ..indicators.series import CLIENT_CONTEXTS
 from ..map.schema import parse_operand
 from ..model import Device, PollResult
 from ..sources.base import Abilities, PollFailed, SourceBase, SourceUnavailable
@@ -32,7 +33,6 @@ from .scenario import Cycle, Phase, SimDevice, Value, load_scenario
 
 _PROC_UTIL = "gpu_process_utilization_percent"
 _CLIENT_UTIL = "gpu_client_utilization_percent"
-_CLIENT_CONTEXTS = "gpu_client_contexts"  # MIG instances' compute contexts (a count: no pid)
 _EVIDENCE_KEY = ("gpu_client_evidence", (("evidence", "simulator"), ("reason", "")))
 _REF_RE = re.compile(r"^=\s*([^*]+?)\s*(?:\*\s*([-+0-9.eE]+))?\s*$")
 
@@ -237,7 +237,7 @@ class SimulatorSource(SourceBase):
         mode = self.processes
         for key, v in resolved.items():
             name, matchers = parse_operand(key)
-            if name == _CLIENT_CONTEXTS and mode == "off":
+            if name == CLIENT_CONTEXTS and mode == "off":
                 continue
             if any(name == n and set(m) <= set(matchers) for n, m in st.unsupported):
                 continue
@@ -259,7 +259,7 @@ class SimulatorSource(SourceBase):
         key = f"{st.dev.vendor}:{st.dev.index}"
         specs = [st.spec.values] + [p.values for p in self.scenario.phases] + \
             [p.devices.get(key, {}) for p in self.scenario.phases]
-        return any(k.startswith((_PROC_UTIL, _CLIENT_CONTEXTS)) for spec in specs for k in spec)
+        return any(k.startswith((_PROC_UTIL, CLIENT_CONTEXTS)) for spec in specs for k in spec)
 
     def _plan(self, mapping_name: str) -> dict[tuple, _Emit]:
         plan = self._plans.get(mapping_name)

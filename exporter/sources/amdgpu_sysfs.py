@@ -314,7 +314,7 @@ class AmdgpuSysfsSource(SourceBase):
         feeding a ``fast: true`` metric (the busy percentages, one small sysfs read each).
         Errors and lost cards are left to poll().  Without a mapping set there is nothing to go
         by: a full poll."""
-        if self._fast_files is None or self._fast_table is None:
+        if self._fast_files is None:  # _fast_table too: both are set from one value
             return self.poll()
         sample = PollResult()
         scratch: Counter[str] = Counter()

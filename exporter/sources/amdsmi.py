@@ -95,7 +95,7 @@ class AmdsmiSource(SourceBase):
         # --path.procfs says (a test hands a fixture tree)
         self.procfs = Path(procfs)
         self._host_pids = False
-        self._visible: tuple[bool, str] = (False, "")
+        self._visible: tuple[bool, str] | None = None  # procfs_visibility of this poll, once asked
         self.options = context.typed(AmdsmiOptions)
         self._module = module
         self._smi: Any = None
@@ -193,8 +193,7 @@ class AmdsmiSource(SourceBase):
     # -------------------------------------------------------------------------------- poll
     def poll(self) -> PollResult:
         sample = PollResult()
-        if self.options.processes != "off":  # what amdsmi's process list can see, once per poll
-            self._visible = procfs_visibility(self.procfs, self._host_pids)
+        self._visible = None  # what amdsmi's process list can see: walked once per poll, when needed
         for handle, dev in self._handles:
             sample.devices.append(dev)
             sample.device_up[dev.key] = True
@@ -240,6 +239,8 @@ class AmdsmiSource(SourceBase):
         if not isinstance(procs, list):
             mark(sample, key, "amdsmi", False, "not_supported")
             return
+        if self._visible is None:
+            self._visible = procfs_visibility(self.procfs, self._host_pids)
         mark(sample, key, "amdsmi", *self._visible)
         if mode == "count":  # the busy-client count only: the gfx engine counter per pid
             for p in procs:

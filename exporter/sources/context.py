@@ -35,6 +35,13 @@ class SourceContext:
     mappings: Any = None
     fast: Mapping[str, frozenset[str]] | None = None
 
+    @classmethod
+    def from_mappings(cls, mappings: Any, **fields: Any) -> SourceContext:
+        """The context the daemon creates sources with: ``wanted`` and ``fast`` from the loaded
+        mapping set (``fields``: sysfs, procfs, options)."""
+        return cls(wanted=mappings.raw_fields(), mappings=mappings,
+                   fast=mappings.raw_fields(mappings.schema.fast_metrics), **fields)
+
     def typed(self, model: type[OptionsT]) -> OptionsT:
         """The options as ``model`` (the defaults where none were given)."""
         given = self.options

@@ -44,7 +44,7 @@ from typing import ClassVar
 from .. import safefile
 from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
-from .evidence import host_pid_namespace, mark
+from .evidence import COMM_MAX_BYTES, host_pid_namespace, mark, visibility
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
 from .fdinfo_scan import FdScanner
 from .options import FdinfoOptions
@@ -52,7 +52,6 @@ from .sysfs_util import read_kv
 
 log = logging.getLogger(__name__)
 
-COMM_MAX_BYTES = 4096
 # Device.vendor from the DRM driver name (identity, not a metric mapping).
 DRIVER_VENDOR = {"i915": "intel", "xe": "intel", "amdgpu": "amd", "nvidia-drm": "nvidia", "nvidia": "nvidia"}
 _CARD_RE = re.compile(r"^card(\d+)$")
@@ -252,12 +251,7 @@ class DrmFdinfoSource(SourceBase):
         """``client.evidence`` for every card whose driver reports engine usage."""
         if not self._counted:
             return
-        if not self._host_pids:
-            complete, reason = False, "pid_namespace_private"
-        elif self._scanner.unreadable:
-            complete, reason = False, "procfs_unreadable"
-        else:
-            complete, reason = True, ""
+        complete, reason = visibility(self._host_pids, bool(self._scanner.unreadable))
         for pdev, driver in self._counted.items():
             if self._device(pdev, driver) is not None:
                 mark(sample, pdev, "fdinfo", complete, reason)

@@ -28,7 +28,7 @@ from .. import safefile
 from .base import PollResult
 
 EVIDENCE_RAW = "client.evidence"
-_COMM_MAX_BYTES = 4096
+COMM_MAX_BYTES = 4096  # the most read of a /proc/<pid>/comm
 
 
 def mark(sample: PollResult, key: str, source: str, complete: bool, reason: str = "") -> None:
@@ -41,9 +41,26 @@ def host_pid_namespace(procfs: Path) -> bool:
     """Whether ``procfs`` shows the host's processes: kthreadd is pid 2 only in the initial PID
     namespace (a container without hostPID sees its own processes only)."""
     try:
-        return safefile.read_path(Path(procfs) / "2" / "comm", _COMM_MAX_BYTES).strip() == b"kthreadd"
+        return safefile.read_path(Path(procfs) / "2" / "comm", COMM_MAX_BYTES).strip() == b"kthreadd"
     except OSError:
         return False
+
+
+def visibility(host_pids: bool, unreadable: bool) -> tuple[bool, str]:
+    """(complete, reason) of a client count made by walking a procfs: complete only in the host
+    PID namespace with nothing ``unreadable``."""
+    if not host_pids:
+        return False, "pid_namespace_private"
+    if unreadable:
+        return False, "procfs_unreadable"
+    return True, ""
+
+
+def pid_entries(procfs: Path | str) -> list[os.DirEntry[str]]:
+    """The entries of ``procfs`` named with ASCII digits only (``str.isdigit()`` also takes "²"
+    or "٣", which ``int()`` refuses); raises OSError when ``procfs`` cannot be listed."""
+    with os.scandir(procfs) as entries:
+        return [e for e in entries if e.name.isascii() and e.name.isdigit()]
 
 
 def procfs_visibility(procfs: Path, host_pids: bool) -> tuple[bool, str]:
@@ -54,14 +71,10 @@ def procfs_visibility(procfs: Path, host_pids: bool) -> tuple[bool, str]:
     capabilities: other users' fdinfo passes only for a real uid of 0 with CAP_SYS_PTRACE and
     CAP_DAC_READ_SEARCH (a dynamic user with those capabilities still reads procfs_unreadable)."""
     if not host_pids:
-        return False, "pid_namespace_private"
+        return visibility(False, False)
     try:
-        with os.scandir(procfs) as entries:
-            pids = [e.name for e in entries if e.name.isascii() and e.name.isdigit()]
+        pids = [e.name for e in pid_entries(procfs)]
     except OSError:
-        return False, "procfs_unreadable"
-    for pid in pids:
-        path = f"{procfs}/{pid}/fdinfo"
-        if not os.access(path, os.R_OK) and os.path.isdir(f"{procfs}/{pid}"):  # not one that just exited
-            return False, "procfs_unreadable"
-    return True, ""
+        return visibility(True, True)
+    return visibility(True, any(  # a pid still a directory: not one that just exited
+        not os.access(f"{procfs}/{pid}/fdinfo", os.R_OK) and os.path.isdir(f"{procfs}/{pid}") for pid in pids))

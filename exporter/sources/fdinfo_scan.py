@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import safefile
+from .evidence import pid_entries
 
 DRM_MAJOR = 226
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
@@ -72,9 +73,8 @@ class FdScanner:
         """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
         new_cache: dict[tuple[str, str, str], bool] = {}
         self.unreadable = 0
-        try:  # str.isdigit() also takes "²" or "٣", which int() refuses; a pid is a directory
-            pids = sorted((e.name for e in os.scandir(self.procfs)
-                           if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)), key=int)
+        try:  # a pid is a directory
+            pids = sorted((e.name for e in pid_entries(self.procfs) if e.is_dir(follow_symlinks=False)), key=int)
         except OSError:
             pids = []
         for pid in pids:

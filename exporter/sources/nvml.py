@@ -88,6 +88,7 @@ class NvmlSource(SourceBase):
         fast = context.fast_fields("nvml")
         self._fast_util = fast is None or not fast.isdisjoint(UTILIZATION_FIELDS)
         self._fast_gpm = None if fast is None else frozenset(f for f in fast if f.startswith("gpm."))
+        self._fast_gpm_any = self._fast_gpm is None or bool(self._fast_gpm)  # poll_fast reads GPM
         self._module = module
         self._clock = clock or (lambda: time.monotonic())
         self.nv: Any = None
@@ -312,7 +313,7 @@ class NvmlSource(SourceBase):
                     if util is not None:
                         sample.add(st.key, "utilization.gpu", util.gpu)
                         sample.add(st.key, "utilization.memory", util.memory)
-                if st.gpm and self.gpm is not None and (self._fast_gpm is None or self._fast_gpm):
+                if st.gpm and self.gpm is not None and self._fast_gpm_any:
                     self.gpm.read(sample, st.key, st.handle, now, only=self._fast_gpm)
             except DeviceLost:
                 continue  # the next full poll marks it lost and re-discovers
@@ -335,8 +336,7 @@ class NvmlSource(SourceBase):
                 if inst.gpu_instance in seen:
                     continue
                 seen.add(inst.gpu_instance)
-                labels = (("gpu_instance", str(inst.gpu_instance)), ("mig_profile", inst.gi_profile))
-                self.gpm.read(sample, st.key, st.handle, now, gi=inst.gpu_instance, labels=labels)
+                self.gpm.read(sample, st.key, st.handle, now, gi=inst.gpu_instance, labels=inst.gi_labels)
         if self.procs is not None:
             self.procs.read(sample, st.key, st.handle, mig=st.mig)
         # a MIG read that failed (or answered for another instance) may hold a handle the

@@ -50,7 +50,7 @@ class CallGuard:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self.skipped: set[tuple[str, str]] = set()
-        self.codes: dict[tuple[str, str], int] = {}  # the last failure's NVML code per (device, field)
+        self.no_permission: set[tuple[str, str]] = set()  # the skipped ones refused with NoPermission
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -68,22 +68,20 @@ class CallGuard:
     def failure_reason(self, key: str, field: str) -> str:
         """Why the last call of (key, field) gave nothing: ``no_permission``, ``not_supported``
         (also a binding without the function) or ``read_error`` (retried next poll)."""
-        code = self.codes.get((key, field))
-        if code == NO_PERMISSION:
+        if (key, field) in self.no_permission:
             return "no_permission"
-        if code in UNSUPPORTED_CODES or (code is None and (key, field) in self.skipped):
+        if (key, field) in self.skipped:
             return "not_supported"
         return "read_error"
 
     def handle_code(self, errors: Counter[str], key: str, field: str, code: int) -> None:
         """Account for one failed NVML return code; raises DeviceLost for lost-GPU codes."""
-        if len(self.codes) < 4096 or (key, field) in self.codes:  # bounded: fields are a fixed set
-            self.codes[(key, field)] = code
         if code in LOST_CODES:
             raise DeviceLost(code)
         if code in UNSUPPORTED_CODES:
             self.remember(errors, key, field)
         elif code == NO_PERMISSION:
+            self.no_permission.add((key, field))
             self.remember(errors, key, field, "read_error")
         elif code == TIMEOUT:
             errors["timeout"] += 1

@@ -151,7 +151,7 @@ class ProcessReader:
         as a ``read_error`` (the source rescans the GPU's MIG devices on the next poll) and
         leaves the evidence partial; an instance the scan does not know is not counted."""
         per_gi: dict[int, set[int]] = {}
-        profiles = {inst.gpu_instance: inst.gi_profile for inst in instances}
+        gi_labels = {inst.gpu_instance: inst.gi_labels for inst in instances}
         procs: list[_Proc] = []
         failed = ""
         for inst in instances:
@@ -166,7 +166,7 @@ class ProcessReader:
                 sample.errors["read_error"] += 1
                 failed = failed or "read_error"
             for p, (gi, ci) in zip(running, ids, strict=True):
-                if gi not in profiles:
+                if gi not in gi_labels:
                     continue
                 pids = per_gi.setdefault(gi, set())
                 pid = int(p.pid)
@@ -176,10 +176,8 @@ class ProcessReader:
                 if self.mode == "series":
                     mem = float(p.usedGpuMemory) if p.usedGpuMemory is not None else None
                     procs.append(_Proc(pid, None, mem, gi, ci))
-        for gi, pids in sorted(per_gi.items()):
-            if pids:
-                sample.add(key, "client.contexts", len(pids),
-                           (("gpu_instance", str(gi)), ("mig_profile", profiles[gi])))
+        for gi, pids in sorted(per_gi.items()):  # never empty: a set is made for its first pid
+            sample.add(key, "client.contexts", len(pids), gi_labels[gi])
         mark(sample, key, "nvml", not failed, failed)
         if self.mode == "series":
             self._emit(sample, key, procs)

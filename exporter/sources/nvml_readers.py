@@ -54,21 +54,21 @@ class FieldRequest:
 
 @dataclass
 class MigInstance:
+    """One MIG device, as a MIG scan found it; its label tuples are built once, by the scan."""
+
     handle: Any
     gpu_instance: int
     compute_instance: int
     profile: str
+    labels: tuple[tuple[str, str], ...] = field(init=False)     # this compute instance's
+    gi_labels: tuple[tuple[str, str], ...] = field(init=False)  # its GPU instance's
 
-    @property
-    def gi_profile(self) -> str:
-        """The GPU instance's profile (``1c.2g.10gb`` -> ``2g.10gb``: compute-instance prefix off)."""
-        return _CI_PREFIX.sub("", self.profile)
-
-    @property
-    def labels(self) -> tuple[tuple[str, str], ...]:
-        return (("gpu_instance", str(self.gpu_instance)),
-                ("compute_instance", str(self.compute_instance)),
-                ("mig_profile", self.profile))
+    def __post_init__(self) -> None:
+        gi = str(self.gpu_instance)
+        self.labels = (("gpu_instance", gi), ("compute_instance", str(self.compute_instance)),
+                       ("mig_profile", self.profile))
+        # the GPU instance's profile: ``1c.2g.10gb`` -> ``2g.10gb`` (compute-instance prefix off)
+        self.gi_labels = (("gpu_instance", gi), ("mig_profile", _CI_PREFIX.sub("", self.profile)))
 
 
 @dataclass

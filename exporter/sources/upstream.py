@@ -73,7 +73,7 @@ from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: import
 from .upstream_identity import (
     SeriesIdentity,
 )
-from .upstream_schema import Group, Memory, group_by_host, qualify, resolve_target, schema_dependent, unknown
+from .upstream_schema import Group, Memory, group_by_host, qualify, resolve_target, unknown
 
 log = logging.getLogger(__name__)
 # after a target's own deadline, how long its parse may take before the poll stops waiting
@@ -175,22 +175,23 @@ class UpstreamSource(SourceBase):
         (counted), the schemas and the unknown names as self-metric samples, and the schema
         memory to keep (the poll keeps it only from a result it takes)."""
         text, content_type = fetch(target)
-        helps: dict[str, str] = {}
-        samples = parse_exposition(text, content_type, helps)
-        result = read_series(target, samples)
         cm = self._mappings.get(target.spec.mapping) if self._mappings is not None else None
+        dependent: frozenset[str] = cm.schema_dependent if cm is not None else frozenset()
+        markers: frozenset[str] = cm.schema_markers if cm is not None else frozenset()
+        # the HELP texts: evidence only for the schema-dependent fields (most files have none)
+        helps: dict[str, str] | None = {} if dependent else None
+        samples = parse_exposition(text, content_type, helps)
+        result = read_series(target, samples, markers)
         prefix = target.metric_prefix
-
-        def bare(name: str) -> str:
-            return name[len(prefix):] if prefix and name.startswith(prefix) else name
-
-        dependent = schema_dependent(cm)
         hosts = {ref: ident.host for ref, ident in result.identities.items()}
         groups = group_by_host(hosts, result.readings, result.label_names, dependent)
         if not groups:  # no GPU series: the target's names still say which generation it is
-            groups = {"": Group({bare(n) for n, _, _ in samples}, {k for _, lb, _ in samples for k in lb})}
-        res = resolve_target(cm, groups, {bare(n): h for n, h in helps.items()}, target.schema,
-                             self._memory.get(target.name, {}))
+            groups = {"": Group({n.removeprefix(prefix) for n, _, _ in samples},
+                                {k for _, lb, _ in samples for k in markers.intersection(lb)})}
+        bases = {fld.partition("{")[0] for fld in dependent}
+        res = resolve_target(cm, groups, {b: h for n, h in (helps or {}).items()
+                                          if (b := n.removeprefix(prefix)) in bases},
+                             target.schema, self._memory.get(target.name, {}))
         skipped = 0
         if dependent:
             kept = []

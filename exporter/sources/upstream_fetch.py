@@ -268,14 +268,16 @@ class TargetReadings:
 
     identities: dict[str, SeriesIdentity]
     readings: list[tuple[str, str, float, tuple[tuple[str, str], ...]]]  # (ref, field, value, labels)
-    # label names seen on the series of each host (identity ``host``): schema markers
+    # schema marker label names seen on the series of each host (identity ``host``)
     label_names: dict[str, set[str]] = field(default_factory=dict)
 
 
 def read_series(
-    target: Target, samples: Iterable[tuple[str, dict[str, str], float]]
+    target: Target, samples: Iterable[tuple[str, dict[str, str], float]],
+    markers: frozenset[str] = frozenset(),
 ) -> TargetReadings:
-    """Group samples by GPU, derive each GPU's identity and the raw readings.
+    """Group samples by GPU, derive each GPU's identity and the raw readings (and, per host, which
+    of the schema ``markers`` label its series).
 
     Duplicate series (same GPU, field and labels; seen with XPU Manager, issue #112) keep the
     first value.
@@ -311,9 +313,9 @@ def read_series(
         host_labels = label_names.get(ident.host)
         if host_labels is None:
             host_labels = label_names[ident.host] = set()
-        host_labels.update(labels)
-        if prefix and name.startswith(prefix):
-            name = name[len(prefix):]
+        if markers:
+            host_labels.update(markers.intersection(labels))
+        name = name.removeprefix(prefix)
         fld = field_name(name, labels, spec.selector_labels)
         dims = dimension_labels(labels, spec)
         key = (ident.ref, fld, dims)

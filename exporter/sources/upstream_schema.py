@@ -43,17 +43,14 @@ an upgrade that added or renamed fields.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 # ``cm`` below is a compiled mapping file (exporter.map.mapping.CompiledMapping: ``rules``,
-# ``schemas``, ``not_mapped``, ``schema_ambiguous``), handed over by the daemon; a source does not
-# import the mapping side (tests/test_layering.py), so it is read by attribute
-
-_SCHEMA_SELECTOR = re.compile(r'(?:,|(?<=\{))schema="([^"\\]*)"(?=[,}])')
-
+# ``schemas``, ``not_mapped``, ``schema_ambiguous``, ``schema_dependent``, ``schema_markers``),
+# handed over by the daemon; a source does not import the mapping side (tests/test_layering.py),
+# so it is read by attribute
 
 MAX_HOSTS = 1024  # hosts remembered per target (their names come from the target's labels)
 # per host behind one target: (its names and marker labels, the schemas its evidence ruled out)
@@ -91,18 +88,6 @@ class TargetResolution:
     memory: Memory
 
 
-def schema_dependent(cm: Any) -> frozenset[str]:
-    """Raw fields of ``cm`` whose rules are qualified by a schema (the unqualified names)."""
-    if cm is None:
-        return frozenset()
-    out = set()
-    for raw in cm.rules:
-        if 'schema="' in raw:
-            base = _SCHEMA_SELECTOR.sub("", raw).replace("{,", "{")
-            out.add(base[:-2] if base.endswith("{}") else base)
-    return frozenset(out)
-
-
 def qualify(field: str, schema: str) -> str:
     """``name`` -> ``name{schema="S"}``; ``name{a="x"}`` -> ``name{a="x",schema="S"}``."""
     if field.endswith("}"):
@@ -131,7 +116,7 @@ def resolve_target(cm: Any, groups: Mapping[str, Group], helps: Mapping[str, str
                    memory: Memory) -> TargetResolution:
     """``resolve`` for each host of a scrape, with what ``memory`` (the previous scrape's) kept
     for it; the memory returned holds the hosts of this scrape only."""
-    markers = frozenset(lbl for s in (cm.schemas if cm is not None else ()) for lbl in s.labels)
+    markers = cm.schema_markers if cm is not None else frozenset()
     new: Memory = {}
     chosen: dict[tuple[str, str], str] = {}
     schemas: set[str] = set()
