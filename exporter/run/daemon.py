@@ -376,6 +376,8 @@ class Daemon:
         self.build_runtimes()
         self.build_feed()
         assert self.feed is not None
+        if self.cloud is not None:
+            self.cloud.apply_static()  # the simulated node's scenario labels; nothing is asked
         for i in range(cycles):
             if i:
                 await asyncio.sleep(self.poll_interval)
