@@ -95,10 +95,11 @@ def test_a_profiler_session_keeps_the_co_tenancy_it_knows(tmp_path):
     """Another profiler holds the GPM counters (every metric 0 at 99 % utilization) on a GPU with
     two busy processes (93 %, 5 %): before, unknown / profiling_unavailable for the session and
     the seconds counter stopped.  Now shared (NVML's memory-busy 11 % says no bandwidth fight)."""
-    def until(s):
-        return bool(_state(s, state="shared"))
+    def until(s):  # once the session is seen (the first polls have no GPM sample pair yet)
+        return _value(s, "gpu_profiling_available") == [0.0] and bool(_state(s))
 
     s = _serve(tmp_path, "h100_gpm_held", until)
+    assert _state(s)[0]["state"] == "shared", _state(s)
     assert _value(s, "gpu_active_clients") == [2.0]
     assert _state(s)[0]["reason"] == "clients_sharing_compute"
     assert _value(s, "gpu_profiling_available") == [0.0]
