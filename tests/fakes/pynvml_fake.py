@@ -331,6 +331,13 @@ def h100_gpm_held(i: int = 0) -> dict[str, Any]:
     return g
 
 
+def h100_gpm_held_alone(i: int = 0) -> dict[str, Any]:
+    """h100_gpm_held with one busy process: nothing but the held counters could decide."""
+    g = h100_gpm_held(i)
+    g["processes"] = g["processes"][:1]
+    return g
+
+
 def h100_mig(i: int = 0) -> dict[str, Any]:
     """H100 with MIG: GPM per GPU instance through nvmlGpmMigSampleGet."""
     g = h100(i)
