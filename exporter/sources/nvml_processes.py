@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import safefile
 from .base import PollResult
-from .evidence import mark
+from .evidence import COMM_MAX_BYTES, mark
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 from .nvml_readers import MigInstance
 
@@ -62,7 +63,9 @@ class ProcessReader:
             return self._names[pid]
         name = ""
         try:
-            name = (self.procfs / str(pid) / "comm").read_text().strip()
+            # bounded while read (a comm is at most 16 bytes; --path.procfs may point anywhere)
+            raw = safefile.read_path(self.procfs / str(pid) / "comm", COMM_MAX_BYTES)
+            name = raw.decode("utf-8", "replace").strip()
         except OSError:
             try:
                 name = str(self.nvml.nvmlSystemGetProcessName(pid)).rsplit("/", 1)[-1]
