@@ -237,8 +237,8 @@ class SimulatorSource(SourceBase):
         mode = self.processes
         for key, v in resolved.items():
             name, matchers = parse_operand(key)
-            if name == CLIENT_CONTEXTS and mode == "off":
-                continue
+            if name in (CLIENT_CONTEXTS, _EVIDENCE_KEY[0]) and mode == "off":
+                continue  # no client source: no contexts and no evidence mark (a partial one included)
             if any(name == n and set(m) <= set(matchers) for n, m in st.unsupported):
                 continue
             if name == _PROC_UTIL and mode != "series":
