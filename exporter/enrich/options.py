@@ -90,11 +90,25 @@ class KubernetesOptions(_Strict):
     pid_cache_size: int = Field(8192, ge=16, le=1_000_000)
 
 
+class HpcJobsOptions(_Strict):
+    """``enrich.hpc_jobs``: Slurm jobs from a prolog/epilog mapping directory (hpc_jobs.py)."""
+
+    directory: str = Field(min_length=1)  # dcgm-exporter's or device-metrics-exporter's format
+    vendors: list[str] = []  # which GPUs a file's index names; empty: every vendor's GPU of that index
+    max_files: int = Field(1024, ge=1, le=65536)
+
+    @field_validator("vendors")
+    @classmethod
+    def _vendors(cls, value: list[str]) -> list[str]:
+        return _known("vendor", value, ("nvidia", "amd", "intel"))
+
+
 class EnrichConfig(_Strict):
     """``enrich:``; a section left out (or empty) has its defaults."""
 
     cloud: CloudOptions = CloudOptions()
     kubernetes: KubernetesOptions | None = None  # None: no section in the file
+    hpc_jobs: HpcJobsOptions | None = None  # None: no job mapping (docs/jobs.md)
 
     @field_validator("cloud", mode="before")
     @classmethod
