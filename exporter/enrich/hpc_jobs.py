@@ -185,9 +185,9 @@ def info_series(mapping: Mapping, devices: list[DeviceId], vendors: frozenset[st
     GPU's index, the ``gpu`` label; ``vendors`` limits which GPUs an index names (a node with
     GPUs of two vendors has two GPUs 0)."""
     by_index: dict[str, list[DeviceId]] = {}
-    for dev in devices:
-        if vendors is None or dev.vendor in vendors:
-            by_index.setdefault(dev.gpu, []).append(dev)
+    for dev in devices:  # (vendor, gpu, uuid)
+        if vendors is None or dev[0] in vendors:
+            by_index.setdefault(dev[1], []).append(dev)
     frames: Frames = {}
     for (gpu, instance), jobs in mapping.jobs.items():
         for dev in by_index.get(gpu, ()):
