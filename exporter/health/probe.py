@@ -15,6 +15,7 @@ when the writer stops.
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import sys
 import tempfile
@@ -71,7 +72,7 @@ def fetch(url: str, timeout: float) -> str:
         return data.decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         raise Unknown(f"exporter answered HTTP {exc.code}") from None
-    except (OSError, urllib.error.URLError, ValueError) as exc:
+    except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException) as exc:
         if deadline.expired:
             raise Unknown(f"exporter did not answer within {timeout:g}s") from None
         reason = getattr(exc, "reason", exc)
@@ -99,6 +100,8 @@ def check(url: str, timeout: float, classes: list[str]) -> tuple[int, str, dict]
         gpus = judge(samples(fetch(url, timeout)))
     except Unknown as exc:
         return UNKNOWN, f"unknown: {exc}", {}
+    except Exception as exc:  # noqa: BLE001 - a crash must read as "unknown" (2), never as a problem (1)
+        return UNKNOWN, f"unknown: {type(exc).__name__}: {str(exc)[:80]}", {}
     if not gpus:
         return UNKNOWN, "unknown: the exporter lists no GPU", {}
     state, messages = node_state(gpus, classes)
