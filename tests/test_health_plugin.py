@@ -242,3 +242,14 @@ def test_plugin_against_the_simulated_node(tmp_path, scenario, phase, code, word
     assert r.returncode == code, (r.stdout, r.stderr)
     for w in words:
         assert w in r.stdout, (w, r.stdout)
+
+
+def test_docs_state_the_definition():
+    """docs/health.md's table is the definition's: every class, its condition, the XID codes."""
+    text = (REPO / "docs" / "health.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| `(\w+)`", text, re.M)}
+    assert rows == {cls: condition for cls, (condition, _) in CLASSES.items()}
+    codes = re.search(r"for XID ([\d, or]+) \(", text).group(1)
+    assert set(re.findall(r"\d+", codes)) == CRITICAL_XIDS
+    for sensor, limit in TEMPERATURE_LIMITS.items():
+        assert f"{sensor}" in text and f"{limit:.0f} C" in text

@@ -181,3 +181,17 @@ def test_a_job_appears_within_one_poll_and_leaves_within_one_poll(exporter_with_
     assert [re.search(r'job_id="(\d+)"', ln).group(1) for ln in _job_lines(body)] == ["1003"]
     refused = re.search(r'unified_gpu_exporter_hpc_job_files_refused_total\{reason="not_regular"\} (\S+)', body)
     assert refused and float(refused.group(1)) >= 1
+
+
+def test_docs_name_every_refusal_reason_and_option():
+    from exporter.enrich.options import HpcJobsOptions
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "jobs.md").read_text()
+    for reason in hpc_jobs.REASONS:
+        assert f"`{reason}`" in text, reason
+    for option in HpcJobsOptions.model_fields:
+        assert f"{option}:" in text, option
+    script = (REPO / "deploy" / "slurm" / "gpu-job-map.sh").read_text()
+    for line in ("PrologFlags=Alloc", "Prolog=/etc/slurm/prolog.d/*", "Epilog=/etc/slurm/epilog.d/*"):
+        assert line in text and line in script, line
