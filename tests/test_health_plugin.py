@@ -17,8 +17,16 @@ import pytest
 import yaml
 
 from exporter.health import probe
-from exporter.health.definition import (CLASSES, CRITICAL_XIDS, DEGRADED, FAILED, OK, TEMPERATURE_LIMITS,
-                                        judge, node_state)
+from exporter.health.definition import (
+    CLASSES,
+    CRITICAL_XIDS,
+    DEGRADED,
+    FAILED,
+    OK,
+    TEMPERATURE_LIMITS,
+    judge,
+    node_state,
+)
 from exporter.run.argparsing import DEFAULT_PORT
 from tests.conftest import REPO
 from tests.e2e_util import ProcessSet, free_port, start_exporter

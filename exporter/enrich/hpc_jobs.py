@@ -145,38 +145,45 @@ def read_dir(directory: str, max_files: int = 1024) -> Mapping:
     except OSError:
         return Mapping(out, refused, False)
     try:
-        seen = 0
-        with os.scandir(dir_fd) as it:
-            for entry in it:
-                m = NAME_RE.match(entry.name)
-                if m is None:
-                    continue  # not a GPU's file (dcgm-exporter ignores these too)
-                seen += 1
-                if seen > max_files:
-                    refused["too_many_files"] += 1
-                    continue
-                try:
-                    data = safefile.read_at(dir_fd, entry.name, MAX_FILE_BYTES, single_link=True)
-                    jobs = parse(bytes(data))
-                except FileNotFoundError:
-                    continue  # cleared between the listing and the read: no job
-                except safefile.TooLarge:
-                    refused["too_large"] += 1
-                    continue
-                except safefile.Refused as exc:
-                    refused[_REFUSED.get(exc.errno or 0, "unreadable")] += 1
-                    continue
-                except Malformed:
-                    refused["malformed"] += 1
-                    continue
-                except OSError as exc:
-                    # a directory with a GPU's name: O_NOFOLLOW|O_RDONLY opens it, fstat refuses it
-                    refused["not_regular" if exc.errno == errno.EISDIR else "unreadable"] += 1
-                    continue
-                if jobs:
-                    out[(m.group(1), m.group(2) or "")] = jobs
+        return _read_entries(dir_fd, max_files, out, refused)
+    except OSError:  # the listing itself failed (the directory removed under us, EIO)
+        return Mapping(out, refused, False)
     finally:
         os.close(dir_fd)
+
+
+def _read_entries(dir_fd: int, max_files: int, out: dict, refused: Counter) -> Mapping:
+    """The GPU files of the open directory ``dir_fd`` into ``out``, refusals into ``refused``."""
+    seen = 0
+    with os.scandir(dir_fd) as it:
+        for entry in it:
+            m = NAME_RE.match(entry.name)
+            if m is None:
+                continue  # not a GPU's file (dcgm-exporter ignores these too)
+            seen += 1
+            if seen > max_files:
+                refused["too_many_files"] += 1
+                continue
+            try:
+                data = safefile.read_at(dir_fd, entry.name, MAX_FILE_BYTES, single_link=True)
+                jobs = parse(bytes(data))
+            except FileNotFoundError:
+                continue  # cleared between the listing and the read: no job
+            except safefile.TooLarge:
+                refused["too_large"] += 1
+                continue
+            except safefile.Refused as exc:
+                refused[_REFUSED.get(exc.errno or 0, "unreadable")] += 1
+                continue
+            except Malformed:
+                refused["malformed"] += 1
+                continue
+            except OSError as exc:
+                # a directory with a GPU's name: O_NOFOLLOW|O_RDONLY opens it, fstat refuses it
+                refused["not_regular" if exc.errno == errno.EISDIR else "unreadable"] += 1
+                continue
+            if jobs:
+                out[(m.group(1), m.group(2) or "")] = jobs
     return Mapping(out, refused, True)
 
 
@@ -228,6 +235,7 @@ def job_info(options, store, info: Frames) -> Frames:  # noqa: ANN001 - HpcJobsO
     """``info`` (the gpu_pod_info series) with the ``gpu_job_info`` series of the GPUs in
     ``store``, read from ``options.directory`` now."""
     if options is None:
+        STATS.enabled = False  # no section (any more, after a reload): no self-metrics
         return info
     mapping = read_dir(options.directory, options.max_files)
     STATS.add(mapping)

@@ -79,6 +79,10 @@ def _key(labels: Labels) -> GpuKey:
     return labels.get("vendor", ""), labels.get("gpu", ""), labels.get("uuid", "")
 
 
+def _labels(key: GpuKey) -> Labels:
+    return dict(zip(("vendor", "gpu", "uuid"), key, strict=True))
+
+
 def judge(samples: Iterable[tuple[str, Labels, float]]) -> dict[GpuKey, GpuHealth]:
     """Each GPU's health from ``(name, labels, value)`` samples of one scrape.  A GPU is known
     from ``gpu_info`` or ``device_up``; the rules below are the definition."""
@@ -119,11 +123,11 @@ def judge(samples: Iterable[tuple[str, Labels, float]]) -> dict[GpuKey, GpuHealt
         elif name == "gpu_throttle_active" and value == 1 and labels.get("reason") in THERMAL_THROTTLE:
             problem(labels, "thermal", DEGRADED, f"thermal throttling ({labels['reason']})")
     for key, codes in xids.items():
-        problem(dict(zip(("vendor", "gpu", "uuid"), key)), "xid", FAILED,
+        problem(_labels(key), "xid", FAILED,
                 "critical XID " + ",".join(sorted(codes, key=int)))
     for key, w in width.items():
         if key in max_width and 0 < w < max_width[key]:
-            problem(dict(zip(("vendor", "gpu", "uuid"), key)), "link", DEGRADED,
+            problem(_labels(key), "link", DEGRADED,
                     f"PCIe link x{w:.0f} of x{max_width[key]:.0f}")
     return gpus
 
