@@ -59,3 +59,40 @@ def test_a_broken_cost_split_is_caught(tmp_path):
 def test_optional_not_loaded_by_the_shipped_configs():
     for conf in PROM.glob("prometheus*.yml"):
         assert "jobs/" not in conf.read_text(), conf.name
+
+
+def test_jobs_dashboard_agrees_with_the_rules(tmp_path):
+    """The dashboard's queries (deploy/grafana/gpu-jobs.json, which work without the optional
+    rules) give the recorded values on the unit test's series."""
+    import json
+
+    dash = json.loads((REPO / "deploy" / "grafana" / "gpu-jobs.json").read_text())
+    exprs = {p["title"]: p["targets"][0]["expr"] for p in dash["panels"]}
+    subst = {"$cluster": ".*", "$cloud": ".*", "$job_user": ".*", "$__rate_interval": "2m", "$__range": "30m"}
+
+    def plain(expr: str) -> str:
+        for var, value in subst.items():
+            expr = expr.replace(var, value)
+        return expr
+
+    unit = yaml.safe_load(UNIT.read_text())
+    seconds = plain(exprs["Contended seconds per second, by job"])
+    dollars = plain(exprs["Contention cost per hour, by user"])
+    total = plain(exprs["Contended seconds over the range, by job"])
+    job = '{{job_cluster="hpc1", job_id="{}", job_user="{}"}}'
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "15s", "input_series": unit["tests"][0]["input_series"],
+        "promql_expr_test": [
+            {"expr": seconds, "eval_time": "15m", "exp_samples": [
+                {"labels": job.format(j, u), "value": v}
+                for j, u, v in (("100", "alice", 0.5), ("200", "bob", 0.2), ("201", "bob", 0.2),
+                                ("300", "carol", 0.1), ("301", "carol", 0.1))]},
+            {"expr": f"round({dollars}, 1e-6)", "eval_time": "15m", "exp_samples": [
+                {"labels": f'{{job_cluster="hpc1", job_user="{u}"}}', "value": v}
+                for u, v in (("alice", 36), ("bob", 21.6), ("carol", 14.4))]},
+            {"expr": f'round({total}, 1e-6) and on (job_id) label_replace(vector(1), "job_id", "100", "", "")',
+             "eval_time": "30m", "exp_samples": [{"labels": job.format("100", "alice"), "value": 300}]},
+        ]}]}
+    (tmp_path / "dash.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    r = _promtool("test", "rules", "dash.test.yml", cwd=tmp_path)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
