@@ -113,7 +113,14 @@ def test_file_count_is_bounded(tmp_path):
     for i in range(10):
         (tmp_path / str(i)).write_text(f"{i + 100}\n")
     m = read_dir(str(tmp_path), max_files=4)
-    assert len(m.jobs) == 4 and m.refused == {"too_many_files": 6}
+    assert len(m.jobs) == 4 and m.refused == {"too_many_files": 1}  # the read stopped there
+
+
+def test_a_directory_flooded_with_other_names_is_bounded(tmp_path):
+    for i in range(100):
+        (tmp_path / f"junk{i}").write_text("x")
+    m = read_dir(str(tmp_path), max_files=4)  # at most 32 entries looked at
+    assert m.refused == {"too_many_files": 1}
 
 
 # ------------------------------------------------------------------------- the running exporter

@@ -53,8 +53,8 @@ HELP: dict[str, tuple[str, str]] = {
         "counter", "Files of the HPC job mapping directory (enrich.hpc_jobs) skipped, by reason: symlink "
                    "(never followed), not_regular (a FIFO, device, socket or directory with a GPU's name), "
                    "too_large, malformed (not a job id per line nor a JSON object with SLURM_JOB_ID), "
-                   "unreadable, too_many_files (names beyond max_files). Counted on every read of the "
-                   "directory, once per render."),
+                   "unreadable, too_many_files (the read stopped after max_files GPU names or 8 x max_files "
+                   "entries). Counted on every read of the directory, once per render."),
     "hpc_job_mapping_up": (
         "gauge", "1 when the HPC job mapping directory (enrich.hpc_jobs) was read on the last render, 0 when "
                  "it is missing or cannot be opened (then no GPU shows a job)."),
@@ -136,7 +136,7 @@ class Mapping:
     up: bool
 
 
-def read_dir(directory: str, max_files: int = 1024) -> Mapping:
+def read_dir(directory: str, max_files: int = 256) -> Mapping:
     """Read the mapping directory once.  A missing directory is no job anywhere (up false)."""
     refused: Counter = Counter()
     out: dict[tuple[str, str], tuple[Job, ...]] = {}
@@ -154,16 +154,18 @@ def read_dir(directory: str, max_files: int = 1024) -> Mapping:
 
 def _read_entries(dir_fd: int, max_files: int, out: dict, refused: Counter) -> Mapping:
     """The GPU files of the open directory ``dir_fd`` into ``out``, refusals into ``refused``."""
-    seen = 0
+    seen = entries = 0
     with os.scandir(dir_fd) as it:
         for entry in it:
+            entries += 1
             m = NAME_RE.match(entry.name)
+            if m is not None:
+                seen += 1
+            if seen > max_files or entries > 8 * max_files:  # a flooded directory: the read stops here
+                refused["too_many_files"] += 1
+                break
             if m is None:
                 continue  # not a GPU's file (dcgm-exporter ignores these too)
-            seen += 1
-            if seen > max_files:
-                refused["too_many_files"] += 1
-                continue
             try:
                 data = safefile.read_at(dir_fd, entry.name, MAX_FILE_BYTES, single_link=True)
                 jobs = parse(bytes(data))

@@ -95,7 +95,7 @@ class HpcJobsOptions(_Strict):
 
     directory: str = Field(min_length=1)  # dcgm-exporter's or device-metrics-exporter's format
     vendors: list[str] = []  # which GPUs a file's index names; empty: every vendor's GPU of that index
-    max_files: int = Field(1024, ge=1, le=65536)
+    max_files: int = Field(256, ge=1, le=4096)  # 8 GPUs x 7 MIG instances = 56 files
 
     @field_validator("vendors")
     @classmethod
