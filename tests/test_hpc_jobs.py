@@ -202,3 +202,43 @@ def test_docs_name_every_refusal_reason_and_option():
     script = (REPO / "deploy" / "slurm" / "gpu-job-map.sh").read_text()
     for line in ("PrologFlags=Alloc", "Prolog=/etc/slurm/prolog.d/*", "Epilog=/etc/slurm/epilog.d/*"):
         assert line in text and line in script, line
+
+
+# ----------------------------------------------------------- the optional per-series hpc_job label
+
+def test_series_label_follows_dcgm_exporters_keys(tmp_path):
+    (tmp_path / "0").write_text("11\n12\n")  # a shared GPU: both jobs in one value
+    (tmp_path / "1.2").write_text("21\n")  # a MIG instance of GPU 1
+    m = read_dir(str(tmp_path))
+    devs: list[DeviceId] = [("nvidia", "0", "GPU-a"), ("nvidia", "1", "GPU-b"), ("nvidia", "2", "GPU-c")]
+    pods = {devs[0]: (("pod", "p0"),)}  # pod attribution's fixed labels for GPU 0
+    labelers = hpc_jobs.series_labelers(m, devs, None, pods)
+    assert set(labelers) == {devs[0], devs[1]}
+    assert labelers[devs[0]](()) == (("pod", "p0"), ("hpc_job", "11,12"))
+    assert labelers[devs[1]](()) == ()  # GPU 1's whole-GPU series: no job on the GPU's own file
+    assert labelers[devs[1]]((("gpu_instance", "2"),)) == (("hpc_job", "21"),)
+    assert labelers[devs[1]]((("gpu_instance", "3"),)) == ()
+    assert labelers[devs[0]]((("job_id", "11"),)) == (("pod", "p0"),)  # gpu_job_info itself
+    assert hpc_jobs.series_labelers(read_dir(str(tmp_path / "none")), devs, None, pods) is pods
+
+
+def test_series_label_on_request_in_the_running_exporter(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(f"enrich:\n  cloud: {{enabled: false}}\n  hpc_jobs:\n    directory: {jobs}\n"
+                   f"    vendors: [nvidia]\n    series_label: true\n")
+    with ProcessSet() as procs:
+        server = start_exporter(procs, tmp_path, ["--simulate", "--poll.interval", "250ms",
+                                                  "--config.file", str(cfg)])
+        t = time.time()
+        (jobs / "0").write_text("777\n")
+        body = scrape_after(server, t + 0.01)
+        util = [ln for ln in body.splitlines() if ln.startswith("gpu_compute_utilization_percent{")]
+        labelled = [ln for ln in util if 'hpc_job="777"' in ln]
+        assert labelled and all('vendor="nvidia"' in ln and 'gpu="0"' in ln for ln in labelled), util
+        assert len(labelled) < len(util)  # the other GPUs' series carry none
+        assert all("hpc_job" not in ln for ln in _job_lines(body))
+        t = time.time()
+        (jobs / "0").unlink()
+        assert "hpc_job=" not in scrape_after(server, t + 0.01)

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .. import safefile
-from ..model import DeviceId, Frames
+from ..model import DeviceId, Frames, Labels
 
 NAME_RE = re.compile(r"^(\d{1,4})(?:\.(\d{1,4}))?$")  # dcgm-exporter's ^\d+(\.\d+)?$, bounded
 # Slurm job ids: 123, array tasks 123_4, heterogeneous components 123+1
@@ -233,16 +233,68 @@ class JobStats:
 STATS = JobStats()
 
 
-def job_info(options, store, info: Frames) -> Frames:  # noqa: ANN001 - HpcJobsOptions | None, Store
-    """``info`` (the gpu_pod_info series) with the ``gpu_job_info`` series of the GPUs in
-    ``store``, read from ``options.directory`` now."""
+class JobLabeler:
+    """dcgm-exporter's per-series ``hpc_job`` label, only with ``enrich.hpc_jobs.series_label``:
+    a MIG instance's series (``gpu_instance``) get the jobs of its ``<gpu>.<gpu_instance>`` file,
+    the GPU's other series the jobs of its ``<gpu>`` file; several jobs are joined with "," (one
+    label value, where dcgm-exporter copies the series once per job).  Composes with pod
+    attribution's labeler of the same GPU (``inner``)."""
+
+    __slots__ = ("whole", "by_gi", "inner")
+
+    def __init__(self, whole: Labels, by_gi: dict[str, Labels], inner) -> None:  # noqa: ANN001 - DeviceLabels | None
+        self.whole, self.by_gi, self.inner = whole, by_gi, inner
+
+    def __call__(self, labels: Labels) -> Labels:
+        base = (self.inner(labels) if callable(self.inner) else self.inner) or ()
+        gi = None
+        for k, v in labels:
+            if k == "job_id":
+                return base  # gpu_job_info names its job already
+            if k == "gpu_instance":
+                gi = v
+        mine = self.by_gi.get(gi, ()) if gi is not None else self.whole
+        return base + mine if mine else base
+
+
+def series_labelers(mapping: Mapping, devices: list[DeviceId], vendors: frozenset[str] | None,
+                    per_device: dict) -> dict:
+    """``per_device`` (pod attribution's labelers) with a ``JobLabeler`` on every GPU a job holds."""
+    jobs: dict[DeviceId, tuple[Labels, dict[str, Labels]]] = {}
+    for dev in devices:
+        if vendors is not None and dev[0] not in vendors:
+            continue
+        for (gpu, instance), listed in mapping.jobs.items():
+            if gpu != dev[1]:
+                continue
+            whole, by_gi = jobs.setdefault(dev, ((), {}))
+            label = (("hpc_job", ",".join(j.job_id for j in listed)),)
+            if instance:
+                by_gi[instance] = label
+            else:
+                jobs[dev] = (label, by_gi)
+    if not jobs:
+        return per_device
+    out = dict(per_device)
+    for dev, (whole, by_gi) in jobs.items():
+        out[dev] = JobLabeler(whole, by_gi, per_device.get(dev))
+    return out
+
+
+def job_info(options, store, per_device: dict, info: Frames) -> tuple[dict, Frames]:  # noqa: ANN001
+    """Pod attribution's (labelers, gpu_pod_info series) with the ``gpu_job_info`` series of the
+    GPUs in ``store`` (``options``: HpcJobsOptions | None), read from ``options.directory`` now,
+    and with ``series_label`` the ``hpc_job`` labelers."""
     if options is None:
         STATS.enabled = False  # no section (any more, after a reload): no self-metrics
-        return info
+        return per_device, info
     mapping = read_dir(options.directory, options.max_files)
     STATS.add(mapping)
     vendors = frozenset(options.vendors) if options.vendors else None
-    jobs = info_series(mapping, [dev.id for _, dev in store.info_devices()], vendors)
+    devices = [dev.id for _, dev in store.info_devices()]
+    if options.series_label:
+        per_device = series_labelers(mapping, devices, vendors, per_device)
+    jobs = info_series(mapping, devices, vendors)
     if not info:
-        return jobs
-    return {d: {**info.get(d, {}), **jobs.get(d, {})} for d in info.keys() | jobs.keys()}
+        return per_device, jobs
+    return per_device, {d: {**info.get(d, {}), **jobs.get(d, {})} for d in info.keys() | jobs.keys()}

@@ -96,6 +96,15 @@ class HpcJobsOptions(_Strict):
     directory: str = Field(min_length=1)  # dcgm-exporter's or device-metrics-exporter's format
     vendors: list[str] = []  # which GPUs a file's index names; empty: every vendor's GPU of that index
     max_files: int = Field(256, ge=1, le=4096)  # 8 GPUs x 7 MIG instances = 56 files
+    # dcgm-exporter's per-series hpc_job label on every series of a GPU a job holds (docs/jobs.md: its cost)
+    series_label: bool = False
+
+    @field_validator("series_label", mode="before")
+    @classmethod
+    def _boolean(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false (a YAML boolean), got {value!r}")
+        return value
 
     @field_validator("vendors")
     @classmethod

@@ -219,7 +219,7 @@ class Daemon:
 
     def _pod_labels(self, store: Store) -> tuple[dict, Frames]:
         labels, info = pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
-        return labels, job_info(self.config.enrich.hpc_jobs, store, info)  # + gpu_job_info series
+        return job_info(self.config.enrich.hpc_jobs, store, labels, info)  # + gpu_job_info, hpc_job
 
     def _start_enrichers(self) -> None:
         for t in self._enrich_tasks:
