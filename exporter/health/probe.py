@@ -73,9 +73,10 @@ def fetch(url: str, timeout: float) -> str:
     except urllib.error.HTTPError as exc:
         raise Unknown(f"exporter answered HTTP {exc.code}") from None
     except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException) as exc:
-        if deadline.expired:
-            raise Unknown(f"exporter did not answer within {timeout:g}s") from None
         reason = getattr(exc, "reason", exc)
+        # the deadline's timer, or the socket timeout set to the time left, whichever came first
+        if deadline.expired or isinstance(reason, TimeoutError) or time.monotonic() >= deadline.at:
+            raise Unknown(f"exporter did not answer within {timeout:g}s") from None
         raise Unknown(f"exporter unreachable: {str(reason)[:80]}") from None
     finally:
         deadline.cancel()
