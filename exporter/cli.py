@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         from .importers.cli import main as import_main
 
         return _quiet_broken_pipe(lambda: import_main(argv[1:]))
+    if argv and argv[0] == "health":  # the node-problem-detector plugin (docs/health.md)
+        from .health.probe import main as health_main
+
+        return health_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.simulate is None:  # a real node would silently ignore them

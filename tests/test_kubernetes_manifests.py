@@ -50,7 +50,10 @@ def by_kind(docs, kind: str) -> list[dict]:
 
 
 def one(docs, kind: str) -> dict:
-    (d,) = by_kind(docs, kind)
+    found = by_kind(docs, kind)
+    if len(found) > 1:  # the exporter's (components/node-problem-detector adds a DaemonSet and a Service)
+        found = [d for d in found if d["metadata"]["name"] == "unified-gpu-exporter"]
+    (d,) = found
     return d
 
 

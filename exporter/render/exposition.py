@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .. import __version__
+from ..enrich import hpc_jobs
 from ..map.schema import HISTOGRAM_SUFFIXES, Schema
 from ..map.store import Store
 from ..model import DeviceId, Frames, Labels, Sample
@@ -80,6 +81,7 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "serving, the garbage collector and helper threads."),
     **otlp_stats.HELP,  # with exporters.otlp enabled
     **server_stats.HELP,  # with a web config / the connection guard
+    **hpc_jobs.HELP,  # with enrich.hpc_jobs
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
@@ -203,7 +205,8 @@ class Renderer:
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
-        for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples()):
+        for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples(),
+                                     *hpc_jobs.STATS.samples()):
             add(name, labels, value)
         for stage, source, seconds in cpustats.snapshot():
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},

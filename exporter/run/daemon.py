@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..enrich.cloud import CloudEnricher
+from ..enrich.hpc_jobs import job_info
 from ..map.mapping import MappingSet
 from ..map.schema import Schema
 from ..map.store import Store
@@ -217,7 +218,8 @@ class Daemon:
         return self.rendered
 
     def _pod_labels(self, store: Store) -> tuple[dict, Frames]:
-        return pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
+        labels, info = pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
+        return job_info(self.config.enrich.hpc_jobs, store, labels, info)  # + gpu_job_info, hpc_job
 
     def _start_enrichers(self) -> None:
         for t in self._enrich_tasks:
