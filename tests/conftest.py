@@ -125,7 +125,10 @@ _popen_init = subprocess.Popen.__init__
 
 
 def _guarded_popen_init(self, args, *rest, **kwargs):
-    if kwargs.get("env") is not None:
+    # a Python started with -I or -E reads no PYTHON* variable (the import worker, whose exact
+    # environment its tests check): nothing to hand it
+    isolated = isinstance(args, (list, tuple)) and any(a in ("-I", "-E") for a in args[1:4])
+    if kwargs.get("env") is not None and not isolated:
         kwargs["env"] = uge_netguard.child_env(dict(kwargs["env"]))
     _popen_init(self, args, *rest, **kwargs)
 
