@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +21,7 @@ _OPERAND_RE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^
 _MATCHER_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"\s*')
 
 
+@lru_cache(maxsize=4096)  # the simulator parses its scenario's keys at every poll
 def parse_operand(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``metric{label="v",...}`` -> (metric, ((label, v), ...))."""
     m = _OPERAND_RE.match(text.strip())
