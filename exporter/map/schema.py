@@ -212,7 +212,15 @@ class Schema(BaseModel):
 
 
 def default_mappings_dir() -> Path:
-    """mappings/ in a checkout, or the copy shipped inside the wheel (package exporter.mappings)."""
+    """mappings/ of the checkout this package was imported from, or else the copy shipped inside
+    the wheel (package ``exporter.mappings``).
+
+    The checkout comes first: an editable install maps ``exporter.mappings`` to the checkout it
+    was installed from, so a second checkout run with the same venv (its own ``exporter/`` first
+    on the path) would otherwise read the first one's mapping files."""
+    root = Path(__file__).resolve().parent.parent.parent  # exporter/map/schema.py -> the checkout
+    if (root / "mappings" / "canonical.yaml").is_file() and (root / "pyproject.toml").is_file():
+        return root / "mappings"
     try:
         from importlib.resources import files
 
