@@ -433,9 +433,9 @@ def test_the_public_export_path_sends_the_same_bytes(schema, mapping, monkeypatc
 
 @pytest.mark.needs_extra("otlp-grpc")
 def test_grpc_protocol_pushes_to_a_grpc_receiver(schema, mapping, tmp_path):
-    import grpc
     from concurrent import futures
 
+    import grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
     got: list = []
