@@ -183,6 +183,7 @@ def test_a_divisor_mapped_by_a_rule_of_its_own_still_maps(tmp_path):
     ("    metric: gpu_energy_joules_total\n    divide_by: y\n", 5, "a ratio of two raw fields is a gauge"),
     ("    metric: gpu_power_watts\n    transform: rate\n    divide_by: y\n", 6, "transform: rate"),
     ("    metric: gpu_power_watts\n    divide_by: x\n", 3, "divided by itself"),
+    ("    metric: gpu_power_watts\n    divide_by: 'y{schema=\"a\"}'\n", 3, "qualified by a schema"),
 ])
 def test_a_bad_divide_by_names_file_line_and_field(tmp_path, rule, line, message):
     path = tmp_path / "bad.yaml"

@@ -81,6 +81,9 @@ class FieldRule(BaseModel):
                              'qualified by one (name{schema="S"})')
         if self.divide_by is not None and self.divide_by == self.raw:
             raise ValueError("divide_by: a raw field divided by itself is 1")
+        if self.divide_by is not None and 'schema="' in self.raw + self.divide_by:
+            raise ValueError("divide_by: not for a raw field qualified by a schema (its unit is weighed "
+                             "per scrape; a ratio's is not)")
         if self.unit_help is not None:
             try:
                 re.compile(self.unit_help)
