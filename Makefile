@@ -52,10 +52,16 @@ fleet: install system-deps
 system-deps:
 	@scripts/install-system-deps.sh
 
-docs: install
-	$(PY) -m exporter.docs > docs/metrics.md
-	$(PY) -m exporter.otlp.docs > docs/otel.md
-	$(PY) scripts/gen-alert-docs.py
+## make docs: regenerate the generated docs from this checkout, installing nothing (the generators
+## need only pydantic and PyYAML: the venv's Python when there is one, else $(PYTHON)); a file is
+## replaced only when its generator succeeded.
+DOCS_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+docs:
+	$(DOCS_PY) -m exporter.docs > docs/metrics.md.tmp && mv docs/metrics.md.tmp docs/metrics.md \
+		|| { rm -f docs/metrics.md.tmp; exit 1; }
+	$(DOCS_PY) -m exporter.otlp.docs > docs/otel.md.tmp && mv docs/otel.md.tmp docs/otel.md \
+		|| { rm -f docs/otel.md.tmp; exit 1; }
+	$(DOCS_PY) scripts/gen-alert-docs.py
 
 ## make kubernetes: regenerate what deploy/kubernetes derives from other files (the
 ## PrometheusRule from deploy/prometheus/rules, dashboard ConfigMaps from deploy/grafana) and

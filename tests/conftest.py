@@ -54,6 +54,34 @@ def require_binary(name: str, package: str) -> str:
     return path
 
 
+def _extra_modules() -> dict[str, tuple[str, ...]]:
+    """The modules each optional extra (pyproject's optional-dependencies) brings that tests
+    import: the OTLP ones from the exporter's own table (its config error names the same extra)."""
+    from exporter.otlp.config import PROTOCOL_EXTRAS, PROTOCOL_MODULES
+
+    return {extra: PROTOCOL_MODULES[protocol] for protocol, extra in PROTOCOL_EXTRAS.items()}
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Skip naming the extra when a module it installs cannot be imported (a venv made without
+    it); under CI=true the skip is a failure, as every other.  Also ``@pytest.mark.needs_extra``."""
+    import importlib.util
+
+    for module in modules or _extra_modules()[extra]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or marked unavailable
+            found = False
+        if not found:
+            pytest.skip(f"the {extra} extra is not installed ({module} missing): "
+                        f"pip install -e '.[{extra}]' (make install does)")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs_extra"):
+        require_extra(*mark.args)
+
+
 def _skip_reason(longrepr: object) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2])
@@ -86,6 +114,9 @@ def pytest_make_collect_report(collector):
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "needs_extra(name): the test needs the package's optional extra `name` (otlp, "
+                   "otlp-grpc): skips naming it locally, fails under CI=true")
     config.addinivalue_line(
         "markers", "optional_in_ci: a skip of this test is by design (e.g. the machine has a GPU), "
                    "not a missing dependency; CI=true lets it skip")

@@ -269,7 +269,8 @@ class SimulatorSource(SourceBase):
         cm = self.mappings.get(mapping_name)
         rules = sorted((r for rs in cm.rules.values() for r in rs), key=lambda r: r.order)
         for rule in rules:
-            if rule.scale == 0 or rule.integrate:  # an integral cannot be inverted into a raw value
+            # an integral cannot be inverted into a raw value, nor a ratio of two raw fields into one
+            if rule.scale == 0 or rule.integrate or rule.divide_by is not None:
                 continue
             label_names = tuple(sorted(c for _, c in rule.label_map))
             key_labels = dict(rule.fixed)
