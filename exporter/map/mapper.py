@@ -34,6 +34,7 @@ class _RawState:
 class MapResult:
     frames: Frames = field(default_factory=dict)  # per GPU, its canonical series
     malformed: int = 0
+    malformed_fields: list[str] = field(default_factory=list)  # the raw field of each, for the log
 
 
 # raw counter state and exported totals not seen for this many polls are forgotten (a device or
@@ -92,13 +93,13 @@ class Mapper:
         counters: dict[Key, list[tuple[int, str, float | None, float]]] = {}
         plans = self._plans
         isfinite = math.isfinite
-        malformed = 0
+        bad: list[str] = []  # the raw field of each malformed reading (counted, logged by the runner)
         held: dict[str, list[Held]] = {}  # device key -> profiling values, for the guard
         blanks: dict[str, int] = {}  # device key -> blank profiling readings
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
-                malformed += 1
+                bad.append(r.field)
                 continue
             hit = plans.get((r.device, r.field, r.labels))
             if hit is not None and (hit[0] is dev or hit[0] == dev):
@@ -112,33 +113,33 @@ class Mapper:
                 if simple:  # a plain gauge: scale and offset, nothing else to check
                     value = value * rule.scale + rule.offset
                     if not isfinite(value):
-                        malformed += 1
+                        bad.append(r.field)
                         continue
                 else:
-                    if value in rule.invalid:
+                    if value in rule.invalid:  # ``blank`` values (a vendor's "no value") are not errors
                         if rule.profiling:
                             blanks[r.device] = blanks.get(r.device, 0) + 1
-                        else:
-                            malformed += 1
+                        elif value not in rule.blank:
+                            bad.append(r.field)
                         break
                     if lookup is not None:
                         looked_up = lookup.get(value)
                         if looked_up is None:
-                            malformed += 1
+                            bad.append(r.field)
                             continue
                         value = looked_up
                     if rule.is_counter:
                         if rule.integrate:  # a throughput gauge: its integral, from 0
                             if not (isfinite(value) and value >= 0) or (
                                     rule.valid and not rule.valid[0] <= value * rule.scale <= rule.valid[1]):
-                                malformed += 1  # a junk rate would inflate the counter for good
+                                bad.append(r.field)  # a junk rate would inflate the counter for good
                                 continue
                             delta, initial = self._integral(skey, rule, value, now), 0.0
                         else:
                             delta = self._delta(skey, rule, value, now)
                             initial = value * rule.scale
                         if not isfinite(initial) or (delta is not None and not isfinite(delta)):
-                            malformed += 1
+                            bad.append(r.field)
                             continue
                         counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
                         continue
@@ -149,12 +150,12 @@ class Mapper:
                     else:
                         value = value * rule.scale + rule.offset
                     if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
-                        malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                        bad.append(r.field)  # e.g. an SM clock of -5 MHz: never exported
                         continue
                     if rule.clamp:
                         value = min(max(value, rule.clamp[0]), rule.clamp[1])
                     if not isfinite(value):  # overflow of a garbage raw value: never exported
-                        malformed += 1
+                        bad.append(r.field)
                         continue
                     if rule.profiling:
                         held.setdefault(r.device, []).append((key, rule.order, rule.combine, value))
@@ -166,7 +167,7 @@ class Mapper:
                     gauges[key] = [have, (rule.order, rule.combine, value)]
                 else:
                     have.append((rule.order, rule.combine, value))
-        out.malformed = malformed
+        out.malformed, out.malformed_fields = len(bad), bad
         available = apply_guard(held, blanks, devices, gauges, self._guard_of,
                                 sample.errors, _combine) if held or blanks else None
         frames = out.frames
