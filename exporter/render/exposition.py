@@ -73,6 +73,10 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "Metric names of an upstream target, in its last poll, that no "
                                 "mapping knows (an upgrade that added or renamed fields); the "
                                 "first ones are logged."),
+    "upstream_dropped_fields": ("gauge",
+                                "Metric names of an upstream target, in its last poll, that the "
+                                "mapping drops on purpose (not_mapped; the reason per name is in "
+                                "docs/dcgm-migration.md \"Dropped\"); logged once per change."),
     "stage_cpu_seconds_total": ("counter",
                                 "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
                                 "fast_map per source; indicators, render), as of the last render. "
@@ -83,7 +87,7 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
-SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields"})
+SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields", "upstream_dropped_fields"})
 
 
 def _family(name: str, typ: str, doc: str, unit: str) -> Family:
