@@ -37,7 +37,8 @@ ALWAYS_COUNTED = ("timeout", "exception")
 
 # Self-metrics: (name, type, help).  Not part of the canonical schema.
 SELF_METRICS: dict[str, tuple[str, str]] = {
-    "build_info": ("gauge", "Version of unified-gpu-exporter and the Python running it, value 1."),
+    "build_info": ("gauge", "Version of unified-gpu-exporter, the Python running it and the canonical "
+                            "metric schema it serves (mappings/canonical.yaml version), value 1."),
     "source_up": ("gauge", "1 when the source's last poll succeeded within its timeout, else 0."),
     "source_enabled": ("gauge",
                        "1 per source that is enabled, with its state (up; down: enabled and "
@@ -178,7 +179,8 @@ class Renderer:
         def add(n: str, labels: dict[str, str], value: float) -> None:
             fams[n].samples.append((SELF + n, tuple(labels.items()), value))
 
-        add("build_info", {"version": __version__, "python_version": platform.python_version()}, 1)
+        add("build_info", {"version": __version__, "python_version": platform.python_version(),
+                           "schema_version": str(self.schema.version)}, 1)
         for st in store.sources.values():
             s = {"source": st.name}
             if st.state != "absent":  # a backend this node does not have is not a failure
