@@ -284,6 +284,14 @@ def test_default_renders_the_issue_set():
     assert len(dash) == len(list((REPO / "deploy" / "grafana").glob("*.json")))
 
 
+def test_kube_prometheus_stack_dashboards_sit_where_its_grafana_sidecar_looks():
+    """The grafana chart's sidecar searches only its own namespace by default (issue 38)."""
+    kps = render("overlays/kube-prometheus-stack")
+    dash = [d for d in by_kind(kps, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert dash and {d["metadata"]["namespace"] for d in dash} == {"monitoring"}
+    assert one(kps, "DaemonSet")["metadata"]["namespace"] == "gpu-monitoring"
+
+
 def test_release_label_is_configurable():
     default = render(".")
     kps = render("overlays/kube-prometheus-stack")
