@@ -43,7 +43,7 @@ def test_version_from_module_and_console_script():
     result = run_cli("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"unified-gpu-exporter {__version__}"
-    short = run_cli("-v")  # issue 38: as node_exporter's --version has no -v, users try it first
+    short = run_cli("-v")  # issue 38: the short form users try first
     assert short.returncode == 0 and short.stdout == result.stdout, short.stderr
     if not CONSOLE_SCRIPT.exists():
         pytest.skip(f"console script not installed at {CONSOLE_SCRIPT}")

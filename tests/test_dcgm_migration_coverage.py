@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

@@ -57,6 +57,7 @@ from typing import Any, ClassVar, NamedTuple
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .options import UpstreamOptions
+from .upstream_events import EventFields
 from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: importable from here
     MAX_BODY_BYTES,
     FetchError,
@@ -70,7 +71,6 @@ from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: import
     read_series,
     scrape_target,
 )
-from .upstream_events import EventFields
 from .upstream_identity import (
     SeriesIdentity,
 )
