@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -186,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as exc:  # e.g. address in use
         print(f"error: {exc}", file=sys.stderr)
+        if exc.errno == errno.EADDRINUSE:
+            print("hint: another process (another exporter?) listens there: stop it, or pick another "
+                  "port with --web.listen-address=:<port> (make run ARGS=\"--web.listen-address=:<port>\")",
+                  file=sys.stderr)
         return 1
 
 

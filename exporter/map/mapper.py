@@ -35,6 +35,7 @@ class _RawState:
 class MapResult:
     frames: Frames = field(default_factory=dict)  # per GPU, its canonical series
     malformed: int = 0
+    malformed_fields: list[str] = field(default_factory=list)  # the raw field of each, for the log
 
 
 # raw counter state and exported totals not seen for this many polls are forgotten (a device or
@@ -90,15 +91,15 @@ class Mapper:
         counters: dict[Key, list[tuple[int, str, float | None, float]]] = {}
         plans = self._plans
         isfinite = math.isfinite
-        malformed = 0
+        bad: list[str] = []  # the raw field of each malformed reading (counted, logged by the runner)
         held: dict[str, list[Held]] = {}  # device key -> profiling values, for the guard
         blanks: dict[str, int] = {}  # device key -> blank profiling readings
         divisors: dict[tuple, float] = {}  # (device key, raw field, raw labels) -> value, for divide_by
-        dividends: list[tuple] = []  # (device key, raw labels, rule, series key, raw value)
+        dividends: list[tuple] = []  # (device key, raw labels, rule, series key, raw value, raw field)
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
-                malformed += 1
+                bad.append(r.field)
                 continue
             hit = plans.get((r.device, r.field, r.labels))
             if hit is not None and (hit[0] is dev or hit[0] == dev):
@@ -112,39 +113,39 @@ class Mapper:
                 if simple:  # a plain gauge: scale and offset, nothing else to check
                     value = value * rule.scale + rule.offset
                     if not isfinite(value):
-                        malformed += 1
+                        bad.append(r.field)
                         continue
                 else:
                     if rule is None:  # a divisor (divide_by) of some rule: kept for after the loop
                         divisors[key] = value
                         continue
-                    if value in rule.invalid:
+                    if value in rule.invalid:  # ``blank`` values (a vendor's "no value") are not errors
                         if rule.profiling:
                             blanks[r.device] = blanks.get(r.device, 0) + 1
-                        else:
-                            malformed += 1
+                        elif value not in rule.blank:
+                            bad.append(r.field)
                         break
                     if lookup is not None:
                         looked_up = lookup.get(value)
                         if looked_up is None:
-                            malformed += 1
+                            bad.append(r.field)
                             continue
                         value = looked_up
                     if rule.divide_by is not None:  # its divisor may come later in the poll
-                        dividends.append((r.device, r.labels, rule, key, value))
+                        dividends.append((r.device, r.labels, rule, key, value, r.field))
                         continue
                     if rule.is_counter:
                         if rule.integrate:  # a throughput gauge: its integral, from 0
                             if not (isfinite(value) and value >= 0) or (
                                     rule.valid and not rule.valid[0] <= value * rule.scale <= rule.valid[1]):
-                                malformed += 1  # a junk rate would inflate the counter for good
+                                bad.append(r.field)  # a junk rate would inflate the counter for good
                                 continue
                             delta, initial = self._integral(skey, rule, value, now), 0.0
                         else:
                             delta = self._delta(skey, rule, value, now)
                             initial = value * rule.scale
                         if not isfinite(initial) or (delta is not None and not isfinite(delta)):
-                            malformed += 1
+                            bad.append(r.field)
                             continue
                         counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
                         continue
@@ -155,12 +156,12 @@ class Mapper:
                     else:
                         value = value * rule.scale + rule.offset
                     if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
-                        malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                        bad.append(r.field)  # e.g. an SM clock of -5 MHz: never exported
                         continue
                     if rule.clamp:
                         value = min(max(value, rule.clamp[0]), rule.clamp[1])
                     if not isfinite(value):  # overflow of a garbage raw value: never exported
-                        malformed += 1
+                        bad.append(r.field)
                         continue
                     if rule.profiling:
                         held.setdefault(r.device, []).append((key, rule.order, rule.combine, value))
@@ -173,8 +174,8 @@ class Mapper:
                 else:
                     have.append((rule.order, rule.combine, value))
         if dividends:
-            malformed += self._divide(dividends, divisors, gauges)
-        out.malformed = malformed
+            bad.extend(self._divide(dividends, divisors, gauges))
+        out.malformed, out.malformed_fields = len(bad), bad
         available = apply_guard(held, blanks, devices, gauges, self._guard_of,
                                 sample.errors, _combine) if held or blanks else None
         frames = out.frames
@@ -201,15 +202,16 @@ class Mapper:
         return out
 
     @staticmethod
-    def _divide(dividends: list[tuple], divisors: dict[tuple, float], gauges: dict) -> int:
+    def _divide(dividends: list[tuple], divisors: dict[tuple, float], gauges: dict) -> list[str]:
         """The ``divide_by`` rules of one poll: raw value / divisor, then scale, offset, valid and
-        clamp as any gauge; a missing, zero or non-finite result is skipped.  Returns how many."""
-        malformed = 0
-        for device, labels, rule, key, value in dividends:
+        clamp as any gauge; a missing, zero or non-finite result is skipped.  Returns the raw
+        field of each skipped one."""
+        malformed: list[str] = []
+        for device, labels, rule, key, value, raw in dividends:
             div = divisors.get((device, rule.divide_by, labels))
             value = value / div * rule.scale + rule.offset if div else math.nan
             if not math.isfinite(value) or (rule.valid and not rule.valid[0] <= value <= rule.valid[1]):
-                malformed += 1
+                malformed.append(raw)
                 continue
             if rule.clamp:
                 value = min(max(value, rule.clamp[0]), rule.clamp[1])

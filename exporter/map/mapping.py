@@ -34,7 +34,10 @@ class FieldRule(BaseModel):
     # raw throughput gauge (value x scale x seconds between polls)
     transform: Literal["none", "rate", "integrate"] = "none"
     wrap: float | None = Field(default=None, gt=0)
-    invalid: list[float] = []
+    invalid: list[float] = []  # values that are not readings: skipped and counted as malformed
+    # a vendor's "no value" sentinels (DCGM's blank INT64/FP64 values, a sensor that reads 0 when
+    # absent): skipped like ``invalid`` but not an error (nothing counted)
+    blank: list[float] = []
     # a lookup applied to the raw value before scale/offset (e.g. PCIe generation -> GT/s); a raw
     # value not listed is malformed
     values: dict[float, float] = {}
@@ -74,7 +77,7 @@ class FieldRule(BaseModel):
             raise ValueError("clamp bounds must be numbers, not .nan")
         if self.valid and (any(math.isnan(b) for b in self.valid) or self.valid[0] > self.valid[1]):
             raise ValueError("valid: [low, high] with low <= high, no .nan")
-        if any(math.isnan(v) for v in self.invalid):
+        if any(math.isnan(v) for v in self.invalid + self.blank):
             raise ValueError("invalid: .nan never matches; NaN values are always skipped")
         if (self.unit_help is not None or self.integer) and 'schema="' not in self.raw:
             raise ValueError("unit_help/integer are evidence between schemas: only for a raw field "
@@ -152,7 +155,7 @@ class Rule:
     offset: float
     rate: bool
     wrap: float | None
-    invalid: frozenset[float]
+    invalid: frozenset[float]  # every value skipped (``invalid`` and ``blank``)
     clamp: tuple[float, float] | None
     combine: str
     valid: tuple[float, float] | None
@@ -163,6 +166,7 @@ class Rule:
     unit_help: re.Pattern[str] | None = None  # a help text saying the target serves this unit
     integer: bool = False  # a raw value in this unit is a whole number
     divide_by: str | None = None  # the raw field this one is divided by (same device, same poll)
+    blank: frozenset[float] = frozenset()  # the skipped values that are not counted as errors
 
 
 @dataclass(slots=True)
@@ -269,7 +273,7 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
             order=i, raw=fr.raw, metric=fr.metric, is_counter=mdef.type == "counter",
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
-            invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
+            invalid=frozenset(fr.invalid + fr.blank), blank=frozenset(fr.blank), clamp=fr.clamp, combine=fr.combine,
             valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
             values=tuple(sorted(fr.values.items())), profiling=fr.profiling,

@@ -38,7 +38,8 @@ ALWAYS_COUNTED = ("timeout", "exception")
 
 # Self-metrics: (name, type, help).  Not part of the canonical schema.
 SELF_METRICS: dict[str, tuple[str, str]] = {
-    "build_info": ("gauge", "Version of unified-gpu-exporter and the Python running it, value 1."),
+    "build_info": ("gauge", "Version of unified-gpu-exporter, the Python running it and the canonical "
+                            "metric schema it serves (mappings/canonical.yaml version), value 1."),
     "source_up": ("gauge", "1 when the source's last poll succeeded within its timeout, else 0."),
     "source_enabled": ("gauge",
                        "1 per source that is enabled, with its state (up; down: enabled and "
@@ -74,6 +75,10 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "Metric names of an upstream target, in its last poll, that no "
                                 "mapping knows (an upgrade that added or renamed fields); the "
                                 "first ones are logged."),
+    "upstream_dropped_fields": ("gauge",
+                                "Metric names of an upstream target, in its last poll, that the "
+                                "mapping drops on purpose (not_mapped; the reason per name is in "
+                                "docs/dcgm-migration.md \"Dropped\"); logged once per change."),
     "stage_cpu_seconds_total": ("counter",
                                 "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
                                 "fast_map per source; indicators, render), as of the last render. "
@@ -85,7 +90,7 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
-SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields"})
+SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields", "upstream_dropped_fields"})
 
 
 def _family(name: str, typ: str, doc: str, unit: str) -> Family:
@@ -176,7 +181,8 @@ class Renderer:
         def add(n: str, labels: dict[str, str], value: float) -> None:
             fams[n].samples.append((SELF + n, tuple(labels.items()), value))
 
-        add("build_info", {"version": __version__, "python_version": platform.python_version()}, 1)
+        add("build_info", {"version": __version__, "python_version": platform.python_version(),
+                           "schema_version": str(self.schema.version)}, 1)
         for st in store.sources.values():
             s = {"source": st.name}
             if st.state != "absent":  # a backend this node does not have is not a failure

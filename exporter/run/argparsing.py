@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lowest level logged: debug, info, warn or error (default info)")
     p.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"],
                    help="log line format: logfmt or json (default logfmt)")
-    p.add_argument("--version", action="version", version=f"unified-gpu-exporter {__version__}")
+    p.add_argument("-v", "--version", action="version", version=f"unified-gpu-exporter {__version__}")
     p.add_argument("--check-config", action="store_true",
                    help="validate the configuration and mappings, then exit 0 (valid) or 1")
     p.add_argument("--once", action="store_true",

@@ -248,6 +248,11 @@ class Daemon:
             async with asyncio.timeout(STARTUP_WAIT):
                 await self._first_polls.wait()
         await self.render()
+        if not self.ready:  # issue 38: say why /readyz answers 503, at warning level
+            log.warning("not ready: no source is up (%s); /readyz answers 503 until one is. --list-devices "
+                        "shows what each source finds, --simulate serves a simulated node",
+                        "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in self.store.sources.values())
+                        or "no source is enabled")
         # after the first render: the metadata probes (cloud) and the kubelet connection do not
         # compete with the first polls for the CPU; their labels arrive with a later render
         self._start_enrichers()
