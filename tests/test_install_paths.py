@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import wheelhouse
 from tests.conftest import REPO, require_binary
 from tests.e2e_util import ProcessSet, exporter, free_port, wait_until
 from tests.test_dockerfile import STAGES
@@ -41,14 +42,21 @@ def _build_context(tmp: Path) -> Path:
     return src
 
 
-def _run(script: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    """The pinned dependencies as local wheels: pip reaches no index from a test (tests/wheelhouse.py)."""
+    return wheelhouse.build(tmp_path_factory.mktemp("wheelhouse"))
+
+
+def _run(script: str, cwd: Path, wheels: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd,
+                          env=wheelhouse.offline_pip_env(wheels, env),
                           capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def image_venv(tmp_path_factory):
+def image_venv(tmp_path_factory, wheels):
     """The builder stage's RUN steps, with /opt/venv and /dist moved under a temporary directory."""
     tmp = tmp_path_factory.mktemp("image")
     src = _build_context(tmp)
@@ -58,7 +66,7 @@ def image_venv(tmp_path_factory):
     script = run.replace("/opt/venv", str(tmp / "venv")).replace("/dist", str(tmp / "dist"))
     script = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], script)
     script = script.replace("python -m venv", f"{shlex.quote(sys.executable)} -m venv")
-    result = _run(script, src)
+    result = _run(script, src, wheels)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp / "venv", result
 
@@ -108,7 +116,7 @@ def _readme_venv_commands() -> list[str]:
     return [ln.strip() for ln in m.group(1).splitlines() if ln.strip() and not ln.strip().startswith("#")]
 
 
-def test_readme_venv_path_installs_what_the_unit_runs_and_the_unit_verifies(tmp_path):
+def test_readme_venv_path_installs_what_the_unit_runs_and_the_unit_verifies(tmp_path, wheels):
     analyze = require_binary("systemd-analyze", "systemd")
     commands = _readme_venv_commands()
     venv_dir = str(Path(INSTALLED).parent.parent)  # /opt/unified-gpu-exporter
@@ -123,7 +131,7 @@ def test_readme_venv_path_installs_what_the_unit_runs_and_the_unit_verifies(tmp_
         command = command.replace("python3 -m venv", f"{shlex.quote(sys.executable)} -m venv")
         script.append(command)
     assert len(script) == 2, script  # the venv and the pip install
-    result = _run("\n".join(script), REPO)
+    result = _run("\n".join(script), REPO, wheels)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     installed = Path(f"{root}{INSTALLED}")
     version = subprocess.run([str(installed), "--version"], capture_output=True, text=True, timeout=60)
