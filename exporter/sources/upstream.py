@@ -119,6 +119,7 @@ class UpstreamSource(SourceBase):
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
         self._failing: dict[str, str] = {}  # target name -> error kind it is failing with
+        self._inflight: dict[str, Future] = {}  # target name -> its last scrape
 
     def open(self) -> None:
         if not self._targets:
@@ -134,7 +135,7 @@ class UpstreamSource(SourceBase):
             self.open()
         assert self._pool is not None
         started = time.monotonic()
-        futures = [(t, self._pool.submit(self._scrape, t)) for t in self._targets]
+        futures = [(t, self._submit(t)) for t in self._targets]
         keys_taken: set[str] = set()
         failures: list[str] = []
         for target, future in futures:
@@ -169,6 +170,21 @@ class UpstreamSource(SourceBase):
             raise cls(errors, "; ".join(failures))
         return sample
 
+    def _submit(self, target: Target) -> Future:
+        """One scrape (read and parse) per target at a time: a thread the poll gave up waiting
+        for still holds its body; while it runs, the target fails with ``timeout`` instead of
+        starting another one beside it (issue 37: each poll started another parse)."""
+        assert self._pool is not None
+        running = self._inflight.get(target.name)
+        if running is not None and not running.done():
+            failed: Future = Future()
+            failed.set_exception(FetchError("timeout", "its previous scrape is still being read or "
+                                                       "parsed; no second one is started beside it"))
+            return failed
+        fut = self._pool.submit(self._scrape, target)
+        self._inflight[target.name] = fut
+        return fut
+
     def _scrape(self, target: Target) -> _Scraped:
         """``scrape_target`` plus the schema (run on the target's thread): schema-dependent raw
         fields qualified with the schema ``resolve_target`` proved for their host, or dropped
@@ -180,7 +196,7 @@ class UpstreamSource(SourceBase):
         markers: frozenset[str] = cm.schema_markers if cm is not None else frozenset()
         # the HELP texts: evidence only for the schema-dependent fields (most files have none)
         helps: dict[str, str] | None = {} if dependent else None
-        samples = parse_exposition(text, content_type, helps)
+        samples = parse_exposition(text, content_type, helps, target.max_series)
         result = read_series(target, samples, markers)
         prefix = target.metric_prefix
         hosts = {ref: ident.host for ref, ident in result.identities.items()}
