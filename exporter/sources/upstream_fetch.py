@@ -7,12 +7,11 @@ decompression, and series, label values and label lengths are bounded per target
 from __future__ import annotations
 
 import base64
-import io
 import http.client
+import io
 import logging
 import re
 import ssl
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,7 +25,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_fd_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_fd_to_metric_families as parse_prometheus_text
 
-from ..http_deadline import Deadline, opener
+from ..http_deadline import BodyTooLarge, Deadline, DeadlinePassed, inflate, opener, read_body
 from .base import PollFailed
 from .upstream_identity import (
     EXPORTERS,
@@ -152,15 +151,6 @@ def _opener(target: Target, deadline: Deadline) -> urllib.request.OpenerDirector
     return opener(deadline, target.ssl_context, _refuse_redirect)
 
 
-def _gunzip(body: bytes) -> bytes:
-    """Decompress at most MAX_BODY_BYTES: a gzip bomb fails instead of filling memory."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = d.decompress(body, MAX_BODY_BYTES)
-    if d.unconsumed_tail or (not d.eof and d.decompress(b"", 1)):
-        raise FetchError("read_error", f"decompressed body larger than {MAX_BODY_BYTES} bytes")
-    return out
-
-
 def fetch(target: Target) -> tuple[str, str]:
     """GET the target; returns (body text, content type).  Raises ``FetchError``.
 
@@ -185,23 +175,17 @@ def _fetch(target: Target, deadline: Deadline) -> tuple[str, str]:
         request.add_header("Authorization", target.authorization)
     try:
         with _opener(target, deadline).open(request, timeout=target.timeout) as resp:
-            chunks: list[bytes] = []
-            size = 0
-            while chunk := resp.read1(65536):  # returns what arrived: the deadline is checked
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise FetchError("read_error", f"body larger than {MAX_BODY_BYTES} bytes")
-                if deadline.expired or time.monotonic() > deadline.at:
-                    raise FetchError("timeout", f"no complete answer within {target.timeout} s")
-                chunks.append(chunk)
-            if deadline.expired:  # shut down mid-body: what arrived is cut short
-                raise FetchError("timeout", f"no complete answer within {target.timeout} s")
-            body = b"".join(chunks)
+            # counted while reading, the deadline checked between reads (read1: what arrived)
+            body = read_body(resp.read1, deadline, MAX_BODY_BYTES, "upstream")
             if resp.headers.get("Content-Encoding", "").lower() == "gzip":
-                body = _gunzip(body)
+                body = inflate(body, "gzip", MAX_BODY_BYTES, "upstream")
             content_type = resp.headers.get("Content-Type", "")
     except FetchError:
         raise
+    except DeadlinePassed as e:
+        raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
+    except BodyTooLarge as e:
+        raise FetchError("read_error", str(e).removeprefix("upstream: ")) from e
     except urllib.error.HTTPError as e:
         raise FetchError("read_error", f"HTTP {e.code} {e.reason}") from e
     except urllib.error.URLError as e:
