@@ -30,8 +30,8 @@ the schema whose unit the names and values (of this scrape and, remembered, earl
 text breaks a tie) prove (``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``), or, unproven,
 dropped and counted (error kind ``unit_ambiguous``); the poll reports the self-metrics
 ``upstream_schema_info{target, exporter, schema}`` (one series per distinct host result) and
-``upstream_unknown_fields{target, exporter}`` (metric names no mapping knows; each new set is
-logged once, the first names).  The schema memory of a target is forgotten when it fails.
+``upstream_unknown_fields{target, exporter}`` (metric names no mapping knows; a new set is
+logged at most once per ``UNKNOWN_LOG_INTERVAL_S`` per target, the first names, each cut).  The schema memory of a target is forgotten when it fails.
 
 A target that fails in a poll (refused, timeout, HTTP error, unparsable body) contributes no
 readings at all in that poll; its error kind is counted (read_error, timeout, parse_error) and
@@ -78,6 +78,9 @@ from .upstream_schema import Group, Memory, group_by_host, qualify, resolve_targ
 log = logging.getLogger(__name__)
 # after a target's own deadline, how long its parse may take before the poll stops waiting
 RESULT_GRACE_S = 5.0
+UNKNOWN_LOG_INTERVAL_S = 600.0  # a target's unknown metric names: at most one line per this
+UNKNOWN_SHOWN = 20  # names shown in that line
+UNKNOWN_NAME_CHARS = 120  # characters of each
 _AMBIGUOUS = ("upstream target %s (%s): %s not mapped: the names and values of its scrapes do not prove "
               "one unit, or contradict each other (counted as unit_ambiguous; set the target's schema "
               "option if you know the exporter's version)")
@@ -111,7 +114,9 @@ class UpstreamSource(SourceBase):
         # the daemon's loaded mapping set: schemas and known names come from it; without one (a
         # bare test source) no schema is recognised and nothing counted unknown
         self._mappings = context.mappings
-        self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
+        self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last seen
+        self._unknown_at: dict[str, float] = {}  # target name -> when its unknown names were logged
+        self._unknown_quiet: dict[str, int] = {}  # target name -> new sets not logged since
         self._ambiguous_logged: dict[str, frozenset[str]] = {}  # target name -> fields last logged
         self._help_logged: dict[str, frozenset[str]] = {}  # likewise, fields whose HELP conflicts
         self._memory: dict[str, Memory] = {}  # target name -> what its hosts' evidence ruled out
@@ -242,14 +247,28 @@ class UpstreamSource(SourceBase):
             log.warning(message, target.name, target.spec.name, ", ".join(sorted(fields)[:20]))
 
     def _unknown(self, target: Target, cm: Any, fields: set[str]) -> set[str]:
+        """The names no mapping knows; a new set is logged, summarized: at most once per
+        ``UNKNOWN_LOG_INTERVAL_S`` per target (changes between are counted in the next line),
+        the first ``UNKNOWN_SHOWN`` names each cut to ``UNKNOWN_NAME_CHARS`` (issue 37: a target
+        changing its names each poll wrote 18 MB of log in 15 s, lines of 1.2 MB)."""
         names = unknown(cm, fields)
         key = frozenset(names)
-        if names and self._unknown_logged.get(target.name) != key:
-            if len(self._unknown_logged) < 1024:  # bounded: target names come from the config
-                self._unknown_logged[target.name] = key
-            shown = sorted(names)[:20]
-            log.info("upstream target %s (%s): %d metric names no mapping knows: %s%s", target.name,
-                     target.spec.name, len(names), ", ".join(shown), " ..." if len(names) > 20 else "")
+        if not names or self._unknown_logged.get(target.name) == key:
+            return names
+        now = time.monotonic()
+        last = self._unknown_at.get(target.name)
+        if len(self._unknown_logged) < 1024 or target.name in self._unknown_logged:  # config names
+            self._unknown_logged[target.name] = key
+            if last is not None and now - last < UNKNOWN_LOG_INTERVAL_S:
+                self._unknown_quiet[target.name] = self._unknown_quiet.get(target.name, 0) + 1
+                return names
+            self._unknown_at[target.name] = now
+        quiet = self._unknown_quiet.pop(target.name, 0)
+        shown = [n if len(n) <= UNKNOWN_NAME_CHARS else f"{n[:UNKNOWN_NAME_CHARS]}...({len(n)} characters)"
+                 for n in sorted(names)[:UNKNOWN_SHOWN]]
+        log.info("upstream target %s (%s): %d metric names no mapping knows: %s%s%s", target.name,
+                 target.spec.name, len(names), ", ".join(shown), " ..." if len(names) > UNKNOWN_SHOWN else "",
+                 f" ({quiet} other sets since the last line, not logged)" if quiet else "")
         return names
 
     def _target_failed(
