@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 import urllib.request
 import zlib
 from collections.abc import Callable
@@ -118,6 +119,20 @@ def opener(deadline: Deadline, context: ssl.SSLContext | None,
     """http(s) only, no proxy from the environment (HTTP(S)_PROXY), no redirects."""
     return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect(refuse_redirect),
                                        HTTPHandler(deadline), HTTPSHandler(deadline, context))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo replaced by ``xxxxx`` (Go's ``URL.Redacted``,
+    what Prometheus and exporter-toolkit log): for log lines and error messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:xxxxx@{host}"))
+    except ValueError:
+        return "<a URL that does not parse>"
 
 
 class BodyTooLarge(ValueError):

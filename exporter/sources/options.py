@@ -209,7 +209,8 @@ class UpstreamTarget(Options):
         except ValueError:  # a malformed port or IPv6 literal
             ok = False
         if not ok:
-            raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
+            from ..http_deadline import redact_url
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {redact_url(value)!r}")
         return value
 
     @field_validator("exporter")

@@ -54,6 +54,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, ClassVar, NamedTuple
 
+from ..http_deadline import redact_url
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .options import UpstreamOptions
@@ -163,7 +164,7 @@ class UpstreamSource(SourceBase):
                 continue
             if target.name in self._failing:
                 del self._failing[target.name]
-                log.info("upstream target %s (%s) answers again", target.name, target.url)
+                log.info("upstream target %s (%s) answers again", target.name, redact_url(target.url))
             self._memory[target.name] = scraped.memory
             self._add_target(target, scraped.result, sample, keys_taken)
             sample.self_samples.extend(scraped.extra)
@@ -278,7 +279,7 @@ class UpstreamSource(SourceBase):
         self._memory.pop(target.name, None)  # what answers next may be another exporter version
         if self._failing.get(target.name) != kind:  # once per target and state change
             self._failing[target.name] = kind
-            log.warning("upstream target %s (%s) failed: %s: %s", target.name, target.url, kind, message)
+            log.warning("upstream target %s (%s) failed: %s: %s", target.name, redact_url(target.url), kind, message)
         for key, device in self._known.get(target.name, {}).items():
             if key not in keys_taken:
                 keys_taken.add(key)

@@ -1,0 +1,73 @@
+"""Issue 37, item 11: credentials in URLs.  An OTLP endpoint ``http://user:password@...`` needs
+``allow_plaintext`` (it was accepted and sent in clear); no URL's password reaches a log line or
+a config error (the OTLP endpoint's and an upstream target's were logged whole): it shows as
+``xxxxx``, as Go's ``URL.Redacted`` writes it for Prometheus."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from exporter.config import load_config
+from exporter.sources.upstream import UpstreamDown
+from exporter.yamlfile import ConfigError
+from tests.test_upstream_http import make_source, refused_url, target
+
+
+def _otlp(tmp_path, endpoint: str, extra: str = ""):  # noqa: ANN202
+    conf = tmp_path / "config.yml"
+    conf.write_text(f"exporters:\n  otlp:\n    endpoint: {endpoint}\n{extra}")
+    return load_config(conf)
+
+
+def test_otlp_userinfo_over_plain_http_needs_allow_plaintext(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        _otlp(tmp_path, "http://user:s3cret@127.0.0.1:4318/v1/metrics")
+    assert "credentials in the URL" in str(info.value) and "s3cret" not in str(info.value)
+    assert "user:xxxxx@127.0.0.1" in str(info.value)
+    _otlp(tmp_path, "http://user:s3cret@127.0.0.1:4318/v1/metrics", "    allow_plaintext: true\n")
+    _otlp(tmp_path, "https://user:s3cret@127.0.0.1:4318/v1/metrics")
+
+
+def test_a_bad_url_error_does_not_quote_the_password(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        _otlp(tmp_path, "ftp://user:s3cret@127.0.0.1/")
+    assert "s3cret" not in str(info.value)
+
+
+def test_an_upstream_targets_password_is_not_logged(caplog):
+    url = refused_url().replace("http://", "http://scraper:s3cret@")
+    src = make_source(target(url))
+    with caplog.at_level(logging.INFO, logger="exporter.sources.upstream"), pytest.raises(UpstreamDown):
+        src.poll()
+    assert "failed" in caplog.text and "scraper:xxxxx@127.0.0.1" in caplog.text
+    assert "s3cret" not in caplog.text
+
+
+def test_redact_url():
+    from exporter.http_deadline import redact_url
+    assert redact_url("http://u:p@h:1/x?q=1") == "http://u:xxxxx@h:1/x?q=1"
+    assert redact_url("http://h:1/x") == "http://h:1/x"
+    assert redact_url("http://u@h/") == "http://u@h/"  # a user alone is no secret
+
+
+def test_the_otlp_push_log_does_not_show_the_password(tmp_path, caplog):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otlp extra (make install)")
+    from exporter.map.schema import load_schema
+    from exporter.otlp.naming import load_mapping
+    from exporter.render.otlp_stats import PushStats
+    from tests.test_otlp_hardening import _load, _offer, _pusher
+
+    schema = load_schema()
+    cfg = _load(tmp_path, refused_url().replace("http://", "http://pusher:s3cret@") + "/v1/metrics",
+                "    allow_plaintext: true\n").exporters.otlp
+    caplog.set_level(logging.INFO, logger="unified_gpu_exporter")
+    stats = PushStats()
+    pusher = _pusher(cfg, (schema, load_mapping(schema)), stats)
+    _offer(pusher)
+    pusher.close(wait=5)
+    assert stats.failure == 1
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("OTLP push failing")]
+    assert record.endpoint.startswith("http://pusher:xxxxx@127.0.0.1")
+    assert "s3cret" not in caplog.text
