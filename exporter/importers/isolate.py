@@ -62,7 +62,7 @@ from . import siblings, spawn
 from .answer import MIN_MEMORY_BYTES, Imported, ImportLimits
 from .answer import decode as _decode
 from .convert import converted
-from .detect import SQLITE_MAGIC, check_size, import_at, in_folder, rejection
+from .detect import SQLITE_MAGIC, check_size, import_at, in_folder, rejection, sniff
 from .model import ProfileRejected
 from .worker import BOOT
 
@@ -99,6 +99,7 @@ class Importer:
             raise rejection(exc) from None
         try:
             check_size(st, self.limits.max_bytes)
+            sniff(fd, st.st_size)  # junk is rejected here, without a worker
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             return self._child(fd, dir_fd, name, path or name, single_link, trace_id, cancel, scratch, key)
         finally:
