@@ -24,6 +24,8 @@ import ssl
 from collections.abc import Iterable
 from pathlib import Path
 
+from .. import safefile
+
 MAX_FILE_BYTES = 4 * 1024 * 1024     # one TLS file (a CA bundle is ~200 KiB)
 MAX_DIR_ENTRIES = 4096               # certificates read from a CA directory
 MAX_BUNDLE_BYTES = 16 * 1024 * 1024  # all of them together
@@ -40,11 +42,11 @@ def _no_passphrase() -> bytes:
 
 
 def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    with open(path, "rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{path}: larger than {limit} bytes")
-    return data
+    """A regular file only, never blocking (a FIFO in its place), at most ``limit`` bytes."""
+    try:
+        return safefile.read_named(path, limit)
+    except safefile.TooLarge:
+        raise ValueError(f"{path}: larger than {limit} bytes") from None
 
 
 def check_ca(path: Path) -> None:

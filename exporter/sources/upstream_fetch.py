@@ -19,12 +19,12 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.openmetrics.parser import text_fd_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_fd_to_metric_families as parse_prometheus_text
 
+from .. import safefile
 from ..http_deadline import BodyTooLarge, Deadline, DeadlinePassed, inflate, opener, read_body
 from .base import PollFailed
 from .upstream_identity import (
@@ -41,6 +41,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024       # on the wire, and again after decompres
 # per target and poll (max_series, max_label_values: the target's options); past a limit the
 # target fails this poll (kind limit_exceeded), as a Prometheus scrape past sample_limit fails
 MAX_LABEL_VALUE_LENGTH = 1_024
+MAX_SECRET_FILE_BYTES = 1 << 20  # a password file, a certificate chain, a key, a CA bundle
 MAX_ERROR_TEXT = 300                       # characters of an error (a malformed line) kept/logged
 _ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
 
@@ -115,11 +116,15 @@ def parse_targets(options: Any) -> list[Target]:
 
 
 def _ssl_context(tls: Any) -> ssl.SSLContext:  # options.UpstreamTls | None
-    ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls and tls.ca_file else None)
+    """The files read as regular files only, bounded, never blocking (``safefile.read_named``)."""
+    def read(path: Any) -> bytes:
+        return safefile.read_named(path, MAX_SECRET_FILE_BYTES)
+    ca = read(tls.ca_file).decode("ascii", "replace") if tls and tls.ca_file else None
+    ctx = ssl.create_default_context(cadata=ca)
     if tls is None:
         return ctx
     if tls.cert_file:
-        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+        safefile.load_pem_chain(ctx, read(tls.cert_file), read(tls.key_file) if tls.key_file else None)
     if tls.insecure_skip_verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -132,8 +137,8 @@ def _authorization(auth: Any, where: str) -> str:  # options.UpstreamBasicAuth |
     if not auth.username:
         raise ValueError(f"{where}.basic_auth needs a username")
     password = auth.password
-    if auth.password_file:
-        password = Path(auth.password_file).read_text().rstrip("\n")
+    if auth.password_file:  # a regular file only, bounded, never blocking (a FIFO in its place)
+        password = safefile.read_named(auth.password_file, MAX_SECRET_FILE_BYTES).decode().rstrip("\n")
     token = base64.b64encode(f"{auth.username}:{password}".encode()).decode("ascii")
     return f"Basic {token}"
 
