@@ -17,6 +17,7 @@ pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otlp e
 from exporter.render.otlp_stats import PushStats  # noqa: E402
 from tests.bounded import run_bounded  # noqa: E402
 from tests.test_otlp_hardening import _load, _offer, _pusher, names  # noqa: E402, F401
+from tests.test_webconfig_tls import tls_files  # noqa: E402, F401 - the session fixture (openssl PKI)
 
 
 class RawReceiver:
@@ -117,3 +118,35 @@ def test_a_gzip_bomb_answer_is_refused_without_inflating(tmp_path):
     got = run_bounded(_BOMB_CHILD, str(tmp_path / "bomb"), timeout=120, mem=700 << 20)
     assert got.ok, got.out[-2000:]
     assert "REFUSED AnswerRefused" in got.out and "decompressed body larger" in got.out, got.out[-2000:]
+
+
+def test_a_ca_file_swapped_for_a_fifo_after_load_does_not_hang_the_push(tmp_path, tls_files):  # noqa: F811
+    """The push opens no configured TLS file by path: what was read (bounded, a regular file) is
+    handed to requests as an anonymous memory file.  Before: requests opened the CA path at every
+    new connection, and a FIFO there held the push thread for ever."""
+    import os
+    import shutil
+    import types
+
+    from exporter.otlp.transport import PushSession
+    from tests.otlp_receiver import OtlpReceiver
+    from tests.test_otlp_tls import _server_ctx
+
+    ca = tmp_path / "ca.pem"
+    shutil.copy(tls_files["ca.pem"], ca)
+    tls = types.SimpleNamespace(ca_file=ca, cert_file=None, key_file=None)
+    session = PushSession(types.SimpleNamespace(tls=tls, proxy_url="", timeout=10.0))
+    ca.unlink()
+    os.mkfifo(ca)
+    box: list = []
+    with OtlpReceiver(tls=_server_ctx(tls_files)) as receiver:
+        t = threading.Thread(target=lambda: box.append(session.post(receiver.url, data=b"", timeout=10)),
+                             daemon=True)
+        t.start()
+        t.join(30)
+        if t.is_alive():  # let the old code's reader go before failing
+            fd = os.open(ca, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+    session.close()
+    assert not t.is_alive(), "the push blocked opening the CA file"
+    assert box and box[0].status_code < 500

@@ -34,6 +34,7 @@ configured headers (docs/otel-guide.md says so).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import requests
@@ -108,13 +109,22 @@ class PushSession(requests.Session):
         self.mount("https://", self._adapter)
         self.headers["Accept-Encoding"] = "gzip, deflate"  # the encodings inflate() bounds
         self._timeout = float(cfg.timeout)
+        self._memfiles = contextlib.ExitStack()
         self.apply(cfg)
         self.failure = ""
 
     def apply(self, cfg: OtlpConfig) -> None:
+        """The configured TLS files are read here (``tlsfiles.read_bounded``: regular files only,
+        bounded, never blocking) into anonymous memory files that requests is given as paths:
+        a FIFO or device put at a configured path later is never opened by a push."""
         tls = cfg.tls
-        self._verify = str(tls.ca_file) if tls.ca_file else tlsfiles.system_store()
-        self._cert = (str(tls.cert_file), str(tls.key_file)) if tls.cert_file and tls.key_file else None
+        files = [p for p in (tls.ca_file, tls.cert_file if tls.key_file else None,
+                             tls.key_file if tls.cert_file else None) if p is not None]
+        self._memfiles.close()
+        self._memfiles = contextlib.ExitStack()
+        paths = iter(self._memfiles.enter_context(tlsfiles.memfiles(*(tlsfiles.read_bounded(p) for p in files))))
+        self._verify = next(paths) if tls.ca_file else tlsfiles.system_store()
+        self._cert = (next(paths), next(paths)) if tls.cert_file and tls.key_file else None
         self._proxies = {"http": cfg.proxy_url, "https": cfg.proxy_url} if cfg.proxy_url else {}
         self.verify, self.cert, self.proxies = self._verify, self._cert, dict(self._proxies)
 
@@ -153,6 +163,10 @@ class PushSession(requests.Session):
         if response.status_code >= 400:
             self.failure = f"HTTP {response.status_code} {response.reason}"[:MAX_FAILURE]
         return response
+
+    def close(self) -> None:
+        super().close()
+        self._memfiles.close()
 
     @staticmethod
     def _read_answer(response: requests.Response, deadline: Deadline) -> None:
