@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -139,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from .importers.cli import main as import_main
 
         return _quiet_broken_pipe(lambda: import_main(argv[1:]))
+    if argv and argv[0] == "health":  # the node-problem-detector plugin (docs/health.md)
+        from .health.probe import main as health_main
+
+        return health_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.simulate is None:  # a real node would silently ignore them
@@ -182,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as exc:  # e.g. address in use
         print(f"error: {exc}", file=sys.stderr)
+        if exc.errno == errno.EADDRINUSE:
+            print("hint: another process (another exporter?) listens there: stop it, or pick another "
+                  "port with --web.listen-address=:<port> (make run ARGS=\"--web.listen-address=:<port>\")",
+                  file=sys.stderr)
         return 1
 
 

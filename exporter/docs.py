@@ -26,7 +26,9 @@ def render(schema: Schema) -> str:
             continue  # evidence inputs of the indicators, never served
         labels = ", ".join([f"`{x}`" for x in m.labels] + [f"`{x}`?" for x in m.optional_labels])
         help_text = " ".join(m.help.split()).replace("|", "\\|")
-        if m.derive is not None:
+        if m.variant_of is not None:
+            help_text += f" *`{m.variant_of}` in {m.unit} (x {m.derive.scale:g}), for every source that reports it.*"
+        elif m.derive is not None:
             ops = f" {'/' if m.derive.op == 'ratio' else 'x'} ".join(f"`{o}`" for o in m.derive.operands_text)
             help_text += f" *Derived when no source reports it: {ops} x {m.derive.scale:g}.*"
         out.append(f"| `{name}` | {m.type} | {m.unit or '-'} | {labels or '-'} | {help_text} |")

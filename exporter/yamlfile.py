@@ -146,6 +146,8 @@ def format_loc(loc: tuple) -> str:
 
 
 _NOISE = re.compile(r"^(Value error, |Assertion failed, )")
+# a model validator's message that starts with the dotted field path it is about
+_NAMED = re.compile(r"\A([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+): (.*)\Z", re.S)
 
 
 def validation_message(path: Path, lines: dict[tuple, int], exc: ValidationError,
@@ -156,10 +158,13 @@ def validation_message(path: Path, lines: dict[tuple, int], exc: ValidationError
     for err in errors[:100]:
         # pydantic adds the union/model tag names to loc; keep only the data path parts
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = _NOISE.sub("", err["msg"])
+        named = _NAMED.match(msg) if not loc else None
+        if named:  # a model's own check naming the field it is about ("metrics.x.derive: ...")
+            loc, msg = tuple(named.group(1).split(".")), named.group(2)
         loc = prefix + loc
         line = line_of(lines, loc)
         where = f"{path}:{line}" if line else str(path)
-        msg = _NOISE.sub("", err["msg"])
         out.append(f"{where}: {format_loc(loc)}: {msg}")
     if len(errors) > 100:
         out.append(f"{path}: ... and {len(errors) - 100} more errors")

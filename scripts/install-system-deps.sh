@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages the test suite uses (promtool, amtool, a real Prometheus and
 # Alertmanager, node_exporter for the benchmark peer, systemd-analyze, openssl, victoria-metrics
-# with vmagent/vmalert, kubectl; .ci/run installs the same list).  As root with apt
+# with vmagent/vmalert, kubectl, a one-node Slurm with munge; .ci/run installs the same list).  As root with apt
 # (CI, containers) they are installed; otherwise the missing ones are listed and the tests that
 # need them are skipped, each naming its package.
 set -u
@@ -21,6 +21,10 @@ need=(
   "vmalert:victoria-metrics"
   "kubectl:kubectl"
   "chromium:chromium"
+  "slurmctld:slurmctld"
+  "slurmd:slurmd"
+  "sbatch:slurm-client"
+  "munged:munge"
 )
 missing=()
 for entry in "${need[@]}"; do

@@ -11,11 +11,20 @@ run ends with a line giving its skip count.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "netguard"))
+import uge_netguard  # noqa: E402  (tests/netguard: the network guard, installed below)
+
+sys.path.pop(0)
 
 # module-scoped fixtures of the upstream tests (a local exporter server, the shipped mappings)
 pytest_plugins = ["tests.upstream_fixtures"]
@@ -43,6 +52,34 @@ def require_binary(name: str, package: str) -> str:
     if path is None:
         pytest.skip(f"{name} not installed (Debian package: {package})")
     return path
+
+
+def _extra_modules() -> dict[str, tuple[str, ...]]:
+    """The modules each optional extra (pyproject's optional-dependencies) brings that tests
+    import: the OTLP ones from the exporter's own table (its config error names the same extra)."""
+    from exporter.otlp.config import PROTOCOL_EXTRAS, PROTOCOL_MODULES
+
+    return {extra: PROTOCOL_MODULES[protocol] for protocol, extra in PROTOCOL_EXTRAS.items()}
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Skip naming the extra when a module it installs cannot be imported (a venv made without
+    it); under CI=true the skip is a failure, as every other.  Also ``@pytest.mark.needs_extra``."""
+    import importlib.util
+
+    for module in modules or _extra_modules()[extra]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or marked unavailable
+            found = False
+        if not found:
+            pytest.skip(f"the {extra} extra is not installed ({module} missing): "
+                        f"pip install -e '.[{extra}]' (make install does)")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs_extra"):
+        require_extra(*mark.args)
 
 
 def _skip_reason(longrepr: object) -> str:
@@ -78,6 +115,9 @@ def pytest_make_collect_report(collector):
 
 def pytest_configure(config):
     config.addinivalue_line(
+        "markers", "needs_extra(name): the test needs the package's optional extra `name` (otlp, "
+                   "otlp-grpc): skips naming it locally, fails under CI=true")
+    config.addinivalue_line(
         "markers", "optional_in_ci: a skip of this test is by design (e.g. the machine has a GPU), "
                    "not a missing dependency; CI=true lets it skip")
 
@@ -86,3 +126,69 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     skipped = len(terminalreporter.stats.get("skipped", []))
     mode = "CI=true: skips of missing dependencies fail" if ci_strict() else "local run"
     terminalreporter.write_line(f"skip count: {skipped} ({mode})")
+    refused, _ = netguard_refusals()
+    terminalreporter.write_line(f"network guard: {len(refused)} attempt(s) to reach past loopback "
+                                f"refused{' (the run fails)' if refused else ''}")
+    for r in refused[:20]:
+        terminalreporter.write_line(f"  {r['test']}: {r['event']} {r['address']}")
+
+
+# ---- the network guard (tests/netguard/uge_netguard.py) ---------------------------------------
+# Tests and every process they start talk only to loopback.  The hook is installed here, in the
+# pytest process, and handed to every child through its environment (PYTHONPATH finds
+# tests/netguard/sitecustomize.py): os.environ for children that inherit it, and every explicit
+# ``env=`` given to subprocess.Popen (asyncio's subprocesses go through it too).
+def _netguard_log() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="uge-netguard-"))
+    d.chmod(0o755)  # a child running as another user (uid 65534) appends its refusals too
+    log = d / "refusals.jsonl"
+    log.touch()
+    log.chmod(0o666)
+    return log
+
+
+NETGUARD_LOG = _netguard_log()
+os.environ[uge_netguard.LOG_ENV] = str(NETGUARD_LOG)
+os.environ.update(uge_netguard.child_env(dict(os.environ)))
+uge_netguard.install()
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self, args, *rest, **kwargs):
+    # a Python started with -I or -E reads no PYTHON* variable (the import worker, whose exact
+    # environment its tests check): nothing to hand it
+    isolated = isinstance(args, (list, tuple)) and any(a in ("-I", "-E") for a in args[1:4])
+    if kwargs.get("env") is not None and not isolated:
+        kwargs["env"] = uge_netguard.child_env(dict(kwargs["env"]))
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init
+
+
+def netguard_refusals(offset: int = 0) -> tuple[list[dict], int]:
+    """The refusals logged since ``offset`` (bytes), and the new offset."""
+    with open(NETGUARD_LOG, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    lines = [json.loads(line) for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines, offset + len(data)
+
+
+@pytest.fixture(autouse=True)
+def _network_guard(request):
+    """Fails the test during which it, or a process it started, reached past loopback."""
+    _, start = netguard_refusals()
+    yield
+    refused, _ = netguard_refusals(start)
+    if refused:
+        pytest.fail("network guard: tests may only talk to loopback (127.0.0.0/8, ::1); refused:\n"
+                    + "\n".join(f"  {r['test']}: {r['event']} {r['address']} (pid {r['pid']}: {r['argv']})"
+                                 for r in refused), pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    refused, _ = netguard_refusals()
+    if refused and session.exitstatus == 0:  # one after the last test's teardown, say
+        session.exitstatus = 1

@@ -25,6 +25,10 @@ def test_by_design():
 
 def test_passes():
     pass
+
+@pytest.mark.needs_extra("no-such-extra-for-ci-test", "no_such_module_for_ci_test")
+def test_missing_extra():
+    pass
 '''
 IMPORTORSKIP = '''
 import pytest
@@ -39,7 +43,7 @@ def _pytest(tmp_path, ci: str, name: str, text: str) -> subprocess.CompletedProc
     (tmp_path / name).write_text(text)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env.update(CI=ci, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p",
                            "tests.conftest", "-o", "addopts=", "--rootdir", str(tmp_path),
                            "-c", os.devnull, str(tmp_path / name)],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
@@ -58,8 +62,9 @@ def test_under_ci_every_skip_for_something_missing_fails(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "FAILED" in out and "test_missing_binary" in out and "test_missing_fixtures" in out
+    assert "test_missing_extra" in out and "the no-such-extra-for-ci-test extra is not installed" in out
     assert "no-such-package" in out  # the failure still names what to install
-    assert "2 failed, 1 passed, 1 skipped" in out, out
+    assert "2 failed, 1 passed, 1 skipped, 1 error" in out, out  # the extra: refused at setup
     assert "skip count: 1 (CI=true" in out
 
 
@@ -67,8 +72,9 @@ def test_locally_the_same_tests_skip_naming_what_is_missing(tmp_path):
     r = _pytest(tmp_path, "", "test_cases.py", _without_shared(CASES))
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "1 passed, 3 skipped" in out, out
-    assert "skip count: 3 (local run)" in out
+    assert "1 passed, 4 skipped" in out, out
+    assert "skip count: 4 (local run)" in out
+    assert "pip install -e '.[no-such-extra-for-ci-test]'" in out, out
 
 
 def test_under_ci_a_module_level_importorskip_fails(tmp_path):

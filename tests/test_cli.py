@@ -43,6 +43,8 @@ def test_version_from_module_and_console_script():
     result = run_cli("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"unified-gpu-exporter {__version__}"
+    short = run_cli("-v")  # issue 38: the short form users try first
+    assert short.returncode == 0 and short.stdout == result.stdout, short.stderr
     if not CONSOLE_SCRIPT.exists():
         pytest.skip(f"console script not installed at {CONSOLE_SCRIPT}")
     script = subprocess.run([str(CONSOLE_SCRIPT), "--version"], capture_output=True, text=True,
@@ -391,3 +393,37 @@ def test_list_devices_without_gpus_exits_1(tmp_path):
     result = run_cli("--list-devices", "--path.sysfs", str(empty))
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout == ""
+
+
+def test_a_taken_port_says_how_to_pick_another():
+    """Issue 38: a raw Errno 98 gave no hint; the error names the flag (and make run's ARGS)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = run_cli("--simulate", f"--web.listen-address=127.0.0.1:{port}", timeout=120)
+    assert result.returncode == 1
+    assert "address already in use" in result.stderr and "--web.listen-address=:<port>" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_start_without_any_gpu_says_why_it_is_not_ready(tmp_path):
+    """Issue 38: a real start on a node without GPUs logged only info lines while /readyz stayed
+    503; now one warning says which sources are not up, and why."""
+    from tests.e2e_util import ProcessSet, exporter, http_get, wait_until
+
+    (tmp_path / "sys").mkdir()
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("enrich:\n  cloud: {enabled: false}\n  kubernetes: {enabled: false}\n")  # loopback only
+    with ProcessSet() as procs:
+        # an empty sysfs, and no library source that could find a GPU of this machine
+        server = procs.add(exporter(tmp_path, [f"--path.sysfs={tmp_path / 'sys'}", f"--config.file={cfg}",
+                                               "--no-collector.nvml", "--no-collector.dcgm", "--no-collector.amdsmi",
+                                               "--no-collector.levelzero"]))
+        server.start()
+        wait_until(lambda: "not ready: no source is up" in server.log() and "msg=listening" in server.log(), 60)
+        assert http_get(server.url + "/readyz").status == 503
+    line = next(ln for ln in server.log().splitlines() if "not ready: no source is up" in ln)
+    assert "level=warning" in line and "amdgpu: absent" in line and "--simulate" in line

@@ -53,9 +53,9 @@ def _variable_queries(dash) -> list[tuple[str, str]]:
     return [(v["name"], v["query"]) for v in dash["templating"]["list"] if v["type"] == "query"]
 
 
-def test_four_dashboards_ship():
+def test_five_dashboards_ship():
     assert set(DASHBOARDS) == {"gpu-memory-contention.json", "gpu-fleet-contention.json", "gpu-cost.json",
-                               "gpu-health.json"}
+                               "gpu-health.json", "gpu-jobs.json"}
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))

@@ -88,3 +88,21 @@ def test_dry_run_through_the_real_exporter_on_the_nvml_fake(tmp_path):
     # the default install's count-only evidence: clients counted by NVML, nothing per process
     assert any('evidence="clients"' in k and 'source="nvml"' in k for s in data["samples"] for k in s["values"])
     assert "watched families never served: none" in (tmp_path / "load_summary.txt").read_text()
+
+
+def test_mps_check_dry_run_records_the_three_nvml_views_and_the_exporters_states(tmp_path):
+    """deploy/device-check/nvml_mps_check.py (issue 36) on the NVML fake's MPS GPU: it records
+    which pids the compute list, the MPS list and the utilization samples name (what nvml.h
+    leaves open and the fake assumes: server, clients, server) and the exporter's states."""
+    script = REPO / "deploy" / "device-check" / "nvml_mps_check.py"
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, str(script), "--dry-run", "--phase-seconds", "4"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = (tmp_path / "mps_summary.txt").read_text()
+    for view, named in (("compute", "server"), ("mps", "clients"), ("utilization_samples", "server")):
+        assert f"two_clients  {view:<20} {named} " in summary, summary
+    raw = json.loads((tmp_path / "mps_raw.json").read_text())
+    assert {r["phase"] for r in raw} == {"one_client", "two_clients"}
+    table = (tmp_path / "mps_state_table.txt").read_text()
+    assert "clients:nvml" in table and "contended" in table, table

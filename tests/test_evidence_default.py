@@ -174,21 +174,26 @@ def test_default_install_counts_two_busy_processes_and_evaluates_co_tenancy(tmp_
 
 
 def test_mig_instances_get_a_state_each_and_processes_of_two_instances_are_no_co_tenants(tmp_path):
-    """Instance 1: two compute processes on a memory-bound signature (contended); instance 2: one
-    process at 10 % bandwidth (healthy).  The GPU reads contended (never no_load_signal), and no
-    device-level client count adds the instances up."""
+    """Instance 1: two compute contexts on a memory-bound signature; instance 2: one process at
+    10 % bandwidth (healthy).  NVML gives no per-process utilization in MIG mode, and contexts
+    alone prove no co-tenancy (issue 36: an idle inference server holding a context beside one
+    job read contended and paged): instance 1 reads unknown / contexts_without_activity, without
+    a client count; the GPU reads that (never no_load_signal), and no device-level client count
+    adds the instances up."""
     def until(s):
-        return _value(s, "gpu_memory_state", state="contended", gpu_instance="1") == [1.0]
+        return _value(s, "gpu_memory_state_info", state="unknown", reason="contexts_without_activity",
+                      gpu_instance="1") == [1.0]
 
     s = _serve(tmp_path, "h100_mig_shared", until)
     assert _value(s, "gpu_memory_state", state="healthy", gpu_instance="2") == [1.0]
-    assert _value(s, "gpu_active_clients", gpu_instance="1") == [2.0]
+    assert not _value(s, "gpu_active_clients", gpu_instance="1")
     assert _value(s, "gpu_active_clients", gpu_instance="2") == [1.0]
     device = {lab: v for (n, lab), v in s.items() if n == "gpu_memory_state" and v == 1.0
               and "gpu_instance" not in dict(lab)}
-    assert [dict(lab)["state"] for lab in device] == ["contended"]
+    assert [dict(lab)["state"] for lab in device] == ["unknown"]
     assert not [1 for (n, lab) in s if n == "gpu_active_clients" and "gpu_instance" not in dict(lab)]
     assert not _value(s, "gpu_memory_state_info", reason="no_load_signal")
+    assert not _value(s, "gpu_memory_state", state="contended", gpu_instance="1")[0]
 
 
 def test_pre_hopper_mig_instances_in_use_are_not_evaluable(tmp_path):

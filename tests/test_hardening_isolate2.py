@@ -32,6 +32,7 @@ from exporter.importers.model import ProfileRejected
 from exporter.importers.profiles_source import ProfilesSource
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
+from tests.readable_copy import readable_copy
 
 KINETO = "kineto-mi250-rocm6.2.json"
 NSYS = "nsys-2026.1.1-schema3.24.14-torch-tiny.sqlite"
@@ -411,7 +412,9 @@ def test_ambient_capabilities_do_not_reach_the_worker(shared_fixtures, gate):
     """The shipped unit: a non-root user with AmbientCapabilities=CAP_SYS_PTRACE
     CAP_DAC_READ_SEARCH, which survive execve.  The worker starts with none, and never has to
     drop them itself (the unit's seccomp filter denies capset: the worker would refuse to run)."""
-    repo = str(Path(__file__).resolve().parent.parent)
+    # the package where uid 61234 can read it: a checkout may sit in a 0700 folder (issue 38)
+    copy = readable_copy()
+    repo = str(copy.__enter__())
     drop = Path(tempfile.mkdtemp(prefix="ugx-drop-"))
     try:
         os.chmod(drop, 0o755)
@@ -423,6 +426,7 @@ def test_ambient_capabilities_do_not_reach_the_worker(shared_fixtures, gate):
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=55, cwd="/")
     finally:
         shutil.rmtree(drop, ignore_errors=True)
+        copy.__exit__(None, None, None)
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["own"]["CapAmb"] != 0 and got["own"]["CapEff"] != 0  # the daemon keeps its own

@@ -27,6 +27,7 @@ class StateInputs:
     drop_unconfirmed: bool = False
     profiling_unavailable: bool = False
     contexts: bool = False  # processes hold compute contexts on it (a MIG instance)
+    uncounted: str = ""  # why a source could not count clients that may be there (MPS)
 
 
 def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float = 85.0,
@@ -34,7 +35,7 @@ def classify_state(inp: StateInputs, cfg: StateConfig, bandwidth_percent: float 
     """``decide``, called as the engine calls it."""
     return decide(inp.bandwidth_util, inp.utilization, inp.basis, inp.compute, inp.throttled, inp.clients,
                   inp.reference_warm, inp.throughput_drop, inp.drop_unconfirmed, cfg, bandwidth_percent,
-                  compute_percent, inp.profiling_unavailable, inp.contexts)
+                  compute_percent, inp.profiling_unavailable, inp.contexts, inp.uncounted)
 
 
 def busy(inp: StateInputs, cfg: StateConfig) -> bool | None:
@@ -64,6 +65,24 @@ ROWS = [
     ("busy, profiling counters all zero (another profiler holds them)",
      StateInputs(utilization=99.0, basis="utilization", compute=99.0, profiling_unavailable=True),
      "unknown", "profiling_unavailable"),
+    # issue 36: a profiler session holds the counters; co-tenancy is decided from what is known
+    ("profiler session, two clients, no bandwidth signal left",
+     StateInputs(utilization=99.0, basis="utilization", compute=99.0, clients=2, profiling_unavailable=True),
+     "shared", "clients_sharing_compute"),
+    ("profiler session, two clients, NVML memory-busy 92 %",
+     StateInputs(bandwidth_util=92.0, utilization=99.0, basis="utilization", compute=99.0, clients=2,
+                 profiling_unavailable=True), "contended", "clients"),
+    ("profiler session, one client", StateInputs(utilization=99.0, basis="utilization", compute=99.0, clients=1,
+                                                 profiling_unavailable=True), "unknown", "profiling_unavailable"),
+    # issue 36: contexts alone (MIG, no per-process utilization) prove no co-tenancy
+    ("MIG instance, signature, two contexts of unknown activity", occ(92.0, 40.0, contexts=True), "unknown",
+     "contexts_without_activity"),
+    ("MIG instance, no signature, two contexts of unknown activity", occ(60.0, 60.0, contexts=True), "healthy",
+     "no_memory_bound_signature"),
+    # issue 36: an MPS server stands for clients NVML would not list
+    ("MPS server busy, clients not countable", occ(92.0, 40.0, reference_warm=True,
+                                                   uncounted="mps_clients_uncountable"),
+     "unknown", "mps_clients_uncountable"),
     ("idle, profiling counters zero", StateInputs(utilization=1.0, profiling_unavailable=True), "idle",
      "below_idle_bars"),
     ("thermal throttle while busy", occ(50.0, 55.0, throttled=True), "throttled", "throttle_reason_active"),

@@ -50,7 +50,10 @@ def by_kind(docs, kind: str) -> list[dict]:
 
 
 def one(docs, kind: str) -> dict:
-    (d,) = by_kind(docs, kind)
+    found = by_kind(docs, kind)
+    if len(found) > 1:  # the exporter's (components/node-problem-detector adds a DaemonSet and a Service)
+        found = [d for d in found if d["metadata"]["name"] == "unified-gpu-exporter"]
+    (d,) = found
     return d
 
 
@@ -75,7 +78,8 @@ def test_layout_every_overlay_and_component_is_used():
     used = set()
     for path in [KDIR / "kustomization.yaml", *(KDIR / "overlays").glob("*/kustomization.yaml")]:
         used |= {Path(c).name for c in yaml.safe_load(path.read_text()).get("components", [])}
-    assert set(COMPONENTS) <= used, f"components no overlay composes: {set(COMPONENTS) - used}"
+    # persistent-state is opt-in everywhere (a root init container): the privileges table renders it
+    assert set(COMPONENTS) - {"persistent-state"} <= used, f"components no overlay composes: {set(COMPONENTS) - used}"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -120,11 +124,12 @@ def test_common_wiring(target):
     assert cm_name.startswith("unified-gpu-exporter-config-")  # hash suffix: edits roll the pods
     config = yaml.safe_load(cm["data"][cfg_path.name])
     assert isinstance(config, dict) and "collectors" in config
-    # baselines on a hostPath, passed as --state.dir
-    (state_arg,) = [a for a in args if a.startswith("--state.dir=")]
-    (state_mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == state_arg.split("=", 1)[1]]
-    assert vols[state_mount["name"]]["hostPath"]["path"] == "/var/lib/unified-gpu-exporter"
-    assert not state_mount.get("readOnly")
+    # no shipped target persists baselines (components/persistent-state, opt-in, does): the image's
+    # default --state.dir ($STATE_DIRECTORY) is switched off, nothing writable is mounted
+    assert not [a for a in args if a.startswith("--state.dir")]
+    assert {"name": "STATE_DIRECTORY", "value": ""} in c["env"]
+    assert "initContainers" not in pod
+    assert all(m.get("readOnly") for m in c["volumeMounts"] if not m["mountPath"].startswith("/dev/"))
     # sysfs read-only, passed as --path.sysfs
     assert "--path.sysfs=/host/sys" in args and mounts["sys"]["readOnly"] is True
     # HTTP probes on /healthz and /readyz at the metrics port
@@ -146,11 +151,6 @@ def test_common_wiring(target):
     assert set(sc["capabilities"].get("add", [])) <= {"SYS_PTRACE", "DAC_READ_SEARCH"}
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert "hostNetwork" not in pod
-    # the init container hands the state directory to whichever uid the exporter runs as
-    init = pod["initContainers"][0]
-    owner = {e["name"]: e["value"] for e in init["env"]}["STATE_OWNER"]
-    assert int(owner) == pod["securityContext"]["runAsUser"]
-    assert any(m["name"] == state_mount["name"] for m in init["volumeMounts"])
 
 
 def test_base_is_non_root_and_unprivileged():
@@ -217,7 +217,7 @@ def test_per_process_variant_hostpid_and_readonly_host_proc():
 
 
 def test_pod_attribution_mounts_the_socket_directory_as_root_without_capabilities():
-    docs = render("overlays/nvidia")
+    docs = render("overlays/kube-prometheus-stack")
     pod, c = pod_spec(docs), exporter(docs)
     vols = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
@@ -285,6 +285,14 @@ def test_default_renders_the_issue_set():
             "ConfigMap"} <= kinds
     dash = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert len(dash) == len(list((REPO / "deploy" / "grafana").glob("*.json")))
+
+
+def test_kube_prometheus_stack_dashboards_sit_where_its_grafana_sidecar_looks():
+    """The grafana chart's sidecar searches only its own namespace by default (issue 38)."""
+    kps = render("overlays/kube-prometheus-stack")
+    dash = [d for d in by_kind(kps, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert dash and {d["metadata"]["namespace"] for d in dash} == {"monitoring"}
+    assert one(kps, "DaemonSet")["metadata"]["namespace"] == "gpu-monitoring"
 
 
 def test_release_label_is_configurable():
@@ -378,8 +386,10 @@ def test_network_policy_limits_ingress_and_egress():
     (ing,) = np["ingress"]
     assert ing["ports"] == [{"port": 9632, "protocol": "TCP"}]
     assert ing["from"], "ingress must name its sources"
-    (eg,) = np["egress"]
-    assert eg["to"] == [{"ipBlock": {"cidr": "169.254.169.254/32"}}]
+    dns, meta = np["egress"]
+    assert dns["to"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+    assert sorted(p["protocol"] for p in dns["ports"]) == ["TCP", "UDP"] and {p["port"] for p in dns["ports"]} == {53}
+    assert meta["to"] == [{"ipBlock": {"cidr": "169.254.169.254/32"}}]
 
 
 def test_base_config_is_accepted_by_the_exporter(tmp_path):

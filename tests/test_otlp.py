@@ -272,6 +272,7 @@ class _Cycle:
         self.text, self.at = text, time.time()
 
 
+@pytest.mark.needs_extra("otlp")
 def test_one_pending_cycle_older_ones_dropped_and_counted(schema, mapping, tmp_path):
     """While the push thread is held in an export (a receiver that does not answer), offers
     replace the one pending cycle and count each replaced one; offer never waits."""
@@ -333,6 +334,7 @@ def test_failure_reason_is_the_most_specific_message_of_the_push():
         log.removeHandler(why)
 
 
+@pytest.mark.needs_extra("otlp")
 def test_an_unchanged_reload_keeps_the_pusher(schema, mapping, tmp_path):
     """The same section (read again from the file), headers file, names and schema: the running
     pusher stays, with its start times and logged state; its resource follows the new config."""
@@ -429,10 +431,11 @@ def test_the_public_export_path_sends_the_same_bytes(schema, mapping, monkeypatc
         assert receiver.requests[0][1].resource_metrics[0].scope_metrics[0].metrics
 
 
+@pytest.mark.needs_extra("otlp-grpc")
 def test_grpc_protocol_pushes_to_a_grpc_receiver(schema, mapping, tmp_path):
-    grpc = pytest.importorskip("grpc", reason="grpcio (the otlp extra)")
     from concurrent import futures
 
+    import grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
     got: list = []

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("opentelemetry.proto", reason="pip install opentelemetry-proto (make install)")
+pytestmark = pytest.mark.needs_extra("otlp")  # the daemons push: the SDK and its exporter
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, require_binary
+from tests.readable_copy import SYSTEM_PYTHON, readable_copy
 
 TARGET_UID, CHECKER_UID = 65533, 65534
 CAPS = "+sys_ptrace,+dac_read_search"
@@ -47,8 +47,11 @@ def _uid_of(pid: int) -> int | None:
 
 
 def _check(setpriv: str, pid: int, *args: str) -> list[str]:
-    out = subprocess.run([setpriv, *args, sys.executable, "-c", CHECK, str(pid)], capture_output=True,
-                         text=True, cwd=REPO, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)})
+    # a Python and a copy of the package any uid can read: a checkout may sit in a 0700 folder
+    # (issue 38), and the check needs only the standard library
+    with readable_copy() as pkg:
+        out = subprocess.run([setpriv, *args, str(SYSTEM_PYTHON), "-I", "-c", f"import sys; sys.path.insert(0, {str(pkg)!r})\n"
+                              + CHECK, str(pid)], capture_output=True, text=True, cwd="/", timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
 

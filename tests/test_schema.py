@@ -37,12 +37,13 @@ def test_docs_metrics_md_is_up_to_date():
 
 
 @pytest.mark.parametrize("body, where, message", [
+    # the schema's own checks name the metric they are about: its line, not the file's first
     ("version: 1\ndevice_labels: [vendor]\nmetrics:\n  bad_total:\n    type: gauge\n    help: x\n",
-     ":1:", "only counters may end in _total"),
+     ":4: metrics.bad_total:", "only counters may end in _total"),
     ("version: 1\ndevice_labels: [vendor]\nmetrics:\n  m:\n    type: histogramm\n    help: x\n",
      ":5:", "metrics.m.type"),
     ("version: 1\ndevice_labels: [vendor]\nmetrics:\n  m:\n    type: gauge\n    help: x\n"
-     "    derive: {ratio: [a, b]}\n", ":1:", "unknown metric 'a'"),
+     "    derive: {ratio: [a, b]}\n", ":7: metrics.m.derive:", "unknown metric 'a'"),
 ])
 def test_invalid_schema_names_file_line_and_field(tmp_path, body, where, message):
     path = tmp_path / "canonical.yaml"

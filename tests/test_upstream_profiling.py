@@ -192,13 +192,15 @@ def test_daemon_reads_unknown_not_healthy(tmp_path, server) -> None:
 
 def test_daemon_with_gpm_reading_zero_on_a_busy_gpu_reads_unknown(tmp_path) -> None:
     """Our own NVML source: the faithful fake H100 at 99 % utilization with every GPM metric 0
-    (another profiler holds the counters), through the real daemon (tests.fakes.nvml_exporter)."""
+    (another profiler holds the counters) and one busy process, through the real daemon
+    (tests.fakes.nvml_exporter).  With two busy processes the session no longer hides the
+    co-tenancy (issue 36, tests/test_cotenancy_truth.py)."""
     empty_sys = tmp_path / "sys"
     empty_sys.mkdir()
     exp = ExporterProcess(["--path.sysfs", str(empty_sys), "--poll.interval", "500ms",
                            "--state.dir", str(tmp_path / "state")], tmp_path, ready_timeout=30.0,
                           ready=b"gpu_profiling_available{", module="tests.fakes.nvml_exporter",
-                          env={"FAKE_NVML_GPUS": "h100_gpm_held"})
+                          env={"FAKE_NVML_GPUS": "h100_gpm_held_alone"})
     try:
         text = _wait_for(exp, r'^gpu_memory_state_info\{.*reason="profiling_unavailable".*state="unknown".*\} 1',
                          timeout=30.0)

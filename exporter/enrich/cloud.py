@@ -12,6 +12,13 @@ protocol and the answer is only accepted when it carries the provider's own mark
   ``Metadata-Flavor: Google``; the response must echo ``Metadata-Flavor: Google``.  Only these
   three items are read (never attributes, which may hold startup scripts or keys).
 
+Which provider is asked is decided locally first (``cloud_dmi.claimed_cloud``): only the provider
+the machine's DMI names, and no request at all where DMI names none.  An explicit ``providers:``
+or ``endpoints:`` entry in the configuration overrides that (a container without the host's
+``/sys/class/dmi``, a provider whose firmware strings changed).  The simulated node never asks a
+real service: its labels come from its scenario's ``cloud:`` entry, and only an explicit
+``endpoints:`` entry (a fake on loopback, as the tests use) is contacted there.
+
 Labels: ``cloud`` (aws|azure|gcp), ``region``, ``zone``, ``instance_type``, ``instance_id``.
 Options: ``enrich.cloud`` of the config (``options.CloudOptions``): ``enabled`` (off switch),
 ``providers``, ``timeout_seconds``, ``refresh_seconds``, ``labels`` (which of the five to emit)
@@ -27,8 +34,10 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cloud_dmi import Claim, claimed_cloud
 from .options import CLOUD_LABELS, PROVIDERS, CloudOptions, parse
 
 if TYPE_CHECKING:  # the client is imported by detect(): with cloud enrichment off it never loads
@@ -168,9 +177,14 @@ async def detect(providers: tuple[str, ...] = PROVIDERS, endpoints: Mapping[str,
 
 
 class CloudEnricher:
-    """Holds the detected cloud labels; ``labels()`` is a dict lookup for the render path."""
+    """Holds the detected cloud labels; ``labels()`` is a dict lookup for the render path.
 
-    def __init__(self, options: CloudOptions | Mapping[str, Any] | None = None) -> None:
+    ``sysfs``: where the DMI identity is read (``--path.sysfs``).  ``simulated``: the node is the
+    built-in simulator: ``static`` (its scenario's identity, or None) stands for the metadata
+    service, which is never asked unless an ``endpoints:`` entry names a (fake) one."""
+
+    def __init__(self, options: CloudOptions | Mapping[str, Any] | None = None, *, sysfs: Path = Path("/sys"),
+                 simulated: bool = False, static: CloudIdentity | None = None) -> None:
         o = self.options = parse(CloudOptions, options)
         self.enabled = o.enabled
         self.providers = tuple(o.providers)
@@ -178,20 +192,67 @@ class CloudEnricher:
         self.timeout = o.timeout_seconds
         self.refresh = o.refresh_seconds
         self.endpoints = dict(o.endpoints)
+        self.sysfs = sysfs
+        self.simulated = simulated
+        self.static = static
         self.identity: CloudIdentity | None = None
         self._labels: dict[str, str] = {}
+        self._targets: tuple[str, ...] | None = None  # decided at the first refresh
+        self.reason = ""  # why these providers are (or no provider is) asked
+        self._told = False
 
     def labels(self) -> dict[str, str]:
         return self._labels
 
+    def apply_static(self) -> CloudIdentity | None:
+        """The simulated node's labels from its scenario (what ``--once`` shows too): no request."""
+        if not self.enabled or not self.simulated:
+            return None
+        if self.static is None:
+            if not self._told:
+                self._told = True
+                log.info("no cloud metadata request: the simulated node's scenario has no cloud: entry; "
+                         "no cloud labels")
+            return None
+        if self.identity is None:
+            log.info("simulated node: cloud labels from the scenario: %s", self.static.labels())
+        self.identity, self._labels = self.static, self.static.labels(self.label_names)
+        return self.identity
+
+    def targets(self) -> tuple[str, ...]:
+        """The providers to ask, decided once: the explicit ones, else the one DMI names."""
+        if self._targets is not None:
+            return self._targets
+        explicit_endpoints = tuple(p for p in self.providers if p in self.endpoints)
+        if self.simulated:
+            targets, why = explicit_endpoints, "the simulated node asks only an explicit endpoints: entry"
+        elif "providers" in self.options.model_fields_set or self.endpoints:
+            targets = self.providers if "providers" in self.options.model_fields_set else explicit_endpoints
+            why = "enrich.cloud names them (providers:/endpoints:)"
+        else:
+            claim: Claim = claimed_cloud(self.sysfs)
+            targets = tuple(p for p in claim.providers if p in self.providers)
+            why = claim.evidence
+        self._targets, self.reason = targets, why
+        return targets
+
     async def refresh_once(self) -> CloudIdentity | None:
         if not self.enabled:
             return None
-        found = await detect(self.providers, self.endpoints, self.timeout)
+        targets = self._targets if self._targets is not None else await asyncio.to_thread(self.targets)
+        if self.simulated and not targets:
+            return self.apply_static()
+        if not targets:
+            if not self._told:
+                self._told = True
+                log.info("no cloud metadata request: %s; no cloud labels (an explicit "
+                         "enrich.cloud.providers or endpoints entry asks a provider)", self.reason)
+            return None
+        found = await detect(targets, self.endpoints, self.timeout)
         if found is None:
             if self.identity is None:
-                log.info("no cloud metadata service answered (%s); no cloud labels",
-                         ", ".join(self.providers))
+                log.info("no cloud metadata service answered (%s: %s); no cloud labels",
+                         ", ".join(targets), self.reason)
             # keep earlier labels on a transient failure: the instance did not move
             return self.identity
         if found != self.identity:
@@ -201,10 +262,13 @@ class CloudEnricher:
         return found
 
     async def run(self) -> None:
-        """Background task: detect now, then every ``refresh_seconds``."""
+        """Background task: detect now, then every ``refresh_seconds`` (only while a provider is
+        asked: with none, the first refresh logs why and the task ends)."""
         if not self.enabled:
             return
         while True:
             with contextlib.suppress(Exception):
                 await self.refresh_once()
+            if not self.targets():
+                return
             await asyncio.sleep(self.refresh)

@@ -90,11 +90,34 @@ class KubernetesOptions(_Strict):
     pid_cache_size: int = Field(8192, ge=16, le=1_000_000)
 
 
+class HpcJobsOptions(_Strict):
+    """``enrich.hpc_jobs``: Slurm jobs from a prolog/epilog mapping directory (hpc_jobs.py)."""
+
+    directory: str = Field(min_length=1)  # dcgm-exporter's or device-metrics-exporter's format
+    vendors: list[str] = []  # which GPUs a file's index names; empty: every vendor's GPU of that index
+    max_files: int = Field(256, ge=1, le=4096)  # 8 GPUs x 7 MIG instances = 56 files
+    # dcgm-exporter's per-series hpc_job label on every series of a GPU a job holds (docs/jobs.md: its cost)
+    series_label: bool = False
+
+    @field_validator("series_label", mode="before")
+    @classmethod
+    def _boolean(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false (a YAML boolean), got {value!r}")
+        return value
+
+    @field_validator("vendors")
+    @classmethod
+    def _vendors(cls, value: list[str]) -> list[str]:
+        return _known("vendor", value, ("nvidia", "amd", "intel"))
+
+
 class EnrichConfig(_Strict):
     """``enrich:``; a section left out (or empty) has its defaults."""
 
     cloud: CloudOptions = CloudOptions()
     kubernetes: KubernetesOptions | None = None  # None: no section in the file
+    hpc_jobs: HpcJobsOptions | None = None  # None: no job mapping (docs/jobs.md)
 
     @field_validator("cloud", mode="before")
     @classmethod

@@ -39,6 +39,13 @@ class _DeviceState:
     drop_seconds: float = 0.0  # throughput drop held without per-process data
     state: str = "unknown"
     client_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # client -> last busy
+    # client -> the clients busy together with it when it was last seen busy (clients.held_clients)
+    client_partners: dict[tuple[str, str], frozenset] = field(default_factory=dict)
+    seen_counts: dict[str, int] = field(default_factory=dict)  # clients seen busy this poll, per instance
+    # contention booked on held-over clients only, until they are seen again: (seconds per
+    # basis, dollars); dropped when the hold-over ends without them (clients.book_contention)
+    pending_seconds: dict[str, float] = field(default_factory=dict)
+    pending_dollars: float = 0.0
     flagged_seconds: dict[str, float] = field(default_factory=dict)  # metric -> deviation held
     relearned: dict[str, int] = field(default_factory=dict)  # metric -> deviations accepted as normal
 

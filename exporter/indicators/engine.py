@@ -29,7 +29,16 @@ from collections.abc import Mapping
 
 from ..model import DeviceId, Frame, Frames, SeriesId
 from .baseline import BaselineStore
-from .clients import device_evidence, evidence_key, held_clients, say_evidence, trusted
+from .clients import (
+    UNCOUNTED,
+    book_contention,
+    device_evidence,
+    evidence_key,
+    held_clients,
+    held_only,
+    say_evidence,
+    trusted,
+)
 from .config import IndicatorConfig
 from .contention import bandwidth_drop_under_load, compute_signal
 from .cost import match_price, slowdown_cost
@@ -197,7 +206,8 @@ class IndicatorEngine:
         verdict = decide(t.bw_util, t.plain.get(UTILIZATION), basis, compute, t.throttled, t.clients,
                          t.ref_median is not None, throughput_drop, unconfirmed, scfg,
                          cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent,
-                         t.plain.get(PROFILING_AVAILABLE) == 0.0)
+                         t.plain.get(PROFILING_AVAILABLE) == 0.0,
+                         uncounted=ev_reason if ev_reason in UNCOUNTED and t.clients is None else "")
         out, labelled = t.out, t.labelled
         counted = t.clients is not None
         if labelled.instances or labelled.contexts:  # MIG: a state per GPU instance, the GPU's from them
@@ -237,12 +247,12 @@ class IndicatorEngine:
                 slowdown = min(max(1.0 - t.compute / t.ref_median, 0.0), 1.0)
             else:
                 slowdown = cfg.cost.default_slowdown
-        basis = t.basis
-        if basis is not None and t.bw_util is not None:
-            seconds = st.contention_seconds.get(basis, 0.0)
-            if contended:
-                seconds += t.dt
-            st.contention_seconds[basis] = seconds
+        basis = t.basis if t.basis is not None and t.bw_util is not None else None
+        dollars = slowdown_cost(price, slowdown, t.dt, cfg.cost.surcharge_dollars, cfg.cost.surcharge_step) \
+            if price is not None and contended else 0.0
+        book_contention(st, basis, contended, held_only(st, t.held, cfg.state.min_clients), t.dt, dollars)
+        if basis is not None:
+            st.contention_seconds.setdefault(basis, 0.0)
             out[("gpu_memory_contention", BY_BASIS.get(basis) or labels.one("basis", basis))] = \
                 1.0 if contended else 0.0
         for b_name, seconds in st.contention_seconds.items():
@@ -252,9 +262,6 @@ class IndicatorEngine:
         elif t.state != "unknown":
             out[("gpu_contention_slowdown_ratio", NO_LABELS)] = 0.0
         if price is not None:
-            if contended:
-                st.cost_dollars += slowdown_cost(price, slowdown, t.dt, cfg.cost.surcharge_dollars,
-                                                 cfg.cost.surcharge_step)
             out[("gpu_price_dollars_per_hour", NO_LABELS)] = price
             out[("gpu_contention_cost_dollars_total", NO_LABELS)] = st.cost_dollars
 

@@ -4,7 +4,11 @@ NVML reports no device-level utilization in MIG mode, so a MIG GPU's device-leve
 empty (``no_load_signal``) while its instances are busy.  Each instance is decided like a GPU of
 its own (``state.decide`` over its GPM / DCGM signals and its own busy clients: processes of two
 instances are not co-tenants), exported with ``gpu_instance`` and ``mig_profile``; the GPU reads
-the most severe of its instances' states.  An instance without load signals of its own (pre-Hopper
+the most severe of its instances' states.  Compute contexts are no activity evidence: an
+instance with two or more contexts and no per-process utilization has no client count (one
+busy job beside an idle context must not read ``contended``): with the memory-bound signature
+it reads ``unknown`` / ``contexts_without_activity``; one context is one client at most.  An
+instance without load signals of its own (pre-Hopper
 MIG: no GPM, no DCGM) on which processes hold compute contexts is in use (whether they compute
 or idle cannot be told) and not evaluable (``no_instance_load_signal``), so the GPU is never
 ``no_load_signal`` while such an instance is in use.
@@ -20,7 +24,7 @@ from .contention import BANDWIDTH_UTIL, compute_signal
 from .device_state import _Tick
 from .series import LabelledSignals
 from .signals import UTILIZATION
-from .state import STATES, StateVerdict, _busy, decide
+from .state import STATES, StateVerdict, decide
 
 # most severe first: the GPU's state is the first of these any instance is in
 SEVERITY = ("contended", "shared", "throttled", "unknown", "memory_bound", "healthy", "idle")
@@ -65,10 +69,14 @@ def instance_verdicts(cfg: IndicatorConfig, labels: Any, labelled: LabelledSigna
         bw = values.get(BANDWIDTH_UTIL)
         util = values.get(UTILIZATION)
         count = held.get(gi, 0)
+        clients: int | None
         if count < 0:  # compute contexts of an instance without per-process utilization
-            # not below the idle bars (no load signal counts as in use): decide()'s "not idle"
-            count = -count if _busy(util, bw, basis, compute, cfg.state) is not False else 0
-        clients = trusted(evidence, count, cfg.state)
+            # one context: at most one tenant, a count; two or more: whether more than one of
+            # them is busy cannot be told (an inference server holding a context idles like a
+            # busy job's neighbour), so no count: never co-tenancy on contexts alone
+            clients = trusted(evidence, -count, cfg.state) if -count <= 1 else None
+        else:
+            clients = trusted(evidence, count, cfg.state)
         verdict = decide(bw, util, basis, compute, throttled, clients, True, False, False, cfg.state,
                          cfg.contention.bandwidth_utilization_percent, cfg.contention.compute_percent,
                          contexts=gi in in_use)

@@ -7,8 +7,10 @@ bottom, the first matching row wins; docs/detection.md prints ``ROWS`` as its de
 1. ``unknown`` without any load signal (``no_load_signal``; a MIG instance whose processes hold
    compute contexts but which reports no load signal of its own, as on pre-Hopper MIG without
    GPM / DCGM, is in use, busy or not, and not evaluable: ``no_instance_load_signal``); ``idle``
-   below the idle bars; ``unknown`` while the profiling counters read zero on a busy GPU.
-2. Co-tenancy first, whatever the throttle reasons: two or more active clients are ``contended``
+   below the idle bars.
+2. Co-tenancy first (also while another profiler holds the profiling counters: the client count
+   needs none of them; without co-tenancy such a GPU reads ``unknown`` /
+   ``profiling_unavailable``), whatever the throttle reasons: two or more active clients are ``contended``
    with the memory-bound signature (bandwidth above 85 % and, where the GPU reports a
    compute-starvation signal, that signal below 50 %) or with bandwidth above
    ``shared_bandwidth_percent`` (time-sliced tenants lower the aggregate bandwidth and keep
@@ -70,7 +72,7 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
            compute: float | None, throttled: bool, clients: int | None, reference_warm: bool,
            throughput_drop: bool, drop_unconfirmed: bool, cfg: StateConfig,
            bandwidth_percent: float = 85.0, compute_percent: float = 50.0,
-           profiling_unavailable: bool = False, contexts: bool = False) -> StateVerdict:
+           profiling_unavailable: bool = False, contexts: bool = False, uncounted: str = "") -> StateVerdict:
     """The memory state of one GPU from what it reports this poll (positional: the engine
     decides every device at every fast poll).  The rows are ``ROWS``, in order.
 
@@ -86,14 +88,19 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
     hardware / thermal slowdown, or a power cap with the clock cut), not a power cap alone.
     ``clients``: busy clients (held over ``client_holdover_seconds``), None without evidence.
 
-    ``contexts``: processes hold compute contexts on it (a MIG instance's process list)."""
+    ``contexts``: processes hold compute contexts on it (a MIG instance's process list) and no
+    per-process activity says how many of them are busy (``clients`` None then).
+
+    ``uncounted``: why a source that sees this GPU could not count its clients where that is
+    known to hide tenants (``mps_clients_uncountable``: the MPS server is the busy process and
+    NVML does not list its clients); the signature without a count reads ``unknown`` with it."""
     is_busy = _busy(utilization, bandwidth_util, basis, compute, cfg)
     if is_busy is None:
         return _verdict("unknown", "no_instance_load_signal" if contexts else "no_load_signal", False)
     if not is_busy:
         return _verdict("idle", "below_idle_bars", False)
-    if profiling_unavailable:
-        return _verdict("unknown", "profiling_unavailable", False)
+    # profiling counters held by another tool: co-tenancy is still decided from what is known
+    # (the client count, the bandwidth signal that remains, NVML's memory-busy percent)
     sig = signature(bandwidth_util, basis, compute, bandwidth_percent, compute_percent)
     if clients is not None and clients >= cfg.min_clients:
         # co-tenancy is evidence the clocks cannot explain: it wins over every throttle reason
@@ -106,6 +113,8 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
             # time-sliced tenants: the aggregate signature hides them (see shared_bandwidth_percent)
             return _verdict("contended", "clients_sharing_bandwidth", False)
         return _verdict("shared", "clients_sharing_compute", False)
+    if profiling_unavailable:
+        return _verdict("unknown", "profiling_unavailable", False)
     if bandwidth_util is None:
         if throttled:
             return _verdict("throttled", "throttle_reason_active", False)
@@ -125,6 +134,12 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
         return _verdict("contended", "throughput_drop", True)
     if clients is not None:
         return _verdict("memory_bound", "single_client" if clients == 1 else "no_active_client", True)
+    if contexts:
+        # a MIG instance whose processes hold compute contexts, no per-process activity: an idle
+        # context (an inference server waiting) and a second busy job look the same
+        return _verdict("unknown", "contexts_without_activity", True)
+    if uncounted:
+        return _verdict("unknown", uncounted, True)
     # the signature without process data: one job by design and two tenants look the same (a
     # reference learned without evidence may have learned the contended level): say so
     if basis not in STARVATION_BASES:
@@ -141,8 +156,6 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
      "counts too), not evaluable", "unknown",
      "`no_instance_load_signal`"),
     ("2", "all load signals below the idle bars", "idle", "`below_idle_bars`"),
-    ("2a", "busy while the profiling counters read zero or blank (`gpu_profiling_available` 0: another "
-     "profiler holds them, or the profiling module is not loaded)", "unknown", "`profiling_unavailable`"),
     ("3", "busy, the signature and >= 2 active clients (`min_clients`, held over "
      "`client_holdover_seconds`), whatever the throttle reasons", "contended",
      "`clients` / `clients_and_throughput_drop`"),
@@ -150,6 +163,10 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
      "contended", "`clients_sharing_bandwidth`"),
     ("5", "busy, >= 2 active clients otherwise (time-sliced tenants), whatever the throttle reasons",
      "shared", "`clients_sharing_compute`"),
+    ("5a", "busy while the profiling counters read zero or blank (`gpu_profiling_available` 0: another "
+     "profiler holds them, or the profiling module is not loaded) and no co-tenancy decided by rows "
+     "3-5 from what is still known (clients, the remaining bandwidth signal)", "unknown",
+     "`profiling_unavailable`"),
     ("6", "busy, no bandwidth utilization reported", "throttled with an explaining throttle reason, "
      "else unknown", "`throttle_reason_active` / `no_bandwidth_signal`"),
     ("7", "busy and a throttle reason that explains a loss: thermal / hardware slowdown, or a power "
@@ -163,6 +180,12 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("11", "signature and a throughput drop otherwise", "contended", "`throughput_drop`"),
     ("12", "signature, process data with 0 or 1 active client", "memory_bound",
      "`single_client` / `no_active_client`"),
+    ("12a", "signature on a MIG instance whose processes hold >= 2 compute contexts, no per-process "
+     "activity (contexts alone prove no co-tenancy: an idle context looks like a busy job)", "unknown",
+     "`contexts_without_activity`"),
+    ("12b", "signature, an MPS server the only busy process and its clients not countable (NVML's MPS "
+     "process list refused or not supported: one server stands for any number of clients)", "unknown",
+     "`mps_clients_uncountable`"),
     ("13", "signature, no process data, no starvation signal", "unknown",
      "`no_starvation_signal_no_process_data`"),
     ("14", "signature, no process data, reference warm (it may have learned a contended level)",

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..model import Device, DeviceId, Extra, Frames, Labels, PollResult, SeriesId
+from ..model import Device, DeviceId, Frames, PollResult, SeriesId
+from .derive import Deriver
 from .profiling_guard import AVAILABLE, Held, apply_guard
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class _RawState:
 class MapResult:
     frames: Frames = field(default_factory=dict)  # per GPU, its canonical series
     malformed: int = 0
+    malformed_fields: list[str] = field(default_factory=list)  # the raw field of each, for the log
 
 
 # raw counter state and exported totals not seen for this many polls are forgotten (a device or
@@ -75,10 +77,7 @@ class Mapper:
         self._raw: dict[tuple, _RawState] = {}
         self._totals: dict[Key, tuple[float, int]] = {}  # (total, poll last seen)
         self._poll = 0
-        # derived metrics in dependency order, operands parsed once: (name, op, scale, a, b)
-        self._derived = [(name, mdef.derive.op, mdef.derive.scale, *mdef.derive.operands)
-                         for name, mdef in mappings.schema.derived() if mdef.derive is not None]
-        self._operand_names = frozenset(n for d in self._derived for n in (d[3][0], d[4][0]))
+        self._derived = Deriver(mappings.schema)  # derived metrics (canonical.yaml derive:)
 
     def map(self, sample: PollResult, devices: dict[str, Device]) -> MapResult:
         out = MapResult()
@@ -92,13 +91,15 @@ class Mapper:
         counters: dict[Key, list[tuple[int, str, float | None, float]]] = {}
         plans = self._plans
         isfinite = math.isfinite
-        malformed = 0
+        bad: list[str] = []  # the raw field of each malformed reading (counted, logged by the runner)
         held: dict[str, list[Held]] = {}  # device key -> profiling values, for the guard
         blanks: dict[str, int] = {}  # device key -> blank profiling readings
+        divisors: dict[tuple, float] = {}  # (device key, raw field, raw labels) -> value, for divide_by
+        dividends: list[tuple] = []  # (device key, raw labels, rule, series key, raw value, raw field)
         for r in sample.readings:
             dev = devices.get(r.device)
             if dev is None:
-                malformed += 1
+                bad.append(r.field)
                 continue
             hit = plans.get((r.device, r.field, r.labels))
             if hit is not None and (hit[0] is dev or hit[0] == dev):
@@ -112,33 +113,39 @@ class Mapper:
                 if simple:  # a plain gauge: scale and offset, nothing else to check
                     value = value * rule.scale + rule.offset
                     if not isfinite(value):
-                        malformed += 1
+                        bad.append(r.field)
                         continue
                 else:
-                    if value in rule.invalid:
+                    if rule is None:  # a divisor (divide_by) of some rule: kept for after the loop
+                        divisors[key] = value
+                        continue
+                    if value in rule.invalid:  # ``blank`` values (a vendor's "no value") are not errors
                         if rule.profiling:
                             blanks[r.device] = blanks.get(r.device, 0) + 1
-                        else:
-                            malformed += 1
+                        elif value not in rule.blank:
+                            bad.append(r.field)
                         break
                     if lookup is not None:
                         looked_up = lookup.get(value)
                         if looked_up is None:
-                            malformed += 1
+                            bad.append(r.field)
                             continue
                         value = looked_up
+                    if rule.divide_by is not None:  # its divisor may come later in the poll
+                        dividends.append((r.device, r.labels, rule, key, value, r.field))
+                        continue
                     if rule.is_counter:
                         if rule.integrate:  # a throughput gauge: its integral, from 0
                             if not (isfinite(value) and value >= 0) or (
                                     rule.valid and not rule.valid[0] <= value * rule.scale <= rule.valid[1]):
-                                malformed += 1  # a junk rate would inflate the counter for good
+                                bad.append(r.field)  # a junk rate would inflate the counter for good
                                 continue
                             delta, initial = self._integral(skey, rule, value, now), 0.0
                         else:
                             delta = self._delta(skey, rule, value, now)
                             initial = value * rule.scale
                         if not isfinite(initial) or (delta is not None and not isfinite(delta)):
-                            malformed += 1
+                            bad.append(r.field)
                             continue
                         counters.setdefault(key, []).append((rule.order, rule.combine, delta, initial))
                         continue
@@ -149,12 +156,12 @@ class Mapper:
                     else:
                         value = value * rule.scale + rule.offset
                     if rule.valid and not rule.valid[0] <= value <= rule.valid[1]:
-                        malformed += 1  # e.g. an SM clock of -5 MHz: never exported
+                        bad.append(r.field)  # e.g. an SM clock of -5 MHz: never exported
                         continue
                     if rule.clamp:
                         value = min(max(value, rule.clamp[0]), rule.clamp[1])
                     if not isfinite(value):  # overflow of a garbage raw value: never exported
-                        malformed += 1
+                        bad.append(r.field)
                         continue
                     if rule.profiling:
                         held.setdefault(r.device, []).append((key, rule.order, rule.combine, value))
@@ -166,7 +173,9 @@ class Mapper:
                     gauges[key] = [have, (rule.order, rule.combine, value)]
                 else:
                     have.append((rule.order, rule.combine, value))
-        out.malformed = malformed
+        if dividends:
+            bad.extend(self._divide(dividends, divisors, gauges))
+        out.malformed, out.malformed_fields = len(bad), bad
         available = apply_guard(held, blanks, devices, gauges, self._guard_of,
                                 sample.errors, _combine) if held or blanks else None
         frames = out.frames
@@ -189,13 +198,35 @@ class Mapper:
         self._expire(devices)
         if self._derived:
             for frame in frames.values():
-                self._derive(frame)
+                self._derived.apply(frame)
         return out
+
+    @staticmethod
+    def _divide(dividends: list[tuple], divisors: dict[tuple, float], gauges: dict) -> list[str]:
+        """The ``divide_by`` rules of one poll: raw value / divisor, then scale, offset, valid and
+        clamp as any gauge; a missing, zero or non-finite result is skipped.  Returns the raw
+        field of each skipped one."""
+        malformed: list[str] = []
+        for device, labels, rule, key, value, raw in dividends:
+            div = divisors.get((device, rule.divide_by, labels))
+            value = value / div * rule.scale + rule.offset if div else math.nan
+            if not math.isfinite(value) or (rule.valid and not rule.valid[0] <= value <= rule.valid[1]):
+                malformed.append(raw)
+                continue
+            if rule.clamp:
+                value = min(max(value, rule.clamp[0]), rule.clamp[1])
+            cand = (rule.order, rule.combine, value)
+            have = gauges.get(key)
+            gauges[key] = cand if have is None else [have, cand] if type(have) is tuple else [*have, cand]
+        return malformed
 
     def _compile(self, r, dev: Device) -> tuple | None:
         cm = self.mappings.get(dev.mapping)
         rules = cm.rules.get(r.field) if cm is not None else None
         plan: tuple | None = None
+        divisor = cm is not None and r.field in cm.divisors
+        if divisor:  # a step that keeps the value for the rules dividing by it
+            plan = ((None, (r.device, r.field, r.labels), None, None, False),)
         if rules:
             raw_labels = dict(r.labels) if r.labels else {}
             dev_id = self._ids.setdefault(dev.id, dev.id)
@@ -207,7 +238,7 @@ class Mapper:
                         extra[canon] = raw_labels[raw_name]
                 key: Key = (dev_id, (rule.series, tuple(sorted(extra.items())) if extra else ()))
                 simple = not (rule.invalid or rule.values or rule.is_counter or rule.rate
-                              or rule.valid or rule.clamp or rule.profiling)
+                              or rule.valid or rule.clamp or rule.profiling or rule.divide_by)
                 lookup = None
                 if rule.values:
                     lookup = self._lookups.get(rule.values)
@@ -216,7 +247,7 @@ class Mapper:
                 # the raw-state key only where state is kept (counters, rates)
                 skey = (r.device, rule.order, r.labels) if rule.is_counter or rule.rate else None
                 steps.append((rule, key, lookup, skey, simple))
-            plan = tuple(steps)
+            plan = (plan or ()) + tuple(steps)
         if len(self._plans) >= MAX_STATE:
             self._plans.clear()  # bounded: a source inventing raw labels cannot grow it forever
             self._ids.clear()
@@ -334,36 +365,6 @@ class Mapper:
         if raw:
             self._raw = dict(prev._raw)
 
-    def _derive(self, series: dict[SeriesId, float]) -> None:
-        """Derived metrics of one GPU's frame (their operands are series of the same GPU)."""
-        names = self._operand_names
-        by_metric: dict[str, list[tuple[Extra, float]]] = {}
-        for (name, labels), v in series.items():
-            if name in names:
-                by_metric.setdefault(name, []).append((labels, v))
-        for name, op, scale, (a_name, a_sel), (b_name, b_sel) in self._derived:
-            a_vals = _select(by_metric.get(a_name, ()), a_sel)
-            if not a_vals:
-                continue
-            b_vals = _select(by_metric.get(b_name, ()), b_sel)
-            new: list[tuple[Extra, float]] = []
-            for k, av in a_vals.items():
-                bv = b_vals.get(k)
-                if bv is None or (name, k) in series:
-                    continue
-                if op == "ratio":
-                    if bv == 0:
-                        continue
-                    v = av / bv * scale
-                else:
-                    v = av * bv * scale
-                if not math.isfinite(v):
-                    continue
-                series[(name, k)] = v
-                new.append((k, v))
-            if new and name in names:
-                by_metric.setdefault(name, []).extend(new)
-
 
 def _combine(cands: list[tuple[int, str, float]]) -> float:
     """Several entries feeding one gauge series: first listed wins, or max / sum."""
@@ -376,17 +377,3 @@ def _combine(cands: list[tuple[int, str, float]]) -> float:
     if how == "sum":
         return sum(c[2] for c in cands)
     return cands[0][2]
-
-
-def _select(items, selector: Labels) -> dict[Labels, float]:
-    """Series whose labels include the selector, keyed by their labels minus the selector."""
-    out: dict[Labels, float] = {}
-    sel = dict(selector)
-    for labels, v in items:
-        if sel:
-            d = dict(labels)
-            if any(d.get(k) != val for k, val in sel.items()):
-                continue
-            labels = tuple((k, val) for k, val in labels if k not in sel)
-        out[labels] = v
-    return out

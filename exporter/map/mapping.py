@@ -34,7 +34,10 @@ class FieldRule(BaseModel):
     # raw throughput gauge (value x scale x seconds between polls)
     transform: Literal["none", "rate", "integrate"] = "none"
     wrap: float | None = Field(default=None, gt=0)
-    invalid: list[float] = []
+    invalid: list[float] = []  # values that are not readings: skipped and counted as malformed
+    # a vendor's "no value" sentinels (DCGM's blank INT64/FP64 values, a sensor that reads 0 when
+    # absent): skipped like ``invalid`` but not an error (nothing counted)
+    blank: list[float] = []
     # a lookup applied to the raw value before scale/offset (e.g. PCIe generation -> GT/s); a raw
     # value not listed is malformed
     values: dict[float, float] = {}
@@ -55,6 +58,10 @@ class FieldRule(BaseModel):
     # INT64 fields).  Values outside ``valid`` after scale/offset are evidence against it as well.
     unit_help: str | None = Field(default=None, max_length=200)
     integer: bool = False
+    # a ratio of two raw fields: the raw value divided by the value of this raw field of the same
+    # device (and raw labels) in the same poll, before scale/offset (amdgpu hwmon pwm1 / pwm1_max).
+    # A poll without the divisor, or with 0, skips the value and counts it malformed
+    divide_by: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _names(self) -> FieldRule:
@@ -70,11 +77,16 @@ class FieldRule(BaseModel):
             raise ValueError("clamp bounds must be numbers, not .nan")
         if self.valid and (any(math.isnan(b) for b in self.valid) or self.valid[0] > self.valid[1]):
             raise ValueError("valid: [low, high] with low <= high, no .nan")
-        if any(math.isnan(v) for v in self.invalid):
+        if any(math.isnan(v) for v in self.invalid + self.blank):
             raise ValueError("invalid: .nan never matches; NaN values are always skipped")
         if (self.unit_help is not None or self.integer) and 'schema="' not in self.raw:
             raise ValueError("unit_help/integer are evidence between schemas: only for a raw field "
                              'qualified by one (name{schema="S"})')
+        if self.divide_by is not None and self.divide_by == self.raw:
+            raise ValueError("divide_by: a raw field divided by itself is 1")
+        if self.divide_by is not None and 'schema="' in self.raw + self.divide_by:
+            raise ValueError("divide_by: not for a raw field qualified by a schema (its unit is weighed "
+                             "per scrape; a ratio's is not)")
         if self.unit_help is not None:
             try:
                 re.compile(self.unit_help)
@@ -143,7 +155,7 @@ class Rule:
     offset: float
     rate: bool
     wrap: float | None
-    invalid: frozenset[float]
+    invalid: frozenset[float]  # every value skipped (``invalid`` and ``blank``)
     clamp: tuple[float, float] | None
     combine: str
     valid: tuple[float, float] | None
@@ -153,6 +165,8 @@ class Rule:
     integrate: bool = False  # a counter accumulated from a throughput gauge
     unit_help: re.Pattern[str] | None = None  # a help text saying the target serves this unit
     integer: bool = False  # a raw value in this unit is a whole number
+    divide_by: str | None = None  # the raw field this one is divided by (same device, same poll)
+    blank: frozenset[float] = frozenset()  # the skipped values that are not counted as errors
 
 
 @dataclass(slots=True)
@@ -169,6 +183,8 @@ class CompiledMapping:
     # names that mark a schema: what the upstream source weighs per scrape, fixed at load
     schema_dependent: frozenset[str] = frozenset()
     schema_markers: frozenset[str] = frozenset()
+    # raw fields some rule divides by (``divide_by``): the mapper keeps their values per poll
+    divisors: frozenset[str] = frozenset()
 
 
 # a ``schema="S"`` selector label of a raw field (``name{schema="S"}``, ``name{a="x",schema="S"}``)
@@ -222,6 +238,15 @@ def _check_rule(schema: Schema, rule: FieldRule) -> str | None:
     return None
 
 
+def _check_divide_by(schema: Schema, rule: FieldRule) -> str | None:
+    mdef = schema.metrics[rule.metric]
+    if mdef.type != "gauge" or rule.transform != "none" or rule.values or rule.profiling:
+        return f"divide_by: a ratio of two raw fields is a gauge mapped as read ({rule.metric} is a {mdef.type}" + (
+            f", transform: {rule.transform}" if rule.transform != "none" else "") + (
+            ", with values:" if rule.values else "") + (", profiling" if rule.profiling else "") + ")"
+    return None
+
+
 def load_mapping(path: Path, schema: Schema, name: str | None = None) -> CompiledMapping:
     data, lines = load_yaml(path)
     try:
@@ -239,17 +264,21 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
         if problem:
             line = lines.get(("fields", i, "metric")) or lines.get(("fields", i))
             raise ConfigError(f"{path}:{line}: fields[{i}].metric: {problem}")
+        problem = _check_divide_by(schema, fr) if fr.divide_by is not None else None
+        if problem:
+            line = lines.get(("fields", i, "divide_by")) or lines.get(("fields", i))
+            raise ConfigError(f"{path}:{line}: fields[{i}].divide_by: {problem}")
         mdef = schema.metrics[fr.metric]
         rules.setdefault(fr.raw, []).append(Rule(
             order=i, raw=fr.raw, metric=fr.metric, is_counter=mdef.type == "counter",
             fixed=tuple(sorted(fr.labels.items())), label_map=tuple(fr.label_map.items()),
             scale=fr.scale, offset=fr.offset, rate=fr.transform == "rate", wrap=fr.wrap,
-            invalid=frozenset(fr.invalid), clamp=fr.clamp, combine=fr.combine,
+            invalid=frozenset(fr.invalid + fr.blank), blank=frozenset(fr.blank), clamp=fr.clamp, combine=fr.combine,
             valid=fr.valid or ((mdef.min, math.inf) if mdef.min is not None else None),
             series=fr.metric + (f"_{fr.histogram}" if fr.histogram else ""),
             values=tuple(sorted(fr.values.items())), profiling=fr.profiling,
             unit_help=re.compile(fr.unit_help) if fr.unit_help is not None else None,
-            integer=fr.integer, integrate=fr.transform == "integrate"))
+            integer=fr.integer, integrate=fr.transform == "integrate", divide_by=fr.divide_by))
     guard = parsed.profiling_guard
     if any(fr.profiling for fr in parsed.fields):
         if guard.busy_metric not in schema.metrics:
@@ -261,7 +290,8 @@ def load_mapping(path: Path, schema: Schema, name: str | None = None) -> Compile
     return CompiledMapping(name or path.stem, path, parsed.vendor,
                            {k: tuple(v) for k, v in rules.items()}, guard, tuple(parsed.schemas),
                            frozenset(parsed.not_mapped), parsed.schema_ambiguous, _schema_dependent(rules),
-                           frozenset(lbl for sr in parsed.schemas for lbl in sr.labels))
+                           frozenset(lbl for sr in parsed.schemas for lbl in sr.labels),
+                           frozenset(fr.divide_by for fr in parsed.fields if fr.divide_by is not None))
 
 
 class MappingSet:
@@ -294,15 +324,15 @@ class MappingSet:
 
     def raw_fields(self, metrics: Collection[str] | None = None) -> dict[str, frozenset[str]]:
         """Per mapping file, the raw fields its rules map (only the rules feeding ``metrics``,
-        when given): what a source need read, and what a fast poll need map.  Computed once per
-        set of metrics (a loaded set does not change)."""
+        when given), and the raw fields those rules divide by: what a source need read, and what
+        a fast poll need map.  Computed once per set of metrics (a loaded set does not change)."""
         key = None if metrics is None else frozenset(metrics)
         table = self._raw_fields.get(key)
         if table is None:
-            table = self._raw_fields[key] = {
-                name: frozenset(raw for raw, rules in cm.rules.items()
-                                if key is None or any(r.metric in key for r in rules))
-                for name, cm in self.mappings.items()}
+            table = self._raw_fields[key] = {}
+            for name, cm in self.mappings.items():
+                used = [r for rules in cm.rules.values() for r in rules if key is None or r.metric in key]
+                table[name] = frozenset(r.raw for r in used) | {r.divide_by for r in used if r.divide_by}
         return table
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +21,7 @@ _OPERAND_RE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^
 _MATCHER_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"\s*')
 
 
+@lru_cache(maxsize=4096)  # the simulator parses its scenario's keys at every poll
 def parse_operand(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``metric{label="v",...}`` -> (metric, ((label, v), ...))."""
     m = _OPERAND_RE.match(text.strip())
@@ -36,25 +38,36 @@ def parse_operand(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 class Derive(BaseModel):
+    """``ratio: [a, b]`` (a / b x scale), ``product: [a, b]`` (a x b x scale), or ``of: a`` (a x
+    scale): a unit variant of ``a``, the same quantity in another unit, declared once here for
+    every source that maps ``a`` (its labels are ``a``'s unless given; OTel carries ``a`` only)."""
+
     model_config = ConfigDict(extra="forbid")
     ratio: list[str] | None = Field(default=None, min_length=2, max_length=2)
     product: list[str] | None = Field(default=None, min_length=2, max_length=2)
+    of: str | None = Field(default=None, min_length=1)
     scale: float = 1.0
 
     @model_validator(mode="after")
     def _one_op(self) -> Derive:
-        if (self.ratio is None) == (self.product is None):
-            raise ValueError("give exactly one of ratio or product")
+        if sum(op is not None for op in (self.ratio, self.product, self.of)) != 1:
+            raise ValueError("give exactly one of ratio, product or of")
+        if not math.isfinite(self.scale) or (self.of is not None and self.scale == 0):
+            raise ValueError("scale must be a finite number (not 0 for a unit variant)")
+        if self.of is not None and "{" in self.of:
+            raise ValueError("of: a unit variant scales a whole metric (no label selector)")
         for operand in self.operands_text:
             parse_operand(operand)
         return self
 
     @property
     def op(self) -> str:
-        return "ratio" if self.ratio is not None else "product"
+        return "ratio" if self.ratio is not None else "product" if self.product is not None else "scale"
 
     @property
     def operands_text(self) -> list[str]:
+        if self.of is not None:
+            return [self.of]
         return list(self.ratio if self.ratio is not None else self.product or [])
 
     @property
@@ -93,6 +106,11 @@ class MetricDef(BaseModel):
     @cached_property
     def allowed_labels(self) -> frozenset[str]:
         return frozenset(self.labels) | frozenset(self.optional_labels)
+
+    @property
+    def variant_of(self) -> str | None:
+        """The metric this one is a unit variant of (``derive: {of: ...}``), if it is one."""
+        return self.derive.of if self.derive is not None else None
 
 
 class Schema(BaseModel):
@@ -142,8 +160,29 @@ class Schema(BaseModel):
                         if label not in target.allowed_labels:
                             raise ValueError(
                                 f"metrics.{name}.derive: {op_name} has no label {label!r}")
+            if m.variant_of is not None:
+                self._check_variant(name, m)
         self.derived()  # raises on a cycle
         return self
+
+    def _check_variant(self, name: str, m: MetricDef) -> None:
+        """A unit variant is its metric in another unit: same type, same labels (taken from the
+        metric when the variant lists none), a unit of its own."""
+        of = self.metrics[m.variant_of]  # type: ignore[index]
+        where = f"metrics.{name}.derive.of"
+        if of.type != m.type or m.type not in ("gauge", "counter"):
+            raise ValueError(f"{where}: a unit variant has its metric's type ({m.variant_of} is a {of.type}, "
+                             f"{name} a {m.type}; gauges and counters only)")
+        if of.derive is not None and of.derive.of is not None:
+            raise ValueError(f"{where}: {m.variant_of} is a variant itself: name the metric it varies")
+        if not {"labels", "optional_labels"} & m.model_fields_set:
+            m.labels, m.optional_labels = list(of.labels), list(of.optional_labels)
+            m.__dict__.pop("allowed_labels", None)
+        elif (set(m.labels), set(m.optional_labels)) != (set(of.labels), set(of.optional_labels)):
+            raise ValueError(f"{where}: a unit variant has its metric's labels ({m.variant_of}: labels "
+                             f"{of.labels}, optional_labels {of.optional_labels}); leave them out to inherit")
+        if m.unit == of.unit:
+            raise ValueError(f"{where}: a unit variant has a unit of its own ({m.variant_of} is in {of.unit!r})")
 
     def derived(self) -> list[tuple[str, MetricDef]]:
         """Derived metrics in dependency order (operands that are derived come first)."""
@@ -173,7 +212,15 @@ class Schema(BaseModel):
 
 
 def default_mappings_dir() -> Path:
-    """mappings/ in a checkout, or the copy shipped inside the wheel (package exporter.mappings)."""
+    """mappings/ of the checkout this package was imported from, or else the copy shipped inside
+    the wheel (package ``exporter.mappings``).
+
+    The checkout comes first: an editable install maps ``exporter.mappings`` to the checkout it
+    was installed from, so a second checkout run with the same venv (its own ``exporter/`` first
+    on the path) would otherwise read the first one's mapping files."""
+    root = Path(__file__).resolve().parent.parent.parent  # exporter/map/schema.py -> the checkout
+    if (root / "mappings" / "canonical.yaml").is_file() and (root / "pyproject.toml").is_file():
+        return root / "mappings"
     try:
         from importlib.resources import files
 

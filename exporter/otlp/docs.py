@@ -85,7 +85,7 @@ def render(schema: Schema, mapping: OtelMapping) -> str:
     for metric, mdef in schema.metrics.items():
         if mdef.internal:
             continue
-        entry = mapping.metrics.get(metric)
+        entry = mapping.entry(metric, schema)
         if isinstance(entry, Skip):
             out.append(f"| `{metric}` | - | - | - | - | {entry.skip} |")
             continue

@@ -151,6 +151,17 @@ class OtelMapping(_Strict):
     def schema_url(self) -> str:
         return f"https://opentelemetry.io/schemas/{self.semconv}"
 
+    def entry(self, metric: str, schema: Schema) -> Rule | list[Rule] | Skip | None:
+        """The metric's entry in the file, or, for a unit variant of a metric (``derive: {of:
+        ...}`` in canonical.yaml) the file does not name, a skip: OTel names a quantity once and
+        its points carry their unit, so the variant's metric is pushed and the variant is not."""
+        entry = self.metrics.get(metric)
+        mdef = schema.metrics.get(metric)
+        if entry is None and mdef is not None and mdef.variant_of is not None:
+            return Skip(skip=f"a unit variant of `{mdef.variant_of}` (canonical.yaml `derive.of`): "
+                             "pushed once, as that metric")
+        return entry
+
     def rules(self, metric: str, schema: Schema) -> list[Resolved]:
         """The metric's rules with defaults (empty for a skipped or unknown metric)."""
         cache = self._resolved
@@ -159,7 +170,7 @@ class OtelMapping(_Strict):
         return cache[metric]
 
     def _resolve(self, metric: str, schema: Schema) -> list[Resolved]:
-        entry = self.metrics.get(metric)
+        entry = self.entry(metric, schema)
         mdef = schema.metrics.get(metric)
         if entry is None or isinstance(entry, Skip) or mdef is None:
             return []
@@ -181,11 +192,12 @@ def check(mapping: OtelMapping, schema: Schema, path: Path | str = "otel.yaml") 
     """Raise ConfigError listing every disagreement between the mapping and the schema."""
     errors: list[str] = []
     served = {n for n, m in schema.metrics.items() if not m.internal}
-    for name in sorted(served - set(mapping.metrics)):
+    variants = {n for n in served if schema.metrics[n].variant_of is not None}
+    for name in sorted(served - set(mapping.metrics) - variants):
         errors.append(f"metrics: {name} (canonical.yaml) has no entry")
     for name in sorted(set(mapping.metrics) - served):
         errors.append(f"metrics.{name}: not a served canonical metric")
-    for unit in sorted({schema.metrics[n].unit for n in served} - set(mapping.units)):
+    for unit in sorted({schema.metrics[n].unit for n in served - variants} - set(mapping.units)):
         errors.append(f"units: canonical unit {unit!r} has no entry")
     seen: dict[str, tuple[str, str, str]] = {}
     for metric in sorted(served & set(mapping.metrics)):

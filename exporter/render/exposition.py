@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .. import __version__
+from ..enrich import hpc_jobs
 from ..map.schema import HISTOGRAM_SUFFIXES, Schema
 from ..map.store import Store
 from ..model import DeviceId, Frames, Labels, Sample
@@ -37,7 +38,8 @@ ALWAYS_COUNTED = ("timeout", "exception")
 
 # Self-metrics: (name, type, help).  Not part of the canonical schema.
 SELF_METRICS: dict[str, tuple[str, str]] = {
-    "build_info": ("gauge", "Version of unified-gpu-exporter and the Python running it, value 1."),
+    "build_info": ("gauge", "Version of unified-gpu-exporter, the Python running it and the canonical "
+                            "metric schema it serves (mappings/canonical.yaml version), value 1."),
     "source_up": ("gauge", "1 when the source's last poll succeeded within its timeout, else 0."),
     "source_enabled": ("gauge",
                        "1 per source that is enabled, with its state (up; down: enabled and "
@@ -73,6 +75,10 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "Metric names of an upstream target, in its last poll, that no "
                                 "mapping knows (an upgrade that added or renamed fields); the "
                                 "first ones are logged."),
+    "upstream_dropped_fields": ("gauge",
+                                "Metric names of an upstream target, in its last poll, that the "
+                                "mapping drops on purpose (not_mapped; the reason per name is in "
+                                "docs/dcgm-migration.md \"Dropped\"); logged once per change."),
     "stage_cpu_seconds_total": ("counter",
                                 "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
                                 "fast_map per source; indicators, render), as of the last render. "
@@ -80,10 +86,11 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "serving, the garbage collector and helper threads."),
     **otlp_stats.HELP,  # with exporters.otlp enabled
     **server_stats.HELP,  # with a web config / the connection guard
+    **hpc_jobs.HELP,  # with enrich.hpc_jobs
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
-SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields"})
+SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields", "upstream_dropped_fields"})
 
 
 def _family(name: str, typ: str, doc: str, unit: str) -> Family:
@@ -174,7 +181,8 @@ class Renderer:
         def add(n: str, labels: dict[str, str], value: float) -> None:
             fams[n].samples.append((SELF + n, tuple(labels.items()), value))
 
-        add("build_info", {"version": __version__, "python_version": platform.python_version()}, 1)
+        add("build_info", {"version": __version__, "python_version": platform.python_version(),
+                           "schema_version": str(self.schema.version)}, 1)
         for st in store.sources.values():
             s = {"source": st.name}
             if st.state != "absent":  # a backend this node does not have is not a failure
@@ -203,7 +211,8 @@ class Renderer:
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))
         add("config_last_reload_successful", {}, 1.0 if self.reload_ok else 0.0)
         add("config_last_reload_success_timestamp_seconds", {}, self.reload_ts)
-        for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples()):
+        for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples(),
+                                     *hpc_jobs.STATS.samples()):
             add(name, labels, value)
         for stage, source, seconds in cpustats.snapshot():
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},

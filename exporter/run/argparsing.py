@@ -71,10 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(
         prog="unified-gpu-exporter",
         description="Prometheus exporter for NVIDIA, AMD and Intel GPUs with one canonical schema.",
-        epilog="subcommand:\n  unified-gpu-exporter import FILE... [--format text|json]\n"
+        epilog="subcommands:\n  unified-gpu-exporter import FILE... [--format text|json]\n"
                "                        import profiler artifacts (ncu CSV, nsys SQLite, rocprof CSV,\n"
                "                        Kineto JSON, unitrace CSV) and print the canonical series;\n"
-               "                        see `unified-gpu-exporter import --help`",
+               "                        see `unified-gpu-exporter import --help`\n"
+               "  unified-gpu-exporter health --node [--url URL] [--check CLASS]\n"
+               "                        judge this node's GPUs from the local exporter: exit 0 ok,\n"
+               "                        1 problem, 2 unknown (a node-problem-detector plugin);\n"
+               "                        see `unified-gpu-exporter health --help`",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--web.listen-address", dest="listen", action="append", type=parse_listen_address,
                    help=f"address to listen on, repeatable (default :{DEFAULT_PORT})")
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lowest level logged: debug, info, warn or error (default info)")
     p.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"],
                    help="log line format: logfmt or json (default logfmt)")
-    p.add_argument("--version", action="version", version=f"unified-gpu-exporter {__version__}")
+    p.add_argument("-v", "--version", action="version", version=f"unified-gpu-exporter {__version__}")
     p.add_argument("--check-config", action="store_true",
                    help="validate the configuration and mappings, then exit 0 (valid) or 1")
     p.add_argument("--once", action="store_true",

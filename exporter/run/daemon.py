@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..enrich.cloud import CloudEnricher
+from ..enrich.hpc_jobs import job_info
 from ..map.mapping import MappingSet
 from ..map.schema import Schema
 from ..map.store import Store
@@ -217,7 +218,8 @@ class Daemon:
         return self.rendered
 
     def _pod_labels(self, store: Store) -> tuple[dict, Frames]:
-        return pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
+        labels, info = pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
+        return job_info(self.config.enrich.hpc_jobs, store, labels, info)  # + gpu_job_info, hpc_job
 
     def _start_enrichers(self) -> None:
         for t in self._enrich_tasks:
@@ -246,6 +248,11 @@ class Daemon:
             async with asyncio.timeout(STARTUP_WAIT):
                 await self._first_polls.wait()
         await self.render()
+        if not self.ready:  # issue 38: say why /readyz answers 503, at warning level
+            log.warning("not ready: no source is up (%s); /readyz answers 503 until one is. --list-devices "
+                        "shows what each source finds, --simulate serves a simulated node",
+                        "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in self.store.sources.values())
+                        or "no source is enabled")
         # after the first render: the metadata probes (cloud) and the kubelet connection do not
         # compete with the first polls for the CPU; their labels arrive with a later render
         self._start_enrichers()
@@ -376,6 +383,8 @@ class Daemon:
         self.build_runtimes()
         self.build_feed()
         assert self.feed is not None
+        if self.cloud is not None:
+            self.cloud.apply_static()  # the simulated node's scenario labels; nothing is asked
         for i in range(cycles):
             if i:
                 await asyncio.sleep(self.poll_interval)

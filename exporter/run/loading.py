@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import Config, load_config
-from ..enrich.cloud import CloudEnricher
+from ..enrich.cloud import CloudEnricher, CloudIdentity
 from ..enrich.options import CLOUD_LABELS, KubernetesOptions
 from ..map.mapping import MappingSet
 from ..map.schema import LABEL_RE, Schema, default_mappings_dir, load_schema
@@ -54,8 +54,9 @@ def prepare(settings: Settings) -> Loaded:
     series_filter = _series_filter(settings, config, schema)
     problems = []  # enricher options and static labels: reported together
     cloud = k8s = None
+    scenario = _check_scenario(settings, mappings) if settings.simulate is not None else None
     try:
-        cloud, k8s = _enrichers(settings, config)
+        cloud, k8s = _enrichers(settings, config, scenario)
     except ConfigError as exc:
         problems.append(str(exc))
     try:
@@ -65,8 +66,8 @@ def prepare(settings: Settings) -> Loaded:
     if problems:
         raise ConfigError("\n".join(problems))
     assert cloud is not None
-    if settings.simulate is not None:
-        config = _with_scenario_prices(config, _check_scenario(settings, mappings))
+    if scenario is not None:
+        config = _with_scenario_prices(config, scenario)
     _check_upstream(config, mappings)
     return Loaded(config, schema, mappings, cloud, k8s, series_filter, _otel_mapping(config, schema, mdir))
 
@@ -177,10 +178,16 @@ def _with_scenario_prices(config: Config, scenario: Scenario) -> Config:
     return config.model_copy(update={"indicators": indicators})
 
 
-def _enrichers(settings: Settings, config: Config) -> tuple[CloudEnricher, PodResourcesEnricher | None]:
+def _enrichers(settings: Settings, config: Config,
+               scenario: Scenario | None) -> tuple[CloudEnricher, PodResourcesEnricher | None]:
     """The enrichers of ``enrich:`` (validated with the file, config.EnrichConfig); what only an
-    enricher can check (``api: on`` without an API server) is reported here, naming the line."""
-    cloud = CloudEnricher(config.enrich.cloud)
+    enricher can check (``api: on`` without an API server) is reported here, naming the line.
+    The simulated node's cloud labels are its scenario's (it never asks a metadata service)."""
+    static = None
+    if scenario is not None and scenario.cloud is not None:
+        static = CloudIdentity(**scenario.cloud.model_dump())
+    cloud = CloudEnricher(config.enrich.cloud, sysfs=settings.sysfs, simulated=scenario is not None,
+                          static=static)
     section = config.enrich.kubernetes
     opts = section or KubernetesOptions()
     if opts.enabled is None:  # on by default only where the kubelet's pod-resources socket exists

@@ -32,6 +32,7 @@ from .worker import Worker
 log = logging.getLogger("unified_gpu_exporter")
 
 REOPEN_INTERVAL = 30.0  # seconds between retries of an explicitly enabled source that is missing
+MALFORMED_LOG_S = 600.0  # at most one line per source this often naming its malformed fields
 
 def fast_frames(frames: Frames, fast: frozenset[str]) -> Frames:
     """Only the series of ``fast`` metrics, per GPU: counters and other gauges keep their
@@ -72,6 +73,8 @@ class SourceRunner:
     fast_pending: asyncio.Future | None = None  # the last poll_fast call
     stopped: bool = False
     polled_at: float = float("-inf")  # monotonic time of the last successful full poll
+    malformed_logged: float = float("-inf")  # monotonic time of the last malformed-value line
+    malformed_since: int = 0  # malformed readings counted since that line
 
     # ------------------------------------------------------------ one poll
     def _cycle(self) -> Cycle:
@@ -120,6 +123,7 @@ class SourceRunner:
         st.errors.update(sample.errors)
         if result.malformed:
             st.errors["malformed_value"] += result.malformed
+            self._say_malformed(result.malformed_fields)
         st.last_duration = cycle.poll_seconds
         st.last_success = time.time()
         self.polled_at = time.monotonic()
@@ -129,6 +133,21 @@ class SourceRunner:
         self.backend_missing = False
         self._touch()
         return True
+
+    def _say_malformed(self, fields: list[str]) -> None:
+        """A warning naming the raw fields whose values were malformed (skipped and counted in
+        source_errors_total{kind="malformed_value"}): at once the first time, then at most every
+        MALFORMED_LOG_S seconds per source, with the count since the previous line."""
+        self.malformed_since += len(fields)
+        now = time.monotonic()
+        if now - self.malformed_logged < MALFORMED_LOG_S:
+            return
+        names = sorted(set(fields))
+        log.warning("malformed values skipped: %s%s (%d since the last such line; counted as "
+                    "source_errors_total{kind=\"malformed_value\"})", ", ".join(names[:5]),
+                    " ..." if len(names) > 5 else "", self.malformed_since,
+                    extra={"source": self.state.name})
+        self.malformed_logged, self.malformed_since = now, 0
 
     def _touch(self) -> None:
         if self.store is not None:

@@ -103,6 +103,18 @@ class ExpectVariant(BaseModel):
 Expect.model_rebuild()
 
 
+class SimCloud(BaseModel):
+    """The simulated node's cloud identity: its cloud labels, in place of a metadata service (which
+    the simulator never asks).  Values are label values (short identifiers)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cloud: Literal["aws", "azure", "gcp"]
+    region: str = Field(default="", pattern=r"^[A-Za-z0-9._:/-]{0,128}$")
+    zone: str = Field(default="", pattern=r"^[A-Za-z0-9._:/-]{0,128}$")
+    instance_type: str = Field(default="", pattern=r"^[A-Za-z0-9._:/-]{0,128}$")
+    instance_id: str = Field(default="", pattern=r"^[A-Za-z0-9._:/-]{0,128}$")
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -116,6 +128,8 @@ class Scenario(BaseModel):
     # list prices of the simulated GPUs: the price table used when the configuration has none
     # (indicators.cost.prices), so the cost series of a plain `--simulate` show real numbers
     prices: list[PriceEntry] = Field(default=[], max_length=256)
+    # the cloud labels of the simulated node (none when absent): never from a metadata service
+    cloud: SimCloud | None = None
 
     @field_validator("devices", "phases")
     @classmethod

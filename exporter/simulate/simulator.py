@@ -237,8 +237,8 @@ class SimulatorSource(SourceBase):
         mode = self.processes
         for key, v in resolved.items():
             name, matchers = parse_operand(key)
-            if name == CLIENT_CONTEXTS and mode == "off":
-                continue
+            if name in (CLIENT_CONTEXTS, _EVIDENCE_KEY[0]) and mode == "off":
+                continue  # no client source: no contexts and no evidence mark (a partial one included)
             if any(name == n and set(m) <= set(matchers) for n, m in st.unsupported):
                 continue
             if name == _PROC_UTIL and mode != "series":
@@ -269,7 +269,8 @@ class SimulatorSource(SourceBase):
         cm = self.mappings.get(mapping_name)
         rules = sorted((r for rs in cm.rules.values() for r in rs), key=lambda r: r.order)
         for rule in rules:
-            if rule.scale == 0 or rule.integrate:  # an integral cannot be inverted into a raw value
+            # an integral cannot be inverted into a raw value, nor a ratio of two raw fields into one
+            if rule.scale == 0 or rule.integrate or rule.divide_by is not None:
                 continue
             label_names = tuple(sorted(c for _, c in rule.label_map))
             key_labels = dict(rule.fixed)

@@ -7,8 +7,10 @@ utilization) ``client.contexts`` per GPU instance from the compute process list 
 device, asked with the MIG device's own handle (NVML documents that the parent handle returns
 the aggregate in MIG mode only to a caller with the privilege for it); each GPU is marked with
 ``client.evidence`` (1 when every call answered; else 0 and the reason: ``no_permission``,
-``not_supported``, ``read_error``).  No name is read.  ``series`` exports the per-process
-series below as well.
+``not_supported``, ``read_error``, ``mps_clients_uncountable``).  No name is exported; one is
+read only to recognise the CUDA MPS server among the sampled pids (``_mps``: its clients are
+counted from NVML's MPS process list instead).  ``series`` exports the per-process series below
+as well.
 
 Raw fields of ``series``: ``process.sm_util`` (percent, from nvmlDeviceGetProcessUtilization samples since the
 last poll) and ``process.memory_used`` (bytes, from nvmlDeviceGetComputeRunningProcesses), with
@@ -24,12 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import safefile
 from .base import PollResult
-from .evidence import mark
+from .evidence import COMM_MAX_BYTES, mark
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 from .nvml_readers import MigInstance
 
 INVALID_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process entry outside MIG
+# the MPS server's command name ("nvidia-cuda-mps-server"; /proc/<pid>/comm keeps 15 characters)
+MPS_SERVER_COMM = "nvidia-cuda-mps"
+MPS_UNCOUNTABLE = "mps_clients_uncountable"  # evidence reason (indicators/clients.UNCOUNTED)
 
 
 @dataclass
@@ -57,7 +63,9 @@ class ProcessReader:
             return self._names[pid]
         name = ""
         try:
-            name = (self.procfs / str(pid) / "comm").read_text().strip()
+            # bounded while read (a comm is at most 16 bytes; --path.procfs may point anywhere)
+            raw = safefile.read_path(self.procfs / str(pid) / "comm", COMM_MAX_BYTES)
+            name = raw.decode("utf-8", "replace").strip()
         except OSError:
             try:
                 name = str(self.nvml.nvmlSystemGetProcessName(pid)).rsplit("/", 1)[-1]
@@ -87,7 +95,13 @@ class ProcessReader:
             if p.usedGpuMemory is not None:
                 pr.mem = float(p.usedGpuMemory)
         answered = self._utilization(sample, key, handle)
-        mark(sample, key, "nvml", answered is not None, "not_supported")
+        why = "not_supported"
+        if answered is not None:
+            answered, why, clients = self._mps(sample, key, handle, answered)
+            for p in clients:
+                procs.setdefault(int(p.pid), _Proc(int(p.pid))).mem = \
+                    float(p.usedGpuMemory) if p.usedGpuMemory is not None else None
+        mark(sample, key, "nvml", answered is not None and not why, why)
         for pid, sm in (answered or {}).items():
             procs.setdefault(pid, _Proc(pid)).sm = sm
         self._emit(sample, key, list(procs.values()))
@@ -135,9 +149,41 @@ class ProcessReader:
         if latest is None:
             mark(sample, key, "nvml", False, "not_supported")
             return
+        latest, why, _ = self._mps(sample, key, handle, latest)
         for pid, sm in sorted(latest.items()):
             sample.add(key, "client.sm_util", sm, (("client", str(pid)),))
-        mark(sample, key, "nvml", True)
+        mark(sample, key, "nvml", not why, why)
+
+    def _mps(self, sample: PollResult, key: str, handle: Any,
+             util: dict[int, float]) -> tuple[dict[int, float], str, list[Any]]:
+        """CUDA MPS: the utilization samples name the MPS server for the work of all its clients
+        (the clients have no samples of their own), so the server is no tenant and each client
+        listed by nvmlDeviceGetMPSComputeRunningProcesses is one, at the server's utilization
+        (NVML reports no per-client share).  Returns (pid -> percent, why the count is partial,
+        the MPS clients).  The server is recognised by its name (``nvidia-cuda-mps-server``),
+        read only where the list names clients or cannot be read (never exported in count
+        mode); where it cannot be read (no permission, not supported, vGPU) and a sample names
+        the server, the server stays as one client and the count is partial
+        (``mps_clients_uncountable``): one busy server may stand for any number of tenants."""
+        if not util:
+            return util, "", []
+        clients = self.guard.call(sample.errors, key, "client.mps", "nvmlDeviceGetMPSComputeRunningProcesses",
+                                  handle)
+        if clients == []:  # no MPS client: nothing to look for (the common case reads no name)
+            return util, "", []
+        servers = [pid for pid in util if self._is_mps_server(pid)]
+        if not servers:
+            return util, "", list(clients or [])
+        if clients is None:
+            return util, MPS_UNCOUNTABLE, []
+        busy = max(util[pid] for pid in servers)
+        out = {pid: v for pid, v in util.items() if pid not in servers}
+        for p in clients:
+            out[int(p.pid)] = max(out.get(int(p.pid), 0.0), busy)
+        return out, "", list(clients)
+
+    def _is_mps_server(self, pid: int) -> bool:
+        return self.name(pid).startswith(MPS_SERVER_COMM)
 
     def _mig(self, sample: PollResult, key: str, instances: Sequence[MigInstance]) -> None:
         """A MIG GPU: the processes holding a compute context on each MIG device, asked with

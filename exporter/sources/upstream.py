@@ -58,6 +58,7 @@ from ..http_deadline import redact_url
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .options import UpstreamOptions
+from .upstream_events import EventFields
 from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: importable from here
     MAX_BODY_BYTES,
     FetchError,
@@ -74,7 +75,7 @@ from .upstream_fetch import (  # noqa: F401 - FetchError, MAX_BODY_BYTES: import
 from .upstream_identity import (
     SeriesIdentity,
 )
-from .upstream_schema import Group, Memory, group_by_host, qualify, resolve_target, unknown
+from .upstream_schema import Group, Memory, dropped, group_by_host, qualify, resolve_target, unknown
 
 log = logging.getLogger(__name__)
 # after a target's own deadline, how long its parse may take before the poll stops waiting
@@ -87,6 +88,10 @@ _AMBIGUOUS = ("upstream target %s (%s): %s not mapped: the names and values of i
               "option if you know the exporter's version)")
 _HELP_CONFLICT = ("upstream target %s (%s): the HELP text of %s names a unit that the names and values "
                   "rule out (a text carried over from an older collector CSV?): ignored")
+
+
+_DROPPED = ("upstream target %s (%s): not converted, on purpose: %s (the reason per name: "
+            "docs/dcgm-migration.md \"Dropped\"; counted in upstream_dropped_fields)")
 
 
 class _Scraped(NamedTuple):
@@ -120,12 +125,14 @@ class UpstreamSource(SourceBase):
         self._unknown_quiet: dict[str, int] = {}  # target name -> new sets not logged since
         self._ambiguous_logged: dict[str, frozenset[str]] = {}  # target name -> fields last logged
         self._help_logged: dict[str, frozenset[str]] = {}  # likewise, fields whose HELP conflicts
+        self._dropped_logged: dict[str, frozenset[str]] = {}  # likewise, names dropped on purpose
         self._memory: dict[str, Memory] = {}  # target name -> what its hosts' evidence ruled out
         self._pool: _DaemonThreads | None = None
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
         self._failing: dict[str, str] = {}  # target name -> error kind it is failing with
         self._inflight: dict[str, Future] = {}  # target name -> its last scrape
+        self._events = EventFields()  # XID codes and throttle bitmasks as countable readings
 
     def open(self) -> None:
         if not self._targets:
@@ -226,18 +233,24 @@ class UpstreamSource(SourceBase):
                     fld = qualify(fld, schema)
                 kept.append((ref, fld, value, dims))
             result.readings = kept
+        result.readings = self._events.expand(target.name, result.readings)
         self._say(self._ambiguous_logged, target, res.skipped, _AMBIGUOUS)
         self._say(self._help_logged, target, res.help_conflicts, _HELP_CONFLICT)
         labels = (("target", target.name), ("exporter", target.spec.name))
         extra = []
         if cm is not None:
-            unknown_names = self._unknown(target, cm, {fld for _, fld, _, _ in result.readings})
+            names = {fld for _, fld, _, _ in result.readings}
+            unknown_names = self._unknown(target, cm, names)
             extra.append(("upstream_unknown_fields", labels, float(len(unknown_names))))
+            gone = frozenset(dropped(cm, names))
+            self._say(self._dropped_logged, target, gone, _DROPPED, logging.INFO)
+            extra.append(("upstream_dropped_fields", labels, float(len(gone))))
         extra.extend(("upstream_schema_info", (*labels, ("schema", schema)), 1.0) for schema in res.schemas)
         return _Scraped(result, extra, skipped, res.memory)
 
     @staticmethod
-    def _say(logged: dict[str, frozenset[str]], target: Target, fields: frozenset[str], message: str) -> None:
+    def _say(logged: dict[str, frozenset[str]], target: Target, fields: frozenset[str], message: str,
+             level: int = logging.WARNING) -> None:
         """Log once per target and change of the set of ``fields`` (skipped, or with a HELP text
         that conflicts)."""
         if logged.get(target.name, frozenset()) == fields:
@@ -245,7 +258,7 @@ class UpstreamSource(SourceBase):
         if len(logged) < 1024:  # bounded: target names come from the config
             logged[target.name] = fields
         if fields:
-            log.warning(message, target.name, target.spec.name, ", ".join(sorted(fields)[:20]))
+            log.log(level, message, target.name, target.spec.name, ", ".join(sorted(fields)[:20]))
 
     def _unknown(self, target: Target, cm: Any, fields: set[str]) -> set[str]:
         """The names no mapping knows; a new set is logged, summarized: at most once per

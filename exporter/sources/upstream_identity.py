@@ -135,7 +135,7 @@ def identify_dcgm(labels: Mapping[str, str]) -> SeriesIdentity | None:
         pci_bus_id=normalize_pci_bus_id(labels.get("pci_bus_id", "")),
         model=labels.get("modelName") or labels.get("model_name") or "",
         driver=labels.get("DCGM_FI_DRIVER_VERSION") or labels.get("DCGM_FI_SYSTEM_DRIVER_VERSION") or "",
-        serial=_usable(labels.get("DCGM_FI_DEV_SERIAL", "")),
+        serial=_usable(labels.get("DCGM_FI_DEV_SERIAL") or labels.get("DCGM_FI_DEV_BOARD_SERIAL", "")),
         host=host,
     )
 
@@ -220,7 +220,7 @@ EXPORTERS: dict[str, ExporterSpec] = {
             identity_labels=frozenset({
                 "gpu", "UUID", "uuid", "gpu_uuid", "pci_bus_id", "device", "modelName",
                 "model_name", "Hostname", "hostname", "DCGM_FI_DRIVER_VERSION",
-                "DCGM_FI_SYSTEM_DRIVER_VERSION", "DCGM_FI_DEV_SERIAL",
+                "DCGM_FI_SYSTEM_DRIVER_VERSION", "DCGM_FI_DEV_SERIAL", "DCGM_FI_DEV_BOARD_SERIAL",
             }),
         ),
         ExporterSpec(

@@ -227,6 +227,15 @@ def _one_reading(cm: Any, fld: str, schemas: list[str], vals: list[float]) -> bo
     return all(outputs(s) == first for s in schemas[1:])
 
 
+def dropped(cm: Any, fields: Iterable[str]) -> set[str]:
+    """Metric names among ``fields`` that ``cm``'s ``not_mapped`` lists (dropped on purpose) and
+    no rule maps."""
+    if cm is None:
+        return set()
+    names = {f.partition("{")[0] for f in fields}
+    return names - unknown(cm, names) - {raw.partition("{")[0] for raw in cm.rules}
+
+
 def unknown(cm: Any, fields: Iterable[str]) -> set[str]:
     """Metric names among ``fields`` (raw fields, selector labels dropped) that no rule of ``cm``
     maps and its ``not_mapped`` does not list (an entry ending in ``*`` is a prefix)."""

@@ -7,8 +7,11 @@ their own ``nvmlReturn``).  ``tests/test_nvml_fake.py`` checks names and constan
 the installed real binding.
 
 ``make_module(gpus)`` builds a fresh module object per test; scenario helpers (``h100()``,
-``a100_mig()``, ``a100_mig_busy()``, ``t4()``, ``h100_mig()``, ``h100_mig_shared()``) return plain
-dicts that a test may edit.  In MIG mode the parent handle's compute process list answers
+``a100_mig()``, ``a100_mig_busy()``, ``t4()``, ``h100_mig()``, ``h100_mig_shared()``,
+``h100_mps()``, ``h100_mps_one()``, ``h100_mps_uncountable()``) return plain dicts that a test may
+edit.  CUDA MPS: a process entry with ``mps: True`` is an MPS client, listed by
+nvmlDeviceGetMPSComputeRunningProcesses only; the server is an ordinary entry (compute list,
+utilization samples), and clients get no utilization samples (``mps_error`` fails the MPS list).  In MIG mode the parent handle's compute process list answers
 NO_PERMISSION unless the GPU's ``mig_privileged`` is set (NVML returns that aggregate only to a
 privileged caller); MIG device handles answer for their own instance (``processes_error`` on a
 MIG entry makes one fail).  Test controls
@@ -92,6 +95,8 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
     'nvmlDeviceGetComputeInstanceId': ('device',),
     'nvmlDeviceGetComputeRunningProcesses': ('handle',),
     'nvmlDeviceGetComputeRunningProcesses_v3': ('handle',),
+    'nvmlDeviceGetMPSComputeRunningProcesses': ('handle',),
+    'nvmlDeviceGetMPSComputeRunningProcesses_v3': ('handle',),
     'nvmlDeviceGetCurrPcieLinkWidth': ('handle',),
     'nvmlDeviceGetCurrentClocksEventReasons': ('handle',),
     'nvmlDeviceGetCurrentClocksThrottleReasons': ('handle',),
@@ -326,6 +331,13 @@ def h100_gpm_held(i: int = 0) -> dict[str, Any]:
     return g
 
 
+def h100_gpm_held_alone(i: int = 0) -> dict[str, Any]:
+    """h100_gpm_held with one busy process: nothing but the held counters could decide."""
+    g = h100_gpm_held(i)
+    g["processes"] = g["processes"][:1]
+    return g
+
+
 def h100_mig(i: int = 0) -> dict[str, Any]:
     """H100 with MIG: GPM per GPU instance through nvmlGpmMigSampleGet."""
     g = h100(i)
@@ -348,6 +360,35 @@ def h100_mig_shared(i: int = 0) -> dict[str, Any]:
     g["processes"] = [{"pid": 5101, "name": "etl", "mem": 4 * gib, "gi": 1, "ci": 0},
                       {"pid": 5102, "name": "train", "mem": 5 * gib, "gi": 1, "ci": 0},
                       {"pid": 5201, "name": "infer", "mem": 1 * gib, "gi": 2, "ci": 0}]
+    return g
+
+
+MPS_SERVER_PID = 4194301  # beyond any pid a test machine is likely to run (its name is read)
+
+
+def h100_mps(i: int = 0) -> dict[str, Any]:
+    """The H100 (memory-bound signature: 88.5 % DRAM bandwidth, 38.25 % occupancy) shared through
+    CUDA MPS by two clients: the compute process list and the utilization samples name the MPS
+    server (nvidia-cuda-mps-server); nvmlDeviceGetMPSComputeRunningProcesses lists the clients."""
+    g = h100(i)
+    mib = 1 << 20
+    g["processes"] = [{"pid": MPS_SERVER_PID, "name": "nvidia-cuda-mps-server", "mem": 64 * mib, "sm": 97},
+                      {"pid": 7101, "name": "stream_a", "mem": 9 * 1024 * mib, "mps": True},
+                      {"pid": 7102, "name": "stream_b", "mem": 9 * 1024 * mib, "mps": True}]
+    return g
+
+
+def h100_mps_one(i: int = 0) -> dict[str, Any]:
+    """h100_mps with a single MPS client."""
+    g = h100_mps(i)
+    g["processes"] = g["processes"][:2]
+    return g
+
+
+def h100_mps_uncountable(i: int = 0) -> dict[str, Any]:
+    """h100_mps where the MPS process list answers NO_PERMISSION: the server is the only busy pid."""
+    g = h100_mps(i)
+    g["mps_error"] = ERRORS["NVML_ERROR_NO_PERMISSION"]
     return g
 
 
@@ -873,8 +914,13 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
             fail(ERRORS["NVML_ERROR_NO_PERMISSION"])  # the parent handle in MIG mode, unprivileged
         if m is not None and m.get("processes_error"):
             fail(m["processes_error"])  # a MIG device that cannot answer (test control)
+        return _process_list(spec, m, mps=False)
+
+    def _process_list(spec: dict[str, Any], m: dict[str, Any] | None, mps: bool) -> list[Any]:
         out = []
         for p in spec["processes"]:
+            if bool(p.get("mps")) != mps:
+                continue  # an MPS client is in the MPS list only; its server in the compute list
             if m is not None and (p.get("gi"), p.get("ci", 0)) != (m["gi"], m["ci"]):
                 continue  # a MIG device handle answers for its own instance only
             out.append(types.SimpleNamespace(pid=p["pid"], usedGpuMemory=p.get("mem"),
@@ -885,11 +931,26 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     mod.nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
     @api
+    def nvmlDeviceGetMPSComputeRunningProcesses(h: c_nvmlDevice_t) -> list[Any]:
+        """The MPS clients (entries with ``mps: True``); ``mps_error`` on the GPU makes the call
+        fail with that code (an unprivileged caller, a driver or vGPU without it)."""
+        spec, m = spec_of(h), mig_of(h)
+        if spec.get("mps_error"):
+            fail(spec["mps_error"])
+        if m is None and spec["mig"] is not None and not spec["mig_privileged"]:
+            fail(ERRORS["NVML_ERROR_NO_PERMISSION"])  # as the compute list: the parent in MIG mode
+        return _process_list(spec, m, mps=True)
+
+    mod.nvmlDeviceGetMPSComputeRunningProcesses_v3 = nvmlDeviceGetMPSComputeRunningProcesses
+
+    @api
     def nvmlDeviceGetProcessUtilization(h: c_nvmlDevice_t, timestamp: int) -> list[Any]:
+        # MPS clients have no samples of their own: the server's pid carries their work (issue 36,
+        # measured on the reporter's GPUs; nvml.h does not say which pid a sample names)
         now_us = int(state["time"] * 1e6)
         samples = [c_nvmlProcessUtilizationSample_t(pid=p["pid"], timeStamp=now_us, smUtil=p.get("sm", 0),
                                                     memUtil=0, encUtil=0, decUtil=0)
-                   for p in spec_of(h)["processes"] if "sm" in p and now_us > timestamp]
+                   for p in spec_of(h)["processes"] if "sm" in p and not p.get("mps") and now_us > timestamp]
         if not samples:
             fail(ERRORS["NVML_ERROR_NOT_FOUND"])
         return samples

@@ -1,0 +1,187 @@
+"""CUDA MPS on a real NVIDIA GPU (issue 36): what NVML names under MPS, and what the exporter
+reads with no configuration.
+
+How to run (from the repo root, on a machine with one NVIDIA GPU, torch with CUDA, python3 and
+the packages of nvml_load_check.py's doc in ``.device-pylib``):
+
+    python3 deploy/device-check/nvml_mps_check.py             # about 2 minutes
+    python3 deploy/device-check/nvml_mps_check.py --dry-run   # no GPU: the NVML fake (h100_mps)
+
+It starts a private MPS control daemon (``nvidia-cuda-mps-control -d`` with its pipe and log
+directories in a temporary folder: nothing on the GPU is changed, no compute mode, and the
+daemon is told ``quit`` at the end), two copy-loop tenants as MPS clients (nvml_load_check.py's
+workers), and the exporter as a default install.  Phases:
+
+  one_client   ONE copy loop through MPS   expected: memory_bound or healthy, never contended,
+                                           gpu_active_clients 1
+  two_clients  TWO copy loops through MPS  expected: contended (two clients from NVML's MPS list)
+
+What it settles (the fake, tests/fakes/pynvml_fake.py, assumes it; nvml.h does not say): which
+pids nvmlDeviceGetProcessUtilization's samples name under MPS (the server only, or the clients),
+what nvmlDeviceGetComputeRunningProcesses lists (the server, the clients, both), and what
+nvmlDeviceGetMPSComputeRunningProcesses lists.  Every second of each phase the three answers are
+recorded with each pid's name (``mps_raw.json``) and summarised in ``mps_summary.txt``; the
+exporter's states per phase go to ``mps_state_table.txt`` (as nvml_load_check's table).  Exit
+code 0 when both phases were recorded and the exporter stopped cleanly; 3 when MPS cannot be
+started here.  The verdicts are reported, not enforced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nvml_load_check as base  # noqa: E402 - the sibling script's workers, scraper and table
+
+PHASES = (
+    base.Phase("one_client", 30, ("copy1",), "memory_bound", "single_client", ("healthy",)),
+    base.Phase("two_clients", 35, ("copy1", "copy2"), "contended", "clients"),
+)
+MPS_SERVER = "nvidia-cuda-mps"
+
+
+def nvml_answers(nv, handle, last: dict) -> dict:
+    """One reading of the three process views of GPU 0, each pid with its name; ``last`` keeps
+    the newest utilization sample's timestamp (only newer samples are asked for)."""
+    def name(pid: int) -> str:
+        try:
+            return str(nv.nvmlSystemGetProcessName(pid)).rsplit("/", 1)[-1]
+        except Exception:  # noqa: BLE001 - a name is best effort
+            return "?"
+
+    def listing(fn: str) -> list | str:
+        try:
+            return [(int(p.pid), name(int(p.pid))) for p in getattr(nv, fn)(handle)]
+        except Exception as exc:  # noqa: BLE001 - the answer is what is recorded
+            return f"{type(exc).__name__}: {exc}"
+
+    try:
+        answer = nv.nvmlDeviceGetProcessUtilization(handle, last.get("ts", 0))
+        last["ts"] = max([last.get("ts", 0), *(int(s.timeStamp) for s in answer)])
+        samples = [(int(s.pid), name(int(s.pid)), int(s.smUtil)) for s in answer]
+    except Exception as exc:  # noqa: BLE001
+        samples = f"{type(exc).__name__}: {exc}"
+    return {"compute": listing("nvmlDeviceGetComputeRunningProcesses"),
+            "mps": listing("nvmlDeviceGetMPSComputeRunningProcesses"), "utilization_samples": samples}
+
+
+def kinds(entries) -> str:
+    """Who a view names: server / clients / both / none, or its error."""
+    if isinstance(entries, str):
+        return entries
+    names = {e[1].startswith(MPS_SERVER) for e in entries}
+    return {frozenset(): "none", frozenset({True}): "server", frozenset({False}): "clients"}.get(
+        frozenset(names), "server and clients")
+
+
+def start_mps(tmp: Path) -> dict[str, str] | None:
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        return None
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(tmp / "log"))
+    (tmp / "pipe").mkdir()
+    (tmp / "log").mkdir()
+    if subprocess.run([control, "-d"], env=env, timeout=30).returncode != 0:
+        return None
+    return env
+
+
+def stop_mps(env: dict[str, str]) -> None:
+    subprocess.run([shutil.which("nvidia-cuda-mps-control") or "nvidia-cuda-mps-control"], input="quit\n",
+                   text=True, env=env, timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    dry_run = "--dry-run" in argv
+    phase_s = float(argv[argv.index("--phase-seconds") + 1]) if "--phase-seconds" in argv else None
+    out_dir = Path(os.environ.get("OUT") or "nvml-check-out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="uge-mps-"))
+    if dry_run:
+        sys.path.insert(0, str(base.REPO))
+        from tests.fakes import pynvml_fake
+
+        nv, mps_env = pynvml_fake.make_module([pynvml_fake.h100_mps(0)]), dict(os.environ)
+        mps_env["FAKE_NVML_GPUS"] = "h100_mps"
+    else:
+        import pynvml as nv
+
+        mps_env = start_mps(tmp)
+        if mps_env is None:
+            (out_dir / "mps_summary.txt").write_text("MPS could not be started here (no nvidia-cuda-mps-control)\n")
+            return 3
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    env = dict(mps_env, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(base.PYLIB) if base.PYLIB.is_dir() else "", str(base.REPO),
+                                                    env.get("PYTHONPATH", "")) if p)
+    port = base.free_port()
+    (tmp / "state").mkdir()
+    proc = subprocess.Popen(base.exporter_command(port, tmp / "state", dry_run), cwd=base.REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(out_dir / "mps_exporter.log", "w"))
+    url = f"http://127.0.0.1:{port}/metrics"
+    os.environ.update({k: v for k, v in mps_env.items() if k.startswith("CUDA_MPS_")})  # the workers' env
+    workers = {} if dry_run else {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
+    samples: list[dict] = []
+    raw: list[dict] = []
+    rc = None
+    last: dict = {}
+    try:
+        for w in workers.values():
+            if not w.ready.wait(90):
+                raise RuntimeError(f"{w.name} did not start (see {w.name}.log)")
+        for p in PHASES:
+            for name, w in workers.items():
+                w.tell("go" if name in p.running else "pause")
+            end = time.monotonic() + (phase_s or p.seconds)
+            while time.monotonic() < end and proc.poll() is None:
+                raw.append({"t": time.time(), "phase": p.name, **nvml_answers(nv, handle, last)})
+                if dry_run:
+                    nv.fake_advance(0.5)
+                try:
+                    samples.append({"t": time.time(), "phase": p.name, "values": base.scrape(url)})
+                except OSError:
+                    pass
+                time.sleep(0.5)
+    except Exception as exc:  # noqa: BLE001 - record the failure, still save what was seen
+        print(f"MPS check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        for w in workers.values():
+            w.stop()
+        proc.terminate()
+        try:
+            rc = proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if not dry_run:
+            stop_mps(mps_env)
+    (out_dir / "mps_raw.json").write_text(json.dumps(raw, indent=1))
+    lines = [f"exporter exit code after SIGTERM: {rc}"]
+    for p in PHASES:
+        rows = [r for r in raw if r["phase"] == p.name]
+        for view in ("compute", "mps", "utilization_samples"):
+            lines.append(f"{p.name:<12} {view:<20} " + ", ".join(
+                f"{k} {n}" for k, n in Counter(kinds(r[view]) for r in rows).most_common()))
+    base.PHASES, saved = PHASES, base.PHASES
+    try:
+        table = base.state_table(samples, {n: w.rates for n, w in workers.items()}, 5.0 if phase_s is None else 0.0)
+    finally:
+        base.PHASES = saved
+    (out_dir / "mps_summary.txt").write_text("\n".join(lines) + "\n")
+    (out_dir / "mps_state_table.txt").write_text(table + "\n")
+    print("\n".join(lines))
+    print(table)
+    return 0 if rc == 0 and all(any(r["phase"] == p.name for r in raw) for p in PHASES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
