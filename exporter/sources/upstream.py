@@ -16,7 +16,8 @@ Options (the ``upstream`` section of the config)::
 
 The model (``options.UpstreamTarget``) holds the only defaults; ``parse_targets`` resolves it.
 
-Only http:// and https:// URLs with a host are accepted (checked at config load), redirects are
+Only http:// and https:// URLs with a host and no credentials (``user:password@``: give them as
+``basic_auth``) are accepted (checked at config load; a password is logged as ``xxxxx``), redirects are
 refused, proxies from the environment are not used, and a body is limited to MAX_BODY_BYTES both
 on the wire and after gzip decompression.
 
