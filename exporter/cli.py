@@ -46,7 +46,7 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
         ssl_ctx = watcher.ssl_context()
         if ssl_ctx is not None:
             context_provider = watcher.context_for_new_connection
-        middlewares.append(auth_middleware(watcher.current))
+        middlewares.append(auth_middleware(watcher.current_async))
     await daemon.start()
     app = make_app(daemon, args.telemetry_path, middlewares=middlewares)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,

@@ -1,11 +1,35 @@
-"""logfmt and JSON log formatting, node_exporter style (ts=... level=... msg=... key=value)."""
+"""logfmt and JSON log formatting, node_exporter style (ts=... level=... msg=... key=value).
+
+Every value is one line whatever it holds (issue 37): in logfmt, a value with a space, ``=``,
+a quote, a backslash or any control character (C0, DEL, C1, the Unicode line and paragraph
+separators) is quoted and those characters escaped (``\n``, ``\r``, ``\t``, ``\u001b``), as
+go-kit's logfmt does for node_exporter; JSON escapes them itself.  A value longer than
+``MAX_VALUE_CHARS`` (a traceback: ``MAX_EXC_CHARS``) is cut, with a marker that gives its length,
+so that no peer (an upstream target's names, a dropped file's name) can write a megabyte line."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
+
+MAX_VALUE_CHARS = 2048
+MAX_EXC_CHARS = 16384
+_UNSAFE = re.compile(r'[\x00-\x20"=\\\x7f-\x9f\u2028\u2029]')
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\", " ": " ", "=": "="}
+
+
+def cut(value: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """``value``, cut at ``limit`` characters with a marker that says how long it was."""
+    return value if len(value) <= limit else f"{value[:limit]}...(cut, {len(value)} characters)"
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    return _ESCAPES.get(c) or f"\\u{ord(c):04x}"
+
 
 _STD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
@@ -20,16 +44,17 @@ def _fields(record: logging.LogRecord) -> dict[str, object]:
     }
     for k, v in record.__dict__.items():
         if k not in _STD and not k.startswith("_"):
-            out[k] = v
+            out[k] = cut(v) if isinstance(v, str) else v
+    out["msg"] = cut(str(out["msg"]))
     if record.exc_info:
-        out["exc"] = logging.Formatter().formatException(record.exc_info)
+        out["exc"] = cut(logging.Formatter().formatException(record.exc_info), MAX_EXC_CHARS)
     return out
 
 
 def _logfmt_value(v: object) -> str:
-    s = str(v)
-    if s == "" or any(c in s for c in ' ="\n\t'):
-        return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    s = cut(str(v), MAX_EXC_CHARS)
+    if s == "" or _UNSAFE.search(s):
+        return '"' + _UNSAFE.sub(_escape, s) + '"'
     return s
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import ssl
 import stat
 import tempfile
 import zlib
@@ -166,6 +167,43 @@ def read_path(path: str | os.PathLike, limit: int) -> bytearray:
         return read_at(dir_fd, p.name, limit)
     finally:
         os.close(dir_fd)
+
+
+def read_named(path: str | os.PathLike, limit: int) -> bytes:
+    """A file the operator named in the configuration (a web config, a TLS file, a password or
+    headers file), re-read at run time: the path is followed as written (a Kubernetes ConfigMap
+    mounts each key as a symlink), but it is opened ``O_NONBLOCK`` and read only when ``fstat``
+    says it is a regular file, at most ``limit`` bytes (``TooLarge`` past it): a FIFO or a
+    device put in its place (``/dev/zero``) is refused at once instead of hanging the reader or
+    filling its memory (issue 37)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(errno.EINVAL, f"{path}: {_kind(st.st_mode)}, not a regular file")
+        return bytes(read_fd(fd, limit))
+    finally:
+        os.close(fd)
+
+
+def load_pem_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes | None) -> None:
+    """``ctx.load_cert_chain`` of PEM bytes already read (``read_named``), through anonymous
+    memory files (``memfd``), so that OpenSSL opens nothing by path."""
+    fds = []
+    try:
+        paths = []
+        for name, data in (("cert", cert), ("key", key)):
+            if data is None:
+                paths.append(None)
+                continue
+            fd = os.memfd_create(f"ugx-{name}", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, data)
+            paths.append(f"/proc/self/fd/{fd}")
+        ctx.load_cert_chain(paths[0], paths[1])
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def owner_problem(st: os.stat_result, *, root_ok: bool = False, sticky_ok: bool = False) -> str:

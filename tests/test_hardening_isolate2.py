@@ -320,13 +320,17 @@ def _look_at_a_worker(tmp_path: Path, shared_fixtures: Path, gate: Path, monkeyp
 
 @pytest.mark.skipif(not _nobody_can_run(SYSTEM_PYTHON), reason=f"needs root and {SYSTEM_PYTHON} (uid 65534 "
                     "cannot run the interpreter under /root)")
-def test_as_root_the_worker_runs_as_nobody_without_capabilities(tmp_path, shared_fixtures, gate, monkeypatch,
-                                                                package_nobody_reads):
+def test_as_root_the_worker_runs_under_a_uid_of_its_own_without_capabilities(tmp_path, shared_fixtures, gate,
+                                                                              monkeypatch, package_nobody_reads):
+    """Issue 37, item 3: not the shared uid 65534 (any process of "nobody" could signal it or
+    take its descriptors), but a uid no passwd entry names and no other process runs as."""
     imp = Importer()
     imp.python = str(SYSTEM_PYTHON)
-    assert imp.probe() == [] and imp.creds == spawn.as_nobody()
+    assert imp.probe() == []
+    uid = imp.creds["user"]
+    assert uid in spawn.OWN_UIDS and imp.creds == {"user": uid, "group": uid, "extra_groups": []}
     status, out = _look_at_a_worker(tmp_path, shared_fixtures, gate, monkeypatch, imp)
-    assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+    assert status["Uid"].split() == [str(uid)] * 4 and status["Gid"].split() == [str(uid)] * 4
     assert status["Groups"].strip() == ""
     for cap in ("CapEff", "CapPrm", "CapInh", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
@@ -335,7 +339,7 @@ def test_as_root_the_worker_runs_as_nobody_without_capabilities(tmp_path, shared
 
 @pytest.mark.skipif(not _nobody_can_run(SYSTEM_PYTHON), reason=f"needs root and {SYSTEM_PYTHON} (uid 65534 "
                     "cannot run the interpreter under /root)")
-def test_as_nobody_the_sqlite_copy_goes_to_scratch_where_nobody_reaches_it(shared_fixtures, monkeypatch,
+def test_as_another_uid_the_sqlite_copy_goes_to_scratch_where_nobody_reaches_it(shared_fixtures, monkeypatch,
                                                                            package_nobody_reads):
     """SQLite resolves its path: uid 65534 needs o+x on every folder above scratch/ (0711).  Here
     the temp dir is unusable (a read-only root), so only scratch/ can take the copy."""
@@ -349,7 +353,7 @@ def test_as_nobody_the_sqlite_copy_goes_to_scratch_where_nobody_reaches_it(share
         d = DropDir(base / "drop", settle=0)
         d.setup()
         d.importer.python = str(SYSTEM_PYTHON)
-        assert d.importer.probe() == [] and d.importer.creds == spawn.as_nobody()
+        assert d.importer.probe() == [] and d.importer.creds["user"] in spawn.OWN_UIDS
         monkeypatch.setattr(safefile, "private_dir", read_only)
         shutil.copy(shared_fixtures / "profilers" / NSYS, base / "drop" / NSYS)
         [out] = d.scan(now=time.time() + 10)

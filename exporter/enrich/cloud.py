@@ -76,6 +76,9 @@ async def _body(r: aiohttp.ClientResponse, what: str, limit: int = MAX_BODY_BYTE
     """At most ``limit`` bytes of an answer (a bigger one is not the metadata service's)."""
     if r.status != 200:  # redirects are not followed (allow_redirects=False): a 3xx lands here
         raise _NotThisCloud(f"{what} answered {r.status}")
+    encoding = r.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # no metadata service compresses: nothing is inflated
+        raise _NotThisCloud(f"{what}: a {encoding[:20]!r} answer (not the metadata service's)")
     body = bytearray()  # read() returns what has arrived: read on until the end or past the limit
     while len(body) <= limit:
         chunk = await r.content.read(limit + 1 - len(body))
@@ -157,7 +160,8 @@ async def detect(providers: tuple[str, ...] = PROVIDERS, endpoints: Mapping[str,
     urls = {**DEFAULT_ENDPOINTS, **(endpoints or {})}
     client_timeout = aiohttp.ClientTimeout(total=timeout, connect=timeout)
     # trust_env=False: never send the metadata request through an HTTP proxy
-    async with aiohttp.ClientSession(timeout=client_timeout, trust_env=False) as session:
+    # auto_decompress=False: a compressed answer is refused, never inflated (a gzip bomb)
+    async with aiohttp.ClientSession(timeout=client_timeout, trust_env=False, auto_decompress=False) as session:
         tasks = {asyncio.create_task(_PROBES[p](session, urls[p].rstrip("/"))): p for p in providers}
         try:
             for fut in asyncio.as_completed(list(tasks)):

@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-from ..http_deadline import Deadline, opener
+from ..http_deadline import BodyTooLarge, Deadline, opener, read_body
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
@@ -130,15 +130,15 @@ class PodLister:
         deadline = Deadline(self.timeout)
         try:
             with opener(deadline, ctx, _refuse_redirect).open(req, timeout=self.timeout) as resp:
-                body = resp.read(MAX_RESPONSE_BYTES + 1)
+                body = read_body(resp.read1, deadline, MAX_RESPONSE_BYTES, "pod list page")
+        except BodyTooLarge:
+            raise PodListError(f"pod list page over {MAX_RESPONSE_BYTES} bytes") from None
         except (OSError, http.client.HTTPException):
             if deadline.expired:
                 raise PodListError(f"no complete answer within {self.timeout} s") from None
             raise
         finally:
             deadline.cancel()
-        if len(body) > MAX_RESPONSE_BYTES:
-            raise PodListError(f"pod list page over {MAX_RESPONSE_BYTES} bytes")
         doc = json.loads(body)
         if not isinstance(doc, dict) or not isinstance(doc.get("items", []), list):
             raise PodListError("pod list: not a PodList")

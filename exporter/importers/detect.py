@@ -133,6 +133,37 @@ def check_size(st: os.stat_result, max_bytes: int) -> None:
                               f"({max_bytes})", "size")
 
 
+SNIFF_BYTES = 1 << 20  # of a file's head (decompressed) the parent looks at before a worker starts
+
+
+def sniff(fd: int, size: int) -> None:
+    """A cheap look in the parent before a worker is started for the file (issue 37: every file,
+    one byte of junk too, started a worker): at most ``SNIFF_BYTES`` of its head (inflated to
+    the same bound).  Raises the rejection the worker would give (``unrecognised format``) when
+    that head is the whole content and no parser recognises it; otherwise returns and the worker
+    decides (a head too short to tell proves nothing)."""
+    try:
+        head = os.pread(fd, SNIFF_BYTES, 0)
+        whole = len(head) == size
+        if head.startswith(safefile.GZIP_MAGIC):
+            d = zlib.decompressobj(31)
+            raw = d.decompress(head, SNIFF_BYTES)
+            whole = whole and d.eof and not d.unused_data and not d.unconsumed_tail
+            head = raw
+    except (OSError, zlib.error):
+        return  # the worker reads it and says what is wrong
+    if not whole or head.startswith(SQLITE_MAGIC) or head.startswith(b"SQLite format"):
+        return
+    text = head.decode("utf-8", errors="replace")
+    stripped = text.lstrip("\ufeff \t\r\n")
+    if stripped.startswith(("{", "[")) or ncu_csv.sniff(text[:65536]) or unitrace_csv.sniff(text) \
+            or rocprof_csv.sniff(text[:65536]) is not None:
+        return
+    first = stripped.splitlines()[0][:80] if stripped else ""
+    raise ProfileRejected(f"unrecognised format (first line {first!r}): not ncu/rocprof/unitrace CSV, "
+                          "nsys SQLite or Kineto JSON")
+
+
 def _import(fd: int, shown: str, siblings: Siblings, max_bytes: int, cancel: Callable[[], bool] | None,
             max_events: int, tmp_dir: str | None, sqlite: dict) -> Profile:
     check_size(os.fstat(fd), max_bytes)

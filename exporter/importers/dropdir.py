@@ -8,7 +8,10 @@ Layout under ``root``::
     root/rejected/     bad files, each with ``<name>.reason`` saying why
     root/scratch/      the private copy of an SQLite file (a 0700 folder) while it is imported
 
-A file is claimed once it has not changed for ``settle`` seconds.  A sidecar
+A file is claimed once it has not changed for ``settle`` seconds, at most ``CLAIM_BURST`` at once
+and ``CLAIMS_PER_MINUTE`` after that (the rest wait in the root; ``waiting`` counts them), and
+before a worker starts for it the importer sniffs its head in the parent (``detect.sniff``): a
+small file no parser recognises is rejected without a worker.  A sidecar
 ``<name>.meta.json`` ({"trace_id": ...}) travels with its file.  Files of a triggered capture
 never pass through the root: ``adopt`` moves (or copies) them from the capture's private
 staging directory straight into processing/ and imports them.  An import that is no fault of
@@ -59,6 +62,10 @@ log = logging.getLogger("unified_gpu_exporter")
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".reason", ".crdownload", SIDECAR)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FOLDERS = ("processing", "imported", "rejected", "scratch")
+# files claimed from the root: a bucket of CLAIM_BURST refilled at CLAIMS_PER_MINUTE (issue 37: a
+# flood of junk files cost seconds of CPU each); the rest wait in the root for a later scan
+CLAIMS_PER_MINUTE = 120
+CLAIM_BURST = 120
 
 
 class UnsafeDropDir(OSError):
@@ -93,6 +100,17 @@ class DropDir(Spool):
         if max_bytes is not None:
             self.importer.limits = replace(self.importer.limits, max_bytes=max_bytes)
         self.stopping = threading.Event()  # set: a running import stops at once
+        self._tokens, self._refilled = float(CLAIM_BURST), time.monotonic()
+        self.waiting = 0  # ready files the last scan left in the root (the claim rate)
+
+    def _take_token(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(float(CLAIM_BURST), self._tokens + (now - self._refilled) * CLAIMS_PER_MINUTE / 60)
+        self._refilled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
     # ------------------------------------------------------------------ directory fds
     def _open_root(self) -> int:
@@ -181,7 +199,15 @@ class DropDir(Spool):
             return []
         root, proc = self._fd("root"), self._fd("processing")
         claimed: list[str] = []
-        for p in self.ready(now):
+        ready = self.ready(now)
+        waiting = 0
+        for i, p in enumerate(ready):
+            if not self._take_token():
+                waiting = len(ready) - i
+                if not self.waiting:  # once per episode
+                    log.warning("more profiles dropped than the claim rate: the rest wait in the drop directory",
+                                extra={"waiting": waiting, "per_minute": CLAIMS_PER_MINUTE})
+                break
             dest = self._unique("processing", p.name)
             try:
                 side = p.name + SIDECAR
@@ -194,6 +220,7 @@ class DropDir(Spool):
                 log.warning("profile claim failed", extra={"file": p.name, "reason": str(exc)})
                 continue
             claimed.append(dest)
+        self.waiting = waiting
         return self._import_claimed(claimed)
 
     def adopt(self, staging_fd: int, names: list[str], meta: dict[str, str]) -> list[Outcome]:

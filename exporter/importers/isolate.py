@@ -8,7 +8,7 @@ command) never parses one itself:
 - the parent opens the file under the ``safefile`` rule (held directory fd, ``O_NOFOLLOW``, a
   regular file with one link), and the siblings a parser may read (``siblings.open_wanted``),
   and starts ``python -I -S`` with those fds (``pass_fds``; nothing else is inherited, no
-  directory) as an unprivileged user where it can (``spawn``: as root, uid 65534);
+  directory) as an unprivileged user where it can (``spawn``: as root, a uid of its own);
 - the child (``worker``) first ignores the stop signals, offers itself to the OOM killer, drops
   any capability it still has and lowers its own limits: address space ``memory_bytes``
   (``RLIMIT_AS``), CPU ``cpu_seconds`` (``RLIMIT_CPU``: SIGXCPU, then SIGKILL), files it
@@ -25,9 +25,12 @@ command) never parses one itself:
   leaves early through an exception, and checks every field of the answer (``answer.decode``).
 
 A rejection names the limit it hit (``ProfileRejected.kind``): memory, time, events, size,
-devices, series, output, crash.  Two outcomes are no fault of the file and reject nothing
+devices, series, output, crash.  Three outcomes are no fault of the file and reject nothing
 (``ProfileRejected.deferred``): ``stopped`` (the daemon stopped it, or it died while the daemon
-was stopping) and ``environment`` (no worker could be started, no room for the private copy).
+was stopping), ``environment`` (no worker could be started, no room for the private copy) and
+``killed`` (the worker died of a signal no limit of ours sends and the parse did not raise: a
+kill from outside, or the OOM killer; once per file: killed again, the file is rejected as a
+crash or memory, so a file that gets its worker killed cannot be retried for ever).
 ``probe()`` (at the profiles source's ``open``) starts a worker that parses nothing, to find
 out whether one can run at all, and fits ``memory_bytes`` under the cgroup's memory limit.
 Starting the child costs 60-80 ms per artifact (measured on a busy 2-core box); imports are
@@ -59,7 +62,7 @@ from . import siblings, spawn
 from .answer import MIN_MEMORY_BYTES, Imported, ImportLimits
 from .answer import decode as _decode
 from .convert import converted
-from .detect import SQLITE_MAGIC, check_size, import_at, in_folder, rejection
+from .detect import SQLITE_MAGIC, check_size, import_at, in_folder, rejection, sniff
 from .model import ProfileRejected
 from .worker import BOOT
 
@@ -81,6 +84,7 @@ class Importer:
         self.summary, self.isolated = summary, isolated
         self.python = sys.executable
         self.creds: dict | None = None  # Popen keywords of the worker's user; None: not decided yet
+        self._killed: set[tuple] = set()  # files whose worker was killed once (dev, ino, size, mtime)
 
     def __call__(self, dir_fd: int, name: str, *, path: str | None = None, single_link: bool = False,
                  trace_id: str | None = None, cancel: Callable[[], bool] | None = None,
@@ -95,7 +99,9 @@ class Importer:
             raise rejection(exc) from None
         try:
             check_size(st, self.limits.max_bytes)
-            return self._child(fd, dir_fd, name, path or name, single_link, trace_id, cancel, scratch)
+            sniff(fd, st.st_size)  # junk is rejected here, without a worker
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            return self._child(fd, dir_fd, name, path or name, single_link, trace_id, cancel, scratch, key)
         finally:
             os.close(fd)
 
@@ -104,17 +110,30 @@ class Importer:
         return in_folder(path, lambda dir_fd, name: self(dir_fd, name, path=str(path), trace_id=trace_id))
 
     def probe(self) -> list[str]:
-        """Start a worker that parses nothing: as root, as uid 65534, else (with a warning) as
-        uid 0 without capabilities; fit ``memory_bytes`` under the cgroup's memory limit.
-        Returns the warnings; raises ProfileRejected (``environment``) when no worker runs."""
+        """Start a worker that parses nothing: as root, under a uid of its own (``spawn.own_user``),
+        else (with a warning) as uid 65534, else as uid 0 without capabilities; fit
+        ``memory_bytes`` under the cgroup's memory limit.  Returns the warnings; raises
+        ProfileRejected (``environment``) when no worker runs."""
         warnings = self._fit_memory()
         if os.geteuid() != 0:
             self._probe({})
             self.creds = {}
             return warnings
+        own = spawn.own_user()
+        why_not_own = "no unused uid found"
+        if own is not None:
+            try:
+                self._probe(own)
+                self.creds = own
+                return warnings
+            except ProfileRejected as exc:
+                why_not_own = str(exc)
         try:
             self._probe(spawn.as_nobody())
             self.creds = spawn.as_nobody()
+            warnings.append(f"the import worker runs as the shared uid {spawn.NOBODY}, not under a uid of its own "
+                            f"({why_not_own}; a user namespace that maps 65536 uids only?): other processes "
+                            f"of uid {spawn.NOBODY} can signal it")
         except ProfileRejected as exc:
             self._probe({})
             self.creds = {}
@@ -153,7 +172,7 @@ class Importer:
 
     # ------------------------------------------------------------------ in a child
     def _child(self, fd: int, dir_fd: int, name: str, path: str, single_link: bool, trace_id: str | None,
-               cancel: Callable[[], bool] | None, scratch: int | None) -> Imported:
+               cancel: Callable[[], bool] | None, scratch: int | None, key: tuple = ()) -> Imported:
         lim = self.limits
         if self.creds is None:
             for warning in self.probe():
@@ -189,7 +208,18 @@ class Importer:
         if stopped == "output":
             raise ProfileRejected(f"the import worker's answer is above {lim.answer_bytes} bytes", "output")
         if status < 0 or not out:
-            raise _died(status, err, usage.ru_utime + usage.ru_stime, lim)
+            died = _died(status, err, usage.ru_utime + usage.ru_stime, lim)
+            if _unexplained(status, err, usage.ru_utime + usage.ru_stime, lim) and key not in self._killed:
+                # killed by a signal no limit of ours sends (another process, the OOM killer):
+                # deferred once; the same file killed again is rejected as before
+                if len(self._killed) >= _MAX_KILLED:
+                    self._killed.clear()
+                self._killed.add(key)
+                raise ProfileRejected(f"the import worker was killed ({_how(status)}), not by a limit: "
+                                      f"tried again once ({died})", "killed")
+            self._killed.discard(key)
+            raise died
+        self._killed.discard(key)
         return _decode(out, lim, self.allowed)
 
     def _run(self, request: bytes, fds: tuple[int, ...], creds: dict, cancel: Callable[[], bool] | None,
@@ -318,6 +348,21 @@ def _talk(proc: subprocess.Popen, request: bytes, deadline: float, cap: int,
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
     return bytes(out), bytes(err), why, proc.returncode, usage
+
+
+_MAX_KILLED = 1024
+# signals the parsing itself raises (a crash) or our limits send (SIGXCPU, SIGKILL a second
+# later: counted by the CPU time used)
+_FILE_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGSYS,
+                 signal.SIGXCPU, signal.SIGXFSZ}
+
+
+def _unexplained(status: int, err: bytes, cpu: float, lim: ImportLimits) -> bool:
+    """A death by a signal that neither the file's parse (a crash, a MemoryError) nor one of our
+    limits explains: someone (or the kernel's OOM killer) killed the worker."""
+    if status >= 0 or -status in _FILE_SIGNALS or "MemoryError" in _tail(err):
+        return False
+    return not (status == -signal.SIGKILL and cpu >= lim.cpu_seconds)
 
 
 def _tail(err: bytes) -> str:

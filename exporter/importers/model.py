@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 from ..render.textformat import valid_utf8
 
-DEFERRED = ("stopped", "environment")  # kinds that are no fault of the file: tried again
+DEFERRED = ("stopped", "environment", "killed")  # kinds that are no fault of the file: tried again
 
 
 class ProfileRejected(Exception):
@@ -20,10 +20,11 @@ class ProfileRejected(Exception):
 
     ``kind`` names a limit the file hit ("" for anything else): ``size`` (``max_file_bytes``),
     ``memory``, ``time``, ``events``, ``devices``, ``series``, ``output``, ``crash``; the profiles
-    source counts each as ``profile_rejected_<kind>``.  Two kinds are no fault of the file
-    (``deferred``): ``stopped`` (the exporter is stopping) and ``environment`` (no worker could
-    be started, no room for a private copy, ...): the file stays where it is, to be tried again,
-    and is counted as ``profile_deferred_<kind>``."""
+    source counts each as ``profile_rejected_<kind>``.  Three kinds are no fault of the file
+    (``deferred``): ``stopped`` (the exporter is stopping), ``environment`` (no worker could
+    be started, no room for a private copy, ...) and ``killed`` (its worker was killed from
+    outside, once per file): the file stays where it is, to be tried again, and is counted as
+    ``profile_deferred_<kind>``."""
 
     def __init__(self, message: str, kind: str = "") -> None:
         super().__init__(message)

@@ -27,8 +27,9 @@ its memory, and a parser failure only moves the file to ``rejected/``.  A reject
 by the limit it hit: ``profile_rejected`` (not a supported artifact) or
 ``profile_rejected_<kind>`` (size, memory, time, events, devices, series, output, crash).  An
 import that is no fault of the file is deferred, not rejected (the file is tried again):
-``profile_deferred_stopped`` (the exporter was stopping) or ``profile_deferred_environment``
-(no worker could start, no room for an SQLite copy).  ``open`` starts one worker that parses
+``profile_deferred_stopped`` (the exporter was stopping), ``profile_deferred_environment``
+(no worker could start, no room for an SQLite copy) or ``profile_deferred_killed`` (its worker
+killed from outside, once per file).  ``open`` starts one worker that parses
 nothing: where none can run, the source is down with the reason.  ``poll`` returns the series
 of the imported artifacts, which stay exported until a newer import of the same tool, GPUs and
 trace id replaces them or until they are ``ttl`` seconds old: they are profiler results, not

@@ -1,10 +1,17 @@
 """How the import worker is started: as whom, with what, and how much memory it may take.
 
-- **Who.** As root, the worker runs as uid/gid 65534 (nobody) with no supplementary groups:
-  switching every uid away from 0 clears its capabilities (permitted, effective, ambient).
-  Where that cannot start a worker (no CAP_SETUID/CAP_SETGID, or an interpreter or package uid
-  65534 cannot read), it runs as uid 0 and drops every capability itself before it reads
+- **Who.** As root, the worker runs under a uid and gid of its own (``own_user``: one chosen at
+  random per daemon in ``OWN_UIDS``, a range no distribution or systemd allocates, that no
+  passwd or group entry names and no process runs as) with no supplementary groups: switching
+  every uid away from 0 clears its capabilities (permitted, effective, ambient), and no other
+  process on the node shares its uid, so none can signal it, trace it or take its descriptors
+  (``pidfd_getfd``) as the shared uid 65534 could (issue 37).  Where a uid of its own cannot
+  start a worker (a user namespace that maps only 65536 uids), it runs as uid/gid 65534
+  (nobody), with a warning; where neither can (no CAP_SETUID/CAP_SETGID, or an interpreter or
+  package other users cannot read), as uid 0 that drops every capability itself before it reads
   anything (``worker.BOOT``), and a warning says why.  As any other user it runs as that user.
+  Whatever its uid, the worker makes itself non-dumpable first thing (``worker.BOOT``:
+  ``PR_SET_DUMPABLE`` 0), so a process of the same uid cannot ptrace it either.
 - **What it inherits.** ``Popen`` runs in a short-lived thread that first blocks SIGTERM,
   SIGINT and SIGHUP (the worker starts with them blocked and ignores them: systemd signals the
   whole cgroup at stop, and the parent, which kills the worker itself when stopping, must see
@@ -21,13 +28,19 @@
 from __future__ import annotations
 
 import ctypes
+import grp
 import os
+import pwd
+import secrets
 import signal
 import subprocess
 import threading
 from pathlib import Path
 
 NOBODY = 65534
+# uids no distribution, systemd (DynamicUser 61184-65519, containers 524288-1879048191, foreign
+# 2147352576-2147418111) nor Debian policy allocates
+OWN_UIDS = range(0x7E000000, 0x7F000000)
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _NO_LIMIT = 1 << 60  # cgroup v1 writes "unlimited" as a huge page-aligned number
@@ -37,6 +50,43 @@ MARGIN = 32 << 20  # room kept for the daemon's own growth
 def as_nobody() -> dict:
     """Popen keywords that start the worker as uid/gid 65534 (only meaningful as root)."""
     return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+
+
+def own_user(tries: int = 64) -> dict | None:
+    """Popen keywords that start the worker under a uid/gid of its own (only meaningful as
+    root): a random one of ``OWN_UIDS`` with no passwd or group entry and no process running
+    as it; None when none was found."""
+    for _ in range(tries):
+        uid = OWN_UIDS[secrets.randbelow(len(OWN_UIDS))]
+        try:
+            pwd.getpwuid(uid)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(uid)
+            continue
+        except KeyError:
+            pass
+        if not _runs_as(uid):
+            return {"user": uid, "group": uid, "extra_groups": []}
+    return None
+
+
+def _runs_as(uid: int) -> bool:
+    want = str(uid)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            if want in line.split()[1:]:
+                                return True
+                            break
+            except OSError:
+                continue
+    return False
 
 
 def child_env() -> dict[str, str]:

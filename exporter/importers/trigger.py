@@ -22,7 +22,13 @@ Config (``collectors.profiles.options.trigger``)::
 
 Placeholders in ``command``: ``{output}`` (path without extension inside an empty private
 staging folder: write your files there), ``{output_dir}``, ``{device}``, ``{trace_id}``, and from the
-GPU's canonical labels ``{vendor}``, ``{gpu}``, ``{uuid}``.
+GPU's canonical labels ``{vendor}``, ``{gpu}``, ``{uuid}``.  ``{device}``, ``{vendor}``, ``{gpu}``
+and ``{uuid}`` can come from an upstream target (issue 37): each is reduced to ``[A-Za-z0-9._:-]``
+(any other character becomes ``_``), at most 64 characters, and never starts with ``-`` or ``.``
+(no option for the tool, no ``..`` path component).
+
+The command runs under ``capture_run``'s supervisor: at its timeout, and when it ends, every
+process it started is killed, even one that left its session (``setsid``).
 """
 
 from __future__ import annotations
@@ -31,9 +37,7 @@ import logging
 import os
 import re
 import shutil
-import signal
 import stat
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -43,8 +47,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import safefile
+from . import capture_run
 
 log = logging.getLogger("unified_gpu_exporter")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+def placeholder(value: str) -> str:
+    """A value another party chose (a GPU's uuid from an upstream target), safe as a path
+    component and as an argument: ``[A-Za-z0-9._:-]`` only, at most 64 characters, no leading
+    ``-`` or ``.``; "" stays ""."""
+    value = _UNSAFE.sub("_", value)[:64]
+    return "_" + value[1:] if value[:1] in ("-", ".") else value
 
 
 @dataclass
@@ -158,31 +172,24 @@ class CaptureTrigger:
     def _in(self, staging: Path, stamp: str, dev: str, device_id: str, trace_id: str,
             info: dict[str, str]) -> CaptureResult:
         subst = {"output": str(staging / f"capture-{dev}-{stamp}"), "output_dir": str(staging),
-                 "device": device_id, "trace_id": trace_id, "vendor": info.get("vendor", ""),
-                 "gpu": info.get("gpu", ""), "uuid": info.get("uuid", "")}
+                 "device": placeholder(device_id), "trace_id": trace_id,
+                 "vendor": placeholder(info.get("vendor", "")), "gpu": placeholder(info.get("gpu", "")),
+                 "uuid": placeholder(info.get("uuid", ""))}
         try:
             argv = [a.format(**subst) for a in self.cfg.command]
         except (KeyError, IndexError, ValueError) as exc:
             return CaptureResult("failed", f"bad placeholder in command: {exc}", trace_id=trace_id)
         log.info("capture started", extra={"device": device_id, "argv": " ".join(argv)})
         try:
-            proc = subprocess.Popen(argv, cwd=staging, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            ran = capture_run.run(argv, staging, self.cfg.timeout)
         except OSError as exc:
             return CaptureResult("failed", f"cannot start {argv[0]!r}: {exc}", trace_id=trace_id)
-        try:
-            out, _ = proc.communicate(timeout=self.cfg.timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the tool and its children (nsys spawns some)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
-            proc.communicate()
+        if ran.status == "timeout":
             return CaptureResult("timeout", f"killed after {self.cfg.timeout:g}s", trace_id=trace_id)
-        if proc.returncode != 0:
-            tail = (out or b"").decode(errors="replace").strip().splitlines()[-3:]
-            return CaptureResult("failed", f"exit status {proc.returncode}: {' | '.join(tail)[:300]}",
-                                 trace_id=trace_id)
+        if ran.code != 0:
+            tail = ran.tail.decode(errors="replace").strip().splitlines()[-3:]
+            why = f"exit status {ran.code}" if ran.code is not None else ran.status
+            return CaptureResult("failed", f"{why}: {' | '.join(tail)[:300]}", trace_id=trace_id)
         fd = safefile.open_dir(staging)
         try:
             names = sorted(e.name for e in os.scandir(fd)

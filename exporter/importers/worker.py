@@ -2,6 +2,8 @@
 
 ``isolate`` starts ``python -I -S -c BOOT``: before anything else runs, ``BOOT`` ignores the
 stop signals (the parent kills it when the daemon stops), sets its ``oom_score_adj`` to 1000,
+makes itself non-dumpable (``PR_SET_DUMPABLE`` 0: no process of its uid may ptrace it, read its
+memory or take its descriptors),
 drops every capability it still has (uid 0 that could not switch users) and lowers its own
 resource limits (address space, CPU seconds, file size, no core file), then calls ``main``.
 ``main`` reads its request (JSON on stdin: the fds it inherited, the file's name, the limits,
@@ -39,14 +41,16 @@ try:
         f.write("1000")  # under memory pressure the kernel kills this child first, never the daemon
 except OSError:
     pass
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: no process of this uid may trace it
+    refuse(f"the import worker cannot make itself non-dumpable (errno {ctypes.get_errno()})")
 def caps():  # what this process holds or hands on (an inheritable set alone grants nothing)
     with open("/proc/self/status") as f:
         return [int(l.split()[1], 16) for l in f if l.startswith(("CapPrm", "CapEff", "CapAmb"))]
 try:
     if any(caps()):  # uid 0 that could not switch users: drop every capability before reading
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
         libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
         for cap in range(64):
             libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: an execve cannot regain them

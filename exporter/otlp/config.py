@@ -12,12 +12,13 @@
         timeout: 10s                     # per push, retries included; at most the interval
         compression: gzip                # or none
         resource_attributes: {deployment.environment.name: prod}
-        allow_plaintext: false           # true: headers_file/tls allowed with an http:// endpoint
+        allow_plaintext: false           # true: headers_file/tls/URL credentials allowed with an http:// endpoint
 
 The headers file is read like every file another user might write (``exporter/safefile.py``:
 no symlink, a regular file, bounded) and its values are never logged.  With an ``http://``
 endpoint the headers (credentials) would go unencrypted and ``tls`` would be unused: either is an
-error unless ``allow_plaintext: true`` says the path is private.  The TLS files are loaded at load
+error unless ``allow_plaintext: true`` says the path is private; so are credentials in the
+endpoint's URL (``http://user:password@...``), whose password is never logged (``redact_url``).  The TLS files are loaded at load
 as OpenSSL will load them (an encrypted or mismatched client key fails here, naming the file and
 its line).  With ``enabled: true`` and the OpenTelemetry packages missing (the ``otlp`` extra;
 ``otlp-grpc`` for protocol grpc), loading the config fails, naming the extra.  The push takes its
@@ -41,6 +42,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ..durations import Duration
+from ..http_deadline import redact_url
 from . import tlsfiles
 
 MAX_HEADERS_BYTES = 64 * 1024
@@ -200,7 +202,7 @@ class OtlpConfig(BaseModel):
         if v:
             u = urlsplit(v)
             if u.scheme not in ("http", "https") or not u.hostname:
-                raise ValueError(f"{v!r}: give a URL, http://host:port/... or https://host:port/...")
+                raise ValueError(f"{redact_url(v)!r}: give a URL, http://host:port/... or https://host:port/...")
         return v
 
     @field_validator("proxy_url")
@@ -219,10 +221,11 @@ class OtlpConfig(BaseModel):
         if self.timeout > self.interval:
             raise ValueError(f"timeout ({self.timeout:g}s) must not exceed interval ({self.interval:g}s)")
         if self.url.startswith("http://") and not self.allow_plaintext:
+            userinfo = "@" in urlsplit(self.url).netloc
             given = [n for n, on in (("headers_file", self.headers_file is not None),
-                                     ("tls", self.tls.configured)) if on]
+                                     ("tls", self.tls.configured), ("credentials in the URL", userinfo)) if on]
             if given:
-                raise ValueError(f"{' and '.join(given)} with the plaintext endpoint {self.url}: the headers "
+                raise ValueError(f"{' and '.join(given)} with the plaintext endpoint {redact_url(self.url)}: the headers "
                                  "(credentials) would travel unencrypted and no TLS would be used; give an "
                                  "https:// endpoint, or set allow_plaintext: true where the path is private "
                                  "(a Collector on this host)")

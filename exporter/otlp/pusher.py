@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..http_deadline import redact_url
 from ..map.schema import Schema
 from ..render.otlp_stats import STATS, PushStats
 from .config import OtlpConfig
@@ -200,10 +201,10 @@ class Pusher:
             return
         if ok:
             log.info("OTLP push succeeded" if self._state is None else "OTLP push recovered",
-                     extra={"endpoint": self.cfg.url})
+                     extra={"endpoint": redact_url(self.cfg.url)})
         else:
             log.warning("OTLP push failing (counted in unified_gpu_exporter_otlp_exports_total; "
-                        "logged again when it recovers)", extra={"endpoint": self.cfg.url, "reason": why})
+                        "logged again when it recovers)", extra={"endpoint": redact_url(self.cfg.url), "reason": why})
         self._state = ok
 
 

@@ -17,12 +17,15 @@ system's trust store as gRPC needs it (one PEM bundle).  Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from .. import safefile
 
 MAX_FILE_BYTES = 4 * 1024 * 1024     # one TLS file (a CA bundle is ~200 KiB)
 MAX_DIR_ENTRIES = 4096               # certificates read from a CA directory
@@ -40,16 +43,34 @@ def _no_passphrase() -> bytes:
 
 
 def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    with open(path, "rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{path}: larger than {limit} bytes")
-    return data
+    """A regular file only, never blocking (a FIFO in its place), at most ``limit`` bytes."""
+    try:
+        return safefile.read_named(path, limit)
+    except safefile.TooLarge:
+        raise ValueError(f"{path}: larger than {limit} bytes") from None
+
+
+@contextlib.contextmanager
+def memfiles(*contents: bytes) -> Iterator[list[str]]:
+    """Paths (``/proc/self/fd/N`` of anonymous memory files) holding ``contents``, for an API that
+    takes only paths (OpenSSL's, requests' ``verify``/``cert``): what is read is what was checked,
+    and no FIFO or device swapped in at the configured path is ever opened by them."""
+    fds: list[int] = []
+    try:
+        for i, data in enumerate(contents):
+            fd = os.memfd_create(f"ugx-otlp-{i}", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, data)
+        yield [f"/proc/self/fd/{fd}" for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def check_ca(path: Path) -> None:
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
+        ca = read_bounded(path).decode("ascii", "replace")
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=ca)
     except (ssl.SSLError, OSError) as exc:
         raise ValueError(f"{path}: not a file of PEM CA certificates OpenSSL can load ({exc})") from None
 
@@ -58,7 +79,8 @@ def check_pair(cert: Path, key: Path) -> None:
     """The client certificate and its key, loaded as the push will: an unencrypted key that
     belongs to the certificate."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(str(cert), str(key), password=_no_passphrase)
+        with memfiles(read_bounded(cert), read_bounded(key)) as (cert_path, key_path):
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path, password=_no_passphrase)
     except _Encrypted:
         raise ValueError(f"{key}: the key is encrypted; the push cannot ask for a passphrase: "
                          "give it unencrypted (mode 0600, readable by the exporter only)") from None

@@ -208,8 +208,12 @@ class UpstreamTarget(Options):
             ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
         except ValueError:  # a malformed port or IPv6 literal
             ok = False
+        from ..http_deadline import redact_url
         if not ok:
-            raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {redact_url(value)!r}")
+        if "@" in parsed.netloc:  # urllib would take "user:password@host" for a host name
+            raise ValueError(f"credentials in the URL ({redact_url(value)!r}) are refused: give them as "
+                             "basic_auth (username, password_file)")
         return value
 
     @field_validator("exporter")

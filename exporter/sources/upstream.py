@@ -16,7 +16,8 @@ Options (the ``upstream`` section of the config)::
 
 The model (``options.UpstreamTarget``) holds the only defaults; ``parse_targets`` resolves it.
 
-Only http:// and https:// URLs with a host are accepted (checked at config load), redirects are
+Only http:// and https:// URLs with a host and no credentials (``user:password@``: give them as
+``basic_auth``) are accepted (checked at config load; a password is logged as ``xxxxx``), redirects are
 refused, proxies from the environment are not used, and a body is limited to MAX_BODY_BYTES both
 on the wire and after gzip decompression.
 
@@ -30,8 +31,8 @@ the schema whose unit the names and values (of this scrape and, remembered, earl
 text breaks a tie) prove (``DCGM_FI_DEV_GPU_UTIL_RATIO{schema="dcgm-4.7"}``), or, unproven,
 dropped and counted (error kind ``unit_ambiguous``); the poll reports the self-metrics
 ``upstream_schema_info{target, exporter, schema}`` (one series per distinct host result) and
-``upstream_unknown_fields{target, exporter}`` (metric names no mapping knows; each new set is
-logged once, the first names).  The schema memory of a target is forgotten when it fails.
+``upstream_unknown_fields{target, exporter}`` (metric names no mapping knows; a new set is
+logged at most once per ``UNKNOWN_LOG_INTERVAL_S`` per target, the first names, each cut).  The schema memory of a target is forgotten when it fails.
 
 A target that fails in a poll (refused, timeout, HTTP error, unparsable body) contributes no
 readings at all in that poll; its error kind is counted (read_error, timeout, parse_error) and
@@ -54,6 +55,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, ClassVar, NamedTuple
 
+from ..http_deadline import redact_url
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .options import UpstreamOptions
@@ -79,6 +81,9 @@ from .upstream_schema import Group, Memory, dropped, group_by_host, qualify, res
 log = logging.getLogger(__name__)
 # after a target's own deadline, how long its parse may take before the poll stops waiting
 RESULT_GRACE_S = 5.0
+UNKNOWN_LOG_INTERVAL_S = 600.0  # a target's unknown metric names: at most one line per this
+UNKNOWN_SHOWN = 20  # names shown in that line
+UNKNOWN_NAME_CHARS = 120  # characters of each
 _AMBIGUOUS = ("upstream target %s (%s): %s not mapped: the names and values of its scrapes do not prove "
               "one unit, or contradict each other (counted as unit_ambiguous; set the target's schema "
               "option if you know the exporter's version)")
@@ -116,7 +121,9 @@ class UpstreamSource(SourceBase):
         # the daemon's loaded mapping set: schemas and known names come from it; without one (a
         # bare test source) no schema is recognised and nothing counted unknown
         self._mappings = context.mappings
-        self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last logged
+        self._unknown_logged: dict[str, frozenset[str]] = {}  # target name -> names last seen
+        self._unknown_at: dict[str, float] = {}  # target name -> when its unknown names were logged
+        self._unknown_quiet: dict[str, int] = {}  # target name -> new sets not logged since
         self._ambiguous_logged: dict[str, frozenset[str]] = {}  # target name -> fields last logged
         self._help_logged: dict[str, frozenset[str]] = {}  # likewise, fields whose HELP conflicts
         self._dropped_logged: dict[str, frozenset[str]] = {}  # likewise, names dropped on purpose
@@ -125,6 +132,7 @@ class UpstreamSource(SourceBase):
         # target name -> devices (by key) it produced last time it answered
         self._known: dict[str, dict[str, Device]] = {}
         self._failing: dict[str, str] = {}  # target name -> error kind it is failing with
+        self._inflight: dict[str, Future] = {}  # target name -> its last scrape
         self._events = EventFields()  # XID codes and throttle bitmasks as countable readings
 
     def open(self) -> None:
@@ -141,7 +149,7 @@ class UpstreamSource(SourceBase):
             self.open()
         assert self._pool is not None
         started = time.monotonic()
-        futures = [(t, self._pool.submit(self._scrape, t)) for t in self._targets]
+        futures = [(t, self._submit(t)) for t in self._targets]
         keys_taken: set[str] = set()
         failures: list[str] = []
         for target, future in futures:
@@ -164,7 +172,7 @@ class UpstreamSource(SourceBase):
                 continue
             if target.name in self._failing:
                 del self._failing[target.name]
-                log.info("upstream target %s (%s) answers again", target.name, target.url)
+                log.info("upstream target %s (%s) answers again", target.name, redact_url(target.url))
             self._memory[target.name] = scraped.memory
             self._add_target(target, scraped.result, sample, keys_taken)
             sample.self_samples.extend(scraped.extra)
@@ -175,6 +183,21 @@ class UpstreamSource(SourceBase):
             cls = UpstreamTimeout if set(errors) == {"timeout"} else UpstreamDown
             raise cls(errors, "; ".join(failures))
         return sample
+
+    def _submit(self, target: Target) -> Future:
+        """One scrape (read and parse) per target at a time: a thread the poll gave up waiting
+        for still holds its body; while it runs, the target fails with ``timeout`` instead of
+        starting another one beside it (issue 37: each poll started another parse)."""
+        assert self._pool is not None
+        running = self._inflight.get(target.name)
+        if running is not None and not running.done():
+            failed: Future = Future()
+            failed.set_exception(FetchError("timeout", "its previous scrape is still being read or "
+                                                       "parsed; no second one is started beside it"))
+            return failed
+        fut = self._pool.submit(self._scrape, target)
+        self._inflight[target.name] = fut
+        return fut
 
     def _scrape(self, target: Target) -> _Scraped:
         """``scrape_target`` plus the schema (run on the target's thread): schema-dependent raw
@@ -187,7 +210,7 @@ class UpstreamSource(SourceBase):
         markers: frozenset[str] = cm.schema_markers if cm is not None else frozenset()
         # the HELP texts: evidence only for the schema-dependent fields (most files have none)
         helps: dict[str, str] | None = {} if dependent else None
-        samples = parse_exposition(text, content_type, helps)
+        samples = parse_exposition(text, content_type, helps, target.max_series)
         result = read_series(target, samples, markers)
         prefix = target.metric_prefix
         hosts = {ref: ident.host for ref, ident in result.identities.items()}
@@ -239,14 +262,28 @@ class UpstreamSource(SourceBase):
             log.log(level, message, target.name, target.spec.name, ", ".join(sorted(fields)[:20]))
 
     def _unknown(self, target: Target, cm: Any, fields: set[str]) -> set[str]:
+        """The names no mapping knows; a new set is logged, summarized: at most once per
+        ``UNKNOWN_LOG_INTERVAL_S`` per target (changes between are counted in the next line),
+        the first ``UNKNOWN_SHOWN`` names each cut to ``UNKNOWN_NAME_CHARS`` (issue 37: a target
+        changing its names each poll wrote 18 MB of log in 15 s, lines of 1.2 MB)."""
         names = unknown(cm, fields)
         key = frozenset(names)
-        if names and self._unknown_logged.get(target.name) != key:
-            if len(self._unknown_logged) < 1024:  # bounded: target names come from the config
-                self._unknown_logged[target.name] = key
-            shown = sorted(names)[:20]
-            log.info("upstream target %s (%s): %d metric names no mapping knows: %s%s", target.name,
-                     target.spec.name, len(names), ", ".join(shown), " ..." if len(names) > 20 else "")
+        if not names or self._unknown_logged.get(target.name) == key:
+            return names
+        now = time.monotonic()
+        last = self._unknown_at.get(target.name)
+        if len(self._unknown_logged) < 1024 or target.name in self._unknown_logged:  # config names
+            self._unknown_logged[target.name] = key
+            if last is not None and now - last < UNKNOWN_LOG_INTERVAL_S:
+                self._unknown_quiet[target.name] = self._unknown_quiet.get(target.name, 0) + 1
+                return names
+            self._unknown_at[target.name] = now
+        quiet = self._unknown_quiet.pop(target.name, 0)
+        shown = [n if len(n) <= UNKNOWN_NAME_CHARS else f"{n[:UNKNOWN_NAME_CHARS]}...({len(n)} characters)"
+                 for n in sorted(names)[:UNKNOWN_SHOWN]]
+        log.info("upstream target %s (%s): %d metric names no mapping knows: %s%s%s", target.name,
+                 target.spec.name, len(names), ", ".join(shown), " ..." if len(names) > UNKNOWN_SHOWN else "",
+                 f" ({quiet} other sets since the last line, not logged)" if quiet else "")
         return names
 
     def _target_failed(
@@ -256,7 +293,7 @@ class UpstreamSource(SourceBase):
         self._memory.pop(target.name, None)  # what answers next may be another exporter version
         if self._failing.get(target.name) != kind:  # once per target and state change
             self._failing[target.name] = kind
-            log.warning("upstream target %s (%s) failed: %s: %s", target.name, target.url, kind, message)
+            log.warning("upstream target %s (%s) failed: %s: %s", target.name, redact_url(target.url), kind, message)
         for key, device in self._known.get(target.name, {}).items():
             if key not in keys_taken:
                 keys_taken.add(key)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import base64
 import http.client
+import io
 import logging
 import re
 import ssl
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,13 +19,13 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
-from prometheus_client.parser import text_string_to_metric_families as parse_prometheus_text
+from prometheus_client.openmetrics.parser import text_fd_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_fd_to_metric_families as parse_prometheus_text
 
-from ..http_deadline import Deadline, opener
+from .. import safefile
+from ..http_deadline import BodyTooLarge, Deadline, DeadlinePassed, inflate, opener, read_body
 from .base import PollFailed
 from .upstream_identity import (
     EXPORTERS,
@@ -41,6 +41,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024       # on the wire, and again after decompres
 # per target and poll (max_series, max_label_values: the target's options); past a limit the
 # target fails this poll (kind limit_exceeded), as a Prometheus scrape past sample_limit fails
 MAX_LABEL_VALUE_LENGTH = 1_024
+MAX_SECRET_FILE_BYTES = 1 << 20  # a password file, a certificate chain, a key, a CA bundle
 MAX_ERROR_TEXT = 300                       # characters of an error (a malformed line) kept/logged
 _ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
 
@@ -115,11 +116,15 @@ def parse_targets(options: Any) -> list[Target]:
 
 
 def _ssl_context(tls: Any) -> ssl.SSLContext:  # options.UpstreamTls | None
-    ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls and tls.ca_file else None)
+    """The files read as regular files only, bounded, never blocking (``safefile.read_named``)."""
+    def read(path: Any) -> bytes:
+        return safefile.read_named(path, MAX_SECRET_FILE_BYTES)
+    ca = read(tls.ca_file).decode("ascii", "replace") if tls and tls.ca_file else None
+    ctx = ssl.create_default_context(cadata=ca)
     if tls is None:
         return ctx
     if tls.cert_file:
-        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+        safefile.load_pem_chain(ctx, read(tls.cert_file), read(tls.key_file) if tls.key_file else None)
     if tls.insecure_skip_verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -132,8 +137,8 @@ def _authorization(auth: Any, where: str) -> str:  # options.UpstreamBasicAuth |
     if not auth.username:
         raise ValueError(f"{where}.basic_auth needs a username")
     password = auth.password
-    if auth.password_file:
-        password = Path(auth.password_file).read_text().rstrip("\n")
+    if auth.password_file:  # a regular file only, bounded, never blocking (a FIFO in its place)
+        password = safefile.read_named(auth.password_file, MAX_SECRET_FILE_BYTES).decode().rstrip("\n")
     token = base64.b64encode(f"{auth.username}:{password}".encode()).decode("ascii")
     return f"Basic {token}"
 
@@ -149,15 +154,6 @@ def _refuse_redirect(code: int, newurl: str) -> FetchError:
 def _opener(target: Target, deadline: Deadline) -> urllib.request.OpenerDirector:
     # no proxy from the environment (a node-local exporter), no redirects, http(s) only
     return opener(deadline, target.ssl_context, _refuse_redirect)
-
-
-def _gunzip(body: bytes) -> bytes:
-    """Decompress at most MAX_BODY_BYTES: a gzip bomb fails instead of filling memory."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = d.decompress(body, MAX_BODY_BYTES)
-    if d.unconsumed_tail or (not d.eof and d.decompress(b"", 1)):
-        raise FetchError("read_error", f"decompressed body larger than {MAX_BODY_BYTES} bytes")
-    return out
 
 
 def fetch(target: Target) -> tuple[str, str]:
@@ -184,23 +180,17 @@ def _fetch(target: Target, deadline: Deadline) -> tuple[str, str]:
         request.add_header("Authorization", target.authorization)
     try:
         with _opener(target, deadline).open(request, timeout=target.timeout) as resp:
-            chunks: list[bytes] = []
-            size = 0
-            while chunk := resp.read1(65536):  # returns what arrived: the deadline is checked
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise FetchError("read_error", f"body larger than {MAX_BODY_BYTES} bytes")
-                if deadline.expired or time.monotonic() > deadline.at:
-                    raise FetchError("timeout", f"no complete answer within {target.timeout} s")
-                chunks.append(chunk)
-            if deadline.expired:  # shut down mid-body: what arrived is cut short
-                raise FetchError("timeout", f"no complete answer within {target.timeout} s")
-            body = b"".join(chunks)
+            # counted while reading, the deadline checked between reads (read1: what arrived)
+            body = read_body(resp.read1, deadline, MAX_BODY_BYTES, "upstream")
             if resp.headers.get("Content-Encoding", "").lower() == "gzip":
-                body = _gunzip(body)
+                body = inflate(body, "gzip", MAX_BODY_BYTES, "upstream")
             content_type = resp.headers.get("Content-Type", "")
     except FetchError:
         raise
+    except DeadlinePassed as e:
+        raise FetchError("timeout", f"no complete answer within {target.timeout} s") from e
+    except BodyTooLarge as e:
+        raise FetchError("read_error", str(e).removeprefix("upstream: ")) from e
     except urllib.error.HTTPError as e:
         raise FetchError("read_error", f"HTTP {e.code} {e.reason}") from e
     except urllib.error.URLError as e:
@@ -220,12 +210,18 @@ MAX_HELP_TEXT = 512  # characters of a HELP text kept (the unit evidence of upst
 
 
 def parse_exposition(text: str, content_type: str = "",
-                     helps: dict[str, str] | None = None) -> list[tuple[str, dict[str, str], float]]:
+                     helps: dict[str, str] | None = None,
+                     max_series: int | None = None) -> list[tuple[str, dict[str, str], float]]:
     """All samples of a Prometheus text (or OpenMetrics) body as (name, labels, value); with
     ``helps``, the HELP text of each sample name is stored there.
 
     Raises ``FetchError("parse_error")`` when any line is malformed: a half-understood body is
     not trusted at all.  ``X_created`` samples of counters ``X_total`` are dropped.
+
+    ``max_series`` is enforced while parsing, as Prometheus enforces ``sample_limit``: the
+    parser is fed line by line and the line past the limit raises ``FetchError
+    ("limit_exceeded")`` before it is parsed, so a body of millions of one-sample lines never
+    becomes millions of parsed samples (issue 37: 30 MiB of ``a 1`` took 2 GiB).
     """
     openmetrics = "openmetrics" in content_type.lower()
     parser = parse_openmetrics if openmetrics else parse_prometheus_text
@@ -237,13 +233,15 @@ def parse_exposition(text: str, content_type: str = "",
     }
     samples = []
     try:
-        for family in parser(text):
+        for family in parser(_counted_lines(text, max_series)):
             doc = family.documentation
             for s in family.samples:
                 name = _wire_name(s.name, family, munged)
                 samples.append((name, dict(s.labels), s.value))
                 if helps is not None and doc and name not in helps:
                     helps[name] = doc[:MAX_HELP_TEXT]
+    except FetchError:
+        raise
     except Exception as e:  # the parsers raise ValueError, but also TypeError/IndexError on junk
         raise FetchError("parse_error", f"malformed exposition: {e}") from e
     names = {name for name, _, _ in samples}
@@ -251,6 +249,23 @@ def parse_exposition(text: str, content_type: str = "",
         s for s in samples
         if not (s[0].endswith("_created") and f"{s[0][: -len('_created')]}_total" in names)
     ]
+
+
+def _counted_lines(text: str, max_series: int | None) -> Iterable[str]:
+    """The body's lines for the parser, counting sample lines (one sample each: neither blank nor
+    a comment) and failing on the first past ``max_series``."""
+    if max_series is None:
+        yield from io.StringIO(text)
+        return
+    n = 0
+    for line in io.StringIO(text):
+        stripped = line.lstrip()
+        if stripped and not stripped.startswith("#"):
+            n += 1
+            if n > max_series:
+                raise FetchError("limit_exceeded", f"more than {max_series} series, above max_series {max_series} "
+                                                   f"(counted while parsing)")
+        yield line
 
 
 _COUNTER_TYPE_RE = re.compile(r"^[ \t]*#[ \t]*TYPE[ \t]+(\S+)[ \t]+counter[ \t]*$", re.MULTILINE)
@@ -328,4 +343,4 @@ def read_series(
 
 def scrape_target(target: Target) -> TargetReadings:
     text, content_type = fetch(target)
-    return read_series(target, parse_exposition(text, content_type))
+    return read_series(target, parse_exposition(text, content_type, max_series=target.max_series))

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import inspect
 import ipaddress
 import logging
 import ssl
@@ -155,10 +156,12 @@ class _TokenBucket:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
+def auth_middleware(webconfig_provider: Callable[[], WebConfig | Awaitable[WebConfig]]) -> Any:
     """aiohttp middleware: rate limit, client SAN allow-list, basic auth, security headers.
 
-    ``webconfig_provider`` is called per request (e.g. ``WebConfigWatcher.current``).  Wrong or
+    ``webconfig_provider`` is called per request (``WebConfigWatcher.current_async``, which
+    re-reads a changed file off the event loop; a plain function returning the config is taken
+    too).  Wrong or
     missing credentials get ``401`` with ``WWW-Authenticate: Basic`` and the bare status text;
     nothing about the user or the reason is sent or logged.
     """
@@ -192,7 +195,8 @@ def auth_middleware(webconfig_provider: Callable[[], WebConfig]) -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        cfg = webconfig_provider()
+        got = webconfig_provider()
+        cfg = await got if inspect.isawaitable(got) else got
         if cfg.broken:
             return _plain(500, "Internal Server Error", cfg)
         if not _meets_tls_policy(cfg, request):

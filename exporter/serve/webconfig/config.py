@@ -14,9 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ... import safefile
 from ...yamlfile import ConfigError, load_yaml
 from .model import WebConfigError, _format_validation_error, _WebConfigFile
 from .tls import ReloadingTLS, build_ssl_context
+
+MAX_WEB_CONFIG_BYTES = 1 << 20  # inline certificates included
 
 
 class WebConfig:
@@ -55,10 +58,12 @@ class WebConfig:
     def load(cls, path: str | os.PathLike[str]) -> WebConfig:
         """Read and validate the file; the TLS material is loaded once to catch errors now."""
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
+        try:  # a regular file only, bounded, never blocking (a FIFO or /dev/zero in its place)
+            text = safefile.read_named(p, MAX_WEB_CONFIG_BYTES).decode("utf-8")
         except OSError as e:
             raise WebConfigError(f"web config {p}: cannot read file: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise WebConfigError(f"web config {p}: not UTF-8: {e}") from None
         try:
             # duplicate keys refused (as yaml.UnmarshalStrict does), aliases bounded
             raw, _lines = load_yaml(p, text)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ... import safefile
 from .model import _GO_CIPHER_SUITES, _TLS_VERSIONS, TLSServerConfig, WebConfigError
 
 log = logging.getLogger("exporter.serve.webconfig")
+MAX_TLS_FILE_BYTES = 1 << 20  # a certificate chain, a key or a CA bundle
 
 
 class TLSConfig(Protocol):
@@ -52,18 +53,20 @@ def build_ssl_context(cfg: TLSConfig) -> ssl.SSLContext:
             ctx.set_ciphers(":".join(dict.fromkeys(tls12)))
         except ssl.SSLError as e:
             raise WebConfigError(f"{where}: tls_server_config.cipher_suites: {e}") from None
-    try:
+    try:  # the files read as regular files only, bounded, never blocking (a FIFO in their place)
         if t.cert_file:
-            ctx.load_cert_chain(cfg.resolve(t.cert_file), cfg.resolve(t.key_file))
+            safefile.load_pem_chain(ctx, safefile.read_named(cfg.resolve(t.cert_file), MAX_TLS_FILE_BYTES),
+                                    safefile.read_named(cfg.resolve(t.key_file), MAX_TLS_FILE_BYTES))
         else:
-            _load_inline_cert_chain(ctx, t.cert, t.key)
+            safefile.load_pem_chain(ctx, t.cert.encode(), t.key.encode())
     except (OSError, ssl.SSLError) as e:
         raise WebConfigError(f"{where}: tls_server_config.cert_file/key_file: "
                              f"cannot load certificate and key: {_describe(e)}") from None
     if t.client_auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert"):
         try:
             if t.client_ca_file:
-                ctx.load_verify_locations(cafile=str(cfg.resolve(t.client_ca_file)))
+                ca = safefile.read_named(cfg.resolve(t.client_ca_file), MAX_TLS_FILE_BYTES)
+                ctx.load_verify_locations(cadata=ca.decode("ascii", "replace"))
             else:
                 ctx.load_verify_locations(cadata=t.client_ca)
         except (OSError, ssl.SSLError) as e:
@@ -82,22 +85,6 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, OSError):
         return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
     return str(e)
-
-
-def _load_inline_cert_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
-    """Load PEM strings without writing them to disk (anonymous memfd; Linux)."""
-    fds = []
-    try:
-        paths = []
-        for name, text in (("cert", cert), ("key", key)):
-            fd = os.memfd_create(f"webconfig-{name}", os.MFD_CLOEXEC)
-            fds.append(fd)
-            os.write(fd, text.encode())
-            paths.append(f"/proc/self/fd/{fd}")
-        ctx.load_cert_chain(paths[0], paths[1])
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 class ReloadingTLS:

@@ -4,6 +4,7 @@ file's user list, so a user it removes or whose password it changes is out at on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import ssl
@@ -25,7 +26,7 @@ class WebConfigWatcher:
     Use ``current`` as the provider for ``auth_middleware`` and ``ssl_context()`` for TCPSite::
 
         watcher = WebConfigWatcher(path)            # raises WebConfigError at start
-        app = web.Application(middlewares=[auth_middleware(watcher.current)])
+        app = web.Application(middlewares=[auth_middleware(watcher.current_async)])
         site = web.TCPSite(runner, host, 9632, ssl_context=watcher.ssl_context())
     """
 
@@ -51,6 +52,20 @@ class WebConfigWatcher:
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def stale(self) -> bool:
+        """Whether ``current`` would re-read the file (a ``stat``: never blocks on its content)."""
+        if self.path is None or time.monotonic() - self._checked < self._min_check:
+            return False
+        return self._stat() != self._stamp
+
+    async def current_async(self) -> WebConfig:
+        """``current`` for the request path: a re-read (the file changed) runs in a thread, off the
+        event loop, so that no file put in the web config's place holds up the server (issue 37:
+        a FIFO froze it, /healthz included); an unchanged file is answered at once."""
+        if not self.stale():
+            return self.current()
+        return await asyncio.to_thread(self.current)
 
     def current(self) -> WebConfig:
         if self.path is None:
