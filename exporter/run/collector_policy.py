@@ -72,3 +72,10 @@ def interval_and_timeout(cconf: CollectorConfig, poll_interval: float) -> tuple[
     max(interval, TIMEOUT_FLOOR))."""
     interval = cconf.interval or poll_interval
     return interval, cconf.timeout or max(TIMEOUT_FLOOR, interval)
+
+
+def not_ready_message(states) -> str:
+    """Why /readyz answers 503 after the first polls: each source's state and reason."""
+    why = "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in states) or "no source is enabled"
+    return (f"not ready: no source is up ({why}); /readyz answers 503 until one is. --list-devices "
+            "shows what each source finds, --simulate serves a simulated node")

@@ -32,7 +32,7 @@ from ..sources.context import SourceContext
 from ..sources.registry import Collector
 from ..yamlfile import ConfigError
 from . import gctune
-from .collector_policy import collector_options, enabled_collectors, interval_and_timeout
+from .collector_policy import collector_options, enabled_collectors, interval_and_timeout, not_ready_message
 from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
@@ -249,10 +249,7 @@ class Daemon:
                 await self._first_polls.wait()
         await self.render()
         if not self.ready:  # issue 38: say why /readyz answers 503, at warning level
-            log.warning("not ready: no source is up (%s); /readyz answers 503 until one is. --list-devices "
-                        "shows what each source finds, --simulate serves a simulated node",
-                        "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in self.store.sources.values())
-                        or "no source is enabled")
+            log.warning(not_ready_message(self.store.sources.values()))
         # after the first render: the metadata probes (cloud) and the kubelet connection do not
         # compete with the first polls for the CPU; their labels arrive with a later render
         self._start_enrichers()
