@@ -1,13 +1,37 @@
-"""Finding DRM clients under a procfs root: which fds of which processes are DRM devices, and their
-fdinfo text.  One ``readlink`` per fd (no open) decides; only DRM fds have their fdinfo read, each
-through its directory fd under the ``exporter.safefile`` rule (a host ``/proc`` mounted into a
-container, or a fixture, is a tree another user may shape)."""
+"""Finding DRM clients under a procfs root, incrementally and within a per-poll budget.
+
+What a poll does, cheapest first (docs/detection.md has the worst-case times this gives):
+
+1. list the pid directories (one ``getdents`` of the procfs root);
+2. read the fdinfo of every fd already known to be a DRM client (the values the count needs);
+   an fd that closed is dropped, one whose fdinfo no longer has ``drm-driver`` (closed and its
+   number reused by a file, socket, ...) is forgotten and looked at again;
+3. examine fd tables, in this order: processes never examined (new pids: at once), processes
+   amdkfd lists under ``<sysfs>/class/kfd/kfd/proc/<pid>`` without a known DRM fd (a ROCm
+   compute process opens its render node right after ``/dev/kfd``: checked every poll), then
+   the *checks* that are due (every ``check_period``: list the fd numbers, ``readlink`` only
+   the numbers not seen before) and the *verifications* that are due (every ``verify_period``,
+   spread over it by pid: ``readlink`` every fd again, which catches an fd number reused for a
+   DRM device between two checks);
+4. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
+   what is left waits for the next poll, new pids first.
+
+``readlink`` of ``<pid>/fd/<n>`` (no open) decides whether an fd is a DRM device: a target under
+``/dev/dri/``, or (another ``/dev`` node) a character device of major 226, stat'ed once.  Only
+DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
+rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
+A pid directory whose inode changes is a new process (pid reuse).  Memory: 4 bytes per fd number
+seen plus a small record per process.
+"""
 
 from __future__ import annotations
 
 import os
 import stat
+import time
+from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
@@ -15,99 +39,277 @@ from .evidence import pid_entries
 
 DRM_MAJOR = 226
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
+KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
+_SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
+
+
+@dataclass(frozen=True, slots=True)
+class ScanLimits:
+    """The per-poll budget and the re-examination periods (``FdinfoOptions``)."""
+
+    max_fds: int = 20000  # readlink/stat calls per poll
+    max_seconds: float = 0.1  # wall time of one poll's fd-table work
+    check_period: float = 10.0  # every fd table listed again (new fd numbers)
+    verify_period: float = 40.0  # every fd readlinked again (reused fd numbers)
+
+
+@dataclass(slots=True)
+class _Pid:
+    """What is known of one process's fd table."""
+
+    ino: int
+    known: array = field(default_factory=lambda: array("i"))  # fd numbers examined, sorted
+    drm: set[str] = field(default_factory=set)  # fds that are DRM devices
+    done: bool = False  # the whole table examined once
+    next_check: float = 0.0
+    next_verify: float = 0.0
+    verify_from: int = -1  # a verification under way: fd numbers below this are re-examined
+    unreadable: bool = False
+    links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
+
+
+class _Budget:
+    def __init__(self, limits: ScanLimits) -> None:
+        self.fds = limits.max_fds
+        self.deadline = time.perf_counter() + limits.max_seconds
+        self.hit = False
+
+    def spend(self, n: int = 1) -> bool:
+        """Take ``n`` fds from the budget; False (and ``hit``) when it is spent."""
+        if self.hit:
+            return False
+        if self.fds < n or time.perf_counter() > self.deadline:
+            self.hit = True
+            return False
+        self.fds -= n
+        return True
 
 
 class FdScanner:
-    """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply."""
+    """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply and bounded."""
 
-    def __init__(self, procfs: Path) -> None:
+    def __init__(self, procfs: Path, sysfs: Path | None = None, limits: ScanLimits | None = None) -> None:
         self.procfs = str(procfs)
-        self._dev_cache: dict[tuple[str, str, str], bool] = {}
-        self.unreadable = 0  # fd tables of the last scan that could not be read (EACCES)
+        self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
+        self.limits = limits or ScanLimits()
+        self._pids: dict[str, _Pid] = {}
+        self._kfd: set[str] = set()
+        self.unreadable = 0  # fd tables that could not be read (EACCES), as last examined
+        self.partial = False  # the last poll left a new process unexamined or a verification overdue
+        self.budget_hit = False  # the last poll stopped at its budget
+        self.readlinks = 0  # readlink/stat calls of the last poll (tests count them)
+        self.deferred = 0  # fd-table examinations the last poll left for later
 
-    def _is_drm_target(self, pid: str, fd: str, dir_fd: int, target: str, cache: dict) -> bool:
-        if target.startswith("/dev/dri/"):
-            return True
-        if not target.startswith("/dev/"):
-            return False  # sockets, pipes, anon inodes, regular files
-        key = (pid, fd, target)
-        verdict = self._dev_cache.get(key)
-        if verdict is None:
-            try:
-                st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
-                verdict = stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
-            except OSError:
-                verdict = False
-        cache[key] = verdict
-        return verdict
+    # ------------------------------------------------------------------ the poll
+    def scan(self, errors: dict, now: float | None = None) -> Iterator[tuple[str, str, str]]:
+        """Yield ``(pid, fd, fdinfo text)`` for every DRM fd found; ``now``: the monotonic time
+        the schedule uses (the source's clock)."""
+        now = time.monotonic() if now is None else now
+        budget = _Budget(self.limits)
+        self.readlinks = 0
+        try:
+            entries = {e.name: e.inode() for e in pid_entries(self.procfs) if e.is_dir(follow_symlinks=False)}
+        except OSError:
+            entries = {}
+        for pid in [p for p, st in self._pids.items() if entries.get(p) != st.ino]:
+            del self._pids[pid]  # exited, or the pid now names another process
+        kfd = self._kfd_pids()
+        # 2. the known clients, every poll
+        for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
+            st = self._pids[pid]
+            yield from self._read_known(pid, st, errors)
+        # 3. fd tables, most urgent first
+        work = self._work(entries, kfd, now)
+        self.deferred = 0
+        for i, (_, pnum) in enumerate(work):
+            if budget.hit:
+                self.deferred = len(work) - i
+                break
+            pid = str(pnum)
+            st = self._pids.get(pid)
+            if st is None:
+                st = self._pids[pid] = _Pid(ino=entries[pid])
+            verify = st.done and (st.next_verify <= now or st.verify_from >= 0)
+            found = self._examine(pid, st, verify, budget, now)
+            if found:
+                yield from self._read_known(pid, st, errors, only=found)
+        self.budget_hit = budget.hit
+        self.unreadable = sum(1 for st in self._pids.values() if st.unreadable)
+        overdue = now - self.limits.verify_period
+        self.partial = any(not st.done or st.next_verify < overdue for st in self._pids.values())
 
-    def _drm_fds(self, pid: str, base: str, cache: dict) -> list[str] | None:
-        """Names of the DRM fds of one process via readlink relative to its fd/ directory;
-        None when the tree has no fd/ directory (then every fdinfo file is read)."""
+    def _work(self, entries: dict[str, int], kfd: set[str], now: float) -> list[tuple[int, int]]:
+        """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids,
+        KFD processes without a known DRM fd, due verifications, due checks."""
+        work = []
+        for p in entries:
+            st = self._pids.get(p)
+            if st is None or not st.done:
+                work.append((0, int(p)))
+            elif p in kfd and not st.drm:
+                work.append((1, int(p)))
+            elif st.next_verify <= now or st.verify_from >= 0:
+                work.append((2, int(p)))
+            elif st.next_check <= now:
+                work.append((3, int(p)))
+        work.sort()
+        return work
+
+    def _kfd_pids(self) -> set[str]:
+        if self.kfd is None:
+            return set()
+        try:
+            with os.scandir(self.kfd) as it:
+                self._kfd = {e.name for e in it if e.name.isascii() and e.name.isdigit()}
+        except OSError:
+            self._kfd = set()
+        return self._kfd
+
+    # ------------------------------------------------------------------ one fd table
+    def _examine(self, pid: str, st: _Pid, verify: bool, budget: _Budget, now: float) -> list[str]:
+        """Examine ``pid``'s fd table (new numbers, or all of them when ``verify``) within the
+        budget; return the DRM fds found that were not known."""
+        base = f"{self.procfs}/{pid}"
         try:
             dir_fd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
-            return None
+            st.links = False
+            return self._examine_fdinfo(pid, st, now)
         except PermissionError:
-            self.unreadable += 1  # other users' processes without CAP_SYS_PTRACE: no evidence
+            st.unreadable = True  # other users' processes without CAP_SYS_PTRACE: no evidence
+            self._finish(st, now, verify, pid)
             return []
         except OSError:
             return []
+        st.unreadable = False
+        found: list[str] = []
         try:
-            out = []
-            readlink, is_drm = os.readlink, self._is_drm_target
-            for fd in os.listdir(dir_fd):
+            nums, listed_all = self._list(dir_fd, budget)
+            known = set(st.known)
+            examined: list[int] = []
+            start = st.verify_from if verify and st.verify_from >= 0 else 0
+            complete = True
+            readlink = os.readlink
+            for n in nums:
+                if (n in known and not verify) or (verify and n < start):
+                    continue
+                if not budget.spend():
+                    complete = False
+                    if verify:
+                        st.verify_from = n
+                    break
+                self.readlinks += 1
+                fd = str(n)
                 try:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
-                if target.startswith("/dev/") and is_drm(pid, fd, dir_fd, target, cache):
-                    out.append(fd)
-            return out
-        except OSError:
-            return []
+                examined.append(n)
+                is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target, budget)
+                if is_drm and fd not in st.drm:
+                    st.drm.add(fd)
+                    found.append(fd)
+                elif not is_drm and fd in st.drm:
+                    st.drm.discard(fd)
+            if listed_all:  # numbers no longer listed are closed fds
+                present = set(nums)
+                st.known = array("i", sorted((known & present) | set(examined)))
+                st.drm &= {str(n) for n in present}
+            else:
+                st.known = array("i", sorted(known | set(examined)))
+            if verify and complete and not listed_all and nums:
+                st.verify_from = nums[-1] + 1  # the rest of the listing next poll
+            if complete and listed_all:
+                if verify:
+                    st.verify_from = -1
+                self._finish(st, now, verify, pid)
+            return found
         finally:
             os.close(dir_fd)
 
-    def scan(self, errors: dict) -> Iterator[tuple[str, str, str]]:
-        """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
-        new_cache: dict[tuple[str, str, str], bool] = {}
-        self.unreadable = 0
-        try:  # a pid is a directory
-            pids = sorted((e.name for e in pid_entries(self.procfs) if e.is_dir(follow_symlinks=False)), key=int)
+    @staticmethod
+    def _list(dir_fd: int, budget: _Budget) -> tuple[list[int], bool]:
+        """The fd numbers of a table, sorted; stops at the poll's deadline (then False: a
+        table of a million fds costs no more than the time budget)."""
+        nums: list[int] = []
+        try:
+            with os.scandir(dir_fd) as it:
+                for i, e in enumerate(it):
+                    name = e.name
+                    if name.isascii() and name.isdigit():
+                        nums.append(int(name))
+                    if i & 4095 == 4095 and time.perf_counter() > budget.deadline:
+                        budget.hit = True
+                        return sorted(nums), False
         except OSError:
-            pids = []
-        for pid in pids:
-            base = f"{self.procfs}/{pid}"
-            fds = self._drm_fds(pid, base, new_cache)
-            from_links = fds is not None
-            if fds is None:
+            return [], False
+        nums.sort()
+        return nums, True
+
+    def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
+        lim = self.limits
+        if not st.done:  # first complete examination: spread the next ones over their periods
+            spread = (int(pid) * _SPREAD) % 1.0
+            st.done = True
+            st.next_check = now + lim.check_period * max(spread, 0.05)
+            st.next_verify = now + lim.verify_period * max(spread, 0.05)
+            return
+        st.next_check = now + lim.check_period
+        if verify:
+            st.next_verify = now + lim.verify_period
+
+    def _is_drm(self, fd: str, dir_fd: int, target: str, budget: _Budget) -> bool:
+        if target.startswith("/dev/dri/"):
+            return True
+        if not budget.spend():  # another /dev node: one stat, counted like a readlink
+            return False
+        try:
+            st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
+        except OSError:
+            return False
+        return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
+
+    def _examine_fdinfo(self, pid: str, st: _Pid, now: float) -> list[str]:
+        """A tree without fd/ links (a fixture): every fdinfo file is a candidate, read each poll."""
+        try:
+            names = os.listdir(f"{self.procfs}/{pid}/fdinfo")
+        except OSError:  # neither fd/ nor fdinfo/: exited meanwhile, or a fixture's bare pid
+            names = []
+        new = [n for n in names if n not in st.drm and n.isascii() and n.isdigit()]
+        st.drm.update(new)
+        st.done, st.next_check, st.next_verify = True, now, now + self.limits.verify_period  # every poll
+        return new
+
+    # ------------------------------------------------------------------ fdinfo
+    def _read_known(self, pid: str, st: _Pid, errors: dict, only: list[str] | None = None
+                    ) -> Iterator[tuple[str, str, str]]:
+        fds = sorted(only if only is not None else st.drm, key=int)
+        try:
+            info_fd = safefile.open_dir(f"{self.procfs}/{pid}/fdinfo")
+        except OSError:
+            return  # the process exited meanwhile
+        try:
+            for fd in fds:
                 try:
-                    fds = os.listdir(f"{base}/fdinfo")
-                except OSError:
+                    data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
+                except FileNotFoundError:
+                    self._forget(st, fd)  # closed meanwhile
                     continue
-            if not fds:
-                continue
-            try:
-                info_fd = safefile.open_dir(f"{base}/fdinfo")
-            except OSError:
-                continue  # the process exited meanwhile
-            try:
-                yield from self._read_fdinfo(pid, info_fd, fds, from_links, errors)
-            finally:
-                os.close(info_fd)
-        self._dev_cache = new_cache
+                except OSError:  # also safefile.Refused: a FIFO, a symlink, above the limit
+                    if st.links:
+                        errors["read_error"] = errors.get("read_error", 0) + 1
+                    continue
+                text = data.decode("utf-8", "replace")
+                if "drm-driver" not in text:
+                    self._forget(st, fd)  # its number now names another file: look again
+                    continue
+                yield pid, fd, text
+        finally:
+            os.close(info_fd)
 
     @staticmethod
-    def _read_fdinfo(pid: str, info_fd: int, fds: list[str], from_links: bool,
-                     errors: dict) -> Iterator[tuple[str, str, str]]:
-        for fd in fds:
-            try:
-                data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
-            except FileNotFoundError:
-                continue  # fd closed or process exited meanwhile
-            except OSError:  # also safefile.Refused: a FIFO, a symlink, above the limit
-                if from_links:
-                    errors["read_error"] = errors.get("read_error", 0) + 1
-                continue
-            yield pid, fd, data.decode("utf-8", "replace")
+    def _forget(st: _Pid, fd: str) -> None:
+        st.drm.discard(fd)
+        if st.links:
+            n = int(fd)
+            st.known = array("i", (k for k in st.known if k != n))
