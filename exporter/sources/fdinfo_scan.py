@@ -93,7 +93,7 @@ class FdScanner:
         self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
-        self._kfd: set[str] = set()
+        self._kfd: dict[str, float] = {}
         self.unreadable = 0  # fd tables that could not be read (EACCES), as last examined
         self.partial = False  # the last poll left a new process unexamined or a verification overdue
         self.budget_hit = False  # the last poll stopped at its budget
@@ -113,7 +113,7 @@ class FdScanner:
             entries = {}
         for pid in [p for p, st in self._pids.items() if entries.get(p) != st.ino]:
             del self._pids[pid]  # exited, or the pid now names another process
-        kfd = self._kfd_pids()
+        kfd = self._kfd_pids(now)
         # 2. the known clients, every poll
         for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
             st = self._pids[pid]
@@ -121,7 +121,7 @@ class FdScanner:
         # 3. fd tables, most urgent first
         work = self._work(entries, kfd, now)
         self.deferred = 0
-        for i, (_, pnum) in enumerate(work):
+        for i, (urgency, pnum) in enumerate(work):
             if budget.hit:
                 self.deferred = len(work) - i
                 break
@@ -129,7 +129,7 @@ class FdScanner:
             st = self._pids.get(pid)
             if st is None:
                 st = self._pids[pid] = _Pid(ino=entries[pid])
-            verify = st.done and (st.next_verify <= now or st.verify_from >= 0)
+            verify = st.done and (urgency == 1 or st.next_verify <= now or st.verify_from >= 0)
             found = self._examine(pid, st, verify, budget, now)
             if found:
                 yield from self._read_known(pid, st, errors, only=found)
@@ -138,15 +138,16 @@ class FdScanner:
         overdue = now - self.limits.verify_period
         self.partial = any(not st.done or st.next_verify < overdue for st in self._pids.values())
 
-    def _work(self, entries: dict[str, int], kfd: set[str], now: float) -> list[tuple[int, int]]:
+    def _work(self, entries: dict[str, int], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids,
-        KFD processes without a known DRM fd, due verifications, due checks."""
+        KFD processes without a known DRM fd (every fd, every poll, for ``check_period`` after
+        amdkfd listed them), due verifications, due checks."""
         work = []
         for p in entries:
             st = self._pids.get(p)
             if st is None or not st.done:
                 work.append((0, int(p)))
-            elif p in kfd and not st.drm:
+            elif p in kfd and not st.drm and now - kfd[p] <= self.limits.check_period:
                 work.append((1, int(p)))
             elif st.next_verify <= now or st.verify_from >= 0:
                 work.append((2, int(p)))
@@ -155,14 +156,17 @@ class FdScanner:
         work.sort()
         return work
 
-    def _kfd_pids(self) -> set[str]:
+    def _kfd_pids(self, now: float) -> dict[str, float]:
+        """pid -> when amdkfd first listed it (``<sysfs>/class/kfd/kfd/proc/<pid>``, named by the
+        process's pid in the initial PID namespace; docs/detection.md)."""
         if self.kfd is None:
-            return set()
+            return {}
         try:
             with os.scandir(self.kfd) as it:
-                self._kfd = {e.name for e in it if e.name.isascii() and e.name.isdigit()}
+                names = [e.name for e in it if e.name.isascii() and e.name.isdigit()]
         except OSError:
-            self._kfd = set()
+            names = []
+        self._kfd = {n: self._kfd.get(n, now) for n in names}
         return self._kfd
 
     # ------------------------------------------------------------------ one fd table
