@@ -17,11 +17,12 @@ there costs about what one on /proc does (a path walk and a copy), the magic lin
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_fdinfo import build, sysfs  # noqa: E402
+from bench.bench_fdinfo import build, fixture_dir, sysfs  # noqa: E402
 from bench.common import Proc, exporter_cmd, free_port, paced_scrapes  # noqa: E402
 from bench.node_exporter_peer import KEEP_OPEN, _ratio, node, node_exporter_binary  # noqa: E402
 
@@ -44,13 +45,20 @@ def run(tmp: Path, trees: dict[int, Path], fds: int, procs: int, seconds: float,
     binary = node_exporter_binary()
     if binary is None:
         return {"skipped": "prometheus-node-exporter not installed"}
-    empty = tmp / "proc-empty"
-    (empty / "2").mkdir(parents=True)
-    (empty / "2" / "comm").write_text("kthreadd\n")
-    busy = tmp / "proc-busy"
-    t0 = time.monotonic()
-    build(busy, fds, procs, 0)
-    built = time.monotonic() - t0
+    with tempfile.TemporaryDirectory(prefix="ugx-busy-", dir=fixture_dir()) as d:
+        empty = Path(d) / "proc-empty"
+        (empty / "2").mkdir(parents=True)
+        (empty / "2" / "comm").write_text("kthreadd\n")
+        busy = Path(d) / "proc-busy"
+        t0 = time.monotonic()
+        build(busy, fds, procs, 0)
+        built = time.monotonic() - t0
+        return _measure(tmp, trees, empty, busy, binary, seconds, settle_s) | {
+            "fds": fds, "processes": procs, "build_s": round(built, 1), "seconds": seconds}
+
+
+def _measure(tmp: Path, trees: dict[int, Path], empty: Path, busy: Path, binary: str, seconds: float,
+             settle_s: float) -> dict:
     trees = {**{f"{n} cards": t for n, t in trees.items()}, "bmc only": sysfs(tmp / "sys-bmc", "ast")}
     servers: dict[str, dict[str, Proc]] = {}
     try:
@@ -67,7 +75,7 @@ def run(tmp: Path, trees: dict[int, Path], fds: int, procs: int, seconds: float,
         time.sleep(settle_s)  # the busy procfs's first examination is spread over the first polls
         everyone = [p for g in servers.values() for p in g.values()]
         paced = paced_scrapes(everyone, seconds, 1.0)
-        out: dict = {"fds": fds, "processes": procs, "build_s": round(built, 1), "seconds": seconds, "cases": {}}
+        out: dict = {"cases": {}}
         for label, group in servers.items():
             pct = {k: paced[p.name]["cpu_s"] / paced[p.name]["seconds"] * 100 for k, p in group.items()}
             out["cases"][label] = {
