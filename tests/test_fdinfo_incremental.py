@@ -18,7 +18,7 @@ from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from tests.fdinfo_trees import add_card, add_fd
 
 AMD = "0000:08:00.0"
-CHECK, VERIFY = 10.0, 40.0  # the defaults of scan_check_period / scan_verify_period
+CHECK, VERIFY = 15.0, 50.0  # the defaults of scan_check_period / scan_verify_period
 BOUND_NEW_NUMBER = CHECK + 2  # polls at 1 s: found by the next check, counted one poll later
 BOUND_REUSED = VERIFY + 2  # found by the next re-verification, counted one poll later
 

@@ -111,8 +111,8 @@ class FdinfoOptions(Options):
     scan_max_seconds: Duration = 0.1  # wall time of one poll's fd-table work
     # every fd table listed again (new fd numbers) / every fd readlinked again (reused numbers);
     # docs/detection.md: a new tenant is counted within scan_verify_period + 2 polls
-    scan_check_period: Duration = 10.0
-    scan_verify_period: Duration = 40.0
+    scan_check_period: Duration = 15.0
+    scan_verify_period: Duration = 50.0
 
 
 class TriggerOptions(Options):
