@@ -40,7 +40,7 @@ from .evidence import pid_entries
 DRM_MAJOR = 226
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
-LIST_AT_ONCE = 4096  # fd tables up to this st_size are listed with one listdir
+LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed with one listdir
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 
 
@@ -49,7 +49,7 @@ class ScanLimits:
     """The per-poll budget and the re-examination periods (``FdinfoOptions``)."""
 
     max_fds: int = 20000  # readlink/stat calls per poll
-    max_seconds: float = 0.1  # wall time of one poll's fd-table work
+    max_seconds: float = 0.05  # wall time of one poll's fd-table work
     check_period: float = 15.0  # every fd table listed again (new fd numbers)
     verify_period: float = 50.0  # every fd readlinked again (reused fd numbers)
 
@@ -66,6 +66,7 @@ class _Pid:
     next_verify: float = 0.0
     verify_from: int = -1  # a verification under way: fd numbers below this are re-examined
     unreadable: bool = False
+    pending: array | None = None  # the listing of an examination the budget cut short: resumed from it
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
 
 
@@ -190,7 +191,10 @@ class FdScanner:
         st.unreadable = False
         found: list[str] = []
         try:
-            nums, listed_all = self._list(dir_fd, budget)
+            if st.pending is not None:  # resume: a large table is not listed again every poll
+                nums, listed_all = list(st.pending), True
+            else:
+                nums, listed_all = self._list(dir_fd, budget)
             if listed_all and not verify and st.done and array("i", nums) == st.known:
                 self._finish(st, now, False, pid)  # the common check: the same fd numbers
                 return found
@@ -228,6 +232,7 @@ class FdScanner:
                 st.known = array("i", sorted(known | set(examined)))
             if verify and complete and not listed_all and nums:
                 st.verify_from = nums[-1] + 1  # the rest of the listing next poll
+            st.pending = None if complete or not listed_all else array("i", nums)
             if complete and listed_all:
                 if verify:
                     st.verify_from = -1
