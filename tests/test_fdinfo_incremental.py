@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -127,9 +128,8 @@ def test_scan_stops_when_the_counted_card_goes_away(tmp_path, shared_fixtures, r
     src.open()
     node = Node(proc, src, clock, shared_fixtures)
     node.poll()
-    link = sysfs / "devices" / "pci0000:00" / "0000:00:01.0" / AMD / "driver"
-    link.unlink()
-    link.symlink_to("../../../../bus/pci/drivers/ast")  # unbound from amdgpu
+    shutil.rmtree(sysfs / "class" / "drm" / "card0")  # amdgpu unbound: its DRM card goes
+    add_card(sysfs, 1, "0000:02:00.0", driver="ast")  # the BMC's VGA stays
     before = len(readlinks)
     for _ in range(60):
         sample = node.poll()

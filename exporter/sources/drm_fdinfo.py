@@ -177,6 +177,7 @@ class DrmFdinfoSource(SourceBase):
         self._counted: dict[str, str] = {}  # pdev -> driver of the cards whose clients are counted
         self._drivers: dict[str, str] = {}  # pdev -> DRM driver of every card ("" unknown)
         self._maybe = False  # a card whose driver could not be read (a capture): scanned
+        self._drm_names: frozenset[str] | None = None  # the entries of class/drm last read
         self._host_pids = False  # procfs shows the host's PID namespace (decided at open)
 
     def open(self) -> None:
@@ -193,8 +194,17 @@ class DrmFdinfoSource(SourceBase):
         self._host_pids = host_pid_namespace(self.procfs)  # a process keeps its PID namespace
 
     def _refresh_counted(self) -> None:
-        """The cards bound to a driver whose clients can be counted (re-read every poll:
-        hot-plug, a driver loaded or unbound); a few readlinks per card."""
+        """The cards bound to a driver whose clients can be counted, re-read when the entries of
+        ``class/drm`` change (one listdir a poll): a card appears with its driver's binding and
+        goes with its unbinding (hot-plug, driver load or unbind)."""
+        try:
+            names = frozenset(os.listdir(self.sysfs / "class" / "drm"))
+        except OSError:
+            names = frozenset()
+        if names == self._drm_names:
+            return
+        self._drm_names = names
+        self._cards = card_indices(self.sysfs)
         self._drivers = card_drivers(self.sysfs)
         self._counted = {a: d for a, d in self._drivers.items() if d in EVIDENCE_DRIVERS}
         self._maybe = any(not d for d in self._drivers.values())  # a driver not readable: scan anyway
