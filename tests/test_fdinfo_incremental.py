@@ -54,7 +54,7 @@ def _text(shared_fixtures: Path, busy_ns: int = 0, client: int = 217) -> str:
 
 
 def _node(tmp_path: Path, shared_fixtures: Path, *, procs: int = 5, fds: int = 30, driver: str = "amdgpu",
-          **options):
+          pci: str = AMD, **options):
     """``procs`` processes of ``fds`` non-DRM fds each, pid 100 also one amdgpu client (fd 3)."""
     proc, sysfs = tmp_path / "proc", tmp_path / "sys"
     add_fd(proc, 2, 0, "/dev/null", comm="kthreadd")
@@ -62,7 +62,7 @@ def _node(tmp_path: Path, shared_fixtures: Path, *, procs: int = 5, fds: int = 3
         for fd in range(fds):
             add_fd(proc, 100 + p, fd, f"socket:[{p * 1000 + fd}]")
     add_fd(proc, 100, 3, "/dev/dri/renderD128", _text(shared_fixtures))
-    add_card(sysfs, 0, AMD, driver=driver)
+    add_card(sysfs, 0, pci, driver=driver)
     clock = Clock()
     src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options=options), clock=clock)
     return proc, sysfs, src, clock
@@ -113,10 +113,10 @@ def test_no_scan_when_every_card_is_an_uncounted_driver(tmp_path, shared_fixture
 
 
 def test_scanning_starts_when_a_counted_card_appears(tmp_path, shared_fixtures, readlinks):
-    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures, driver="ast")
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures, driver="ast", pci="0000:02:00.0")
     with pytest.raises(SourceUnavailable):
         src.open()  # the runner opens again at every poll
-    add_card(sysfs, 1, "0000:09:00.0", driver="amdgpu")  # hot-plug / driver loaded
+    add_card(sysfs, 1, AMD, driver="amdgpu")  # hot-plug / driver loaded
     src.open()
     node = Node(proc, src, clock, shared_fixtures)
     assert node.seconds_until_counted(100) == 2  # first sample, then a percentage
