@@ -67,6 +67,7 @@ class _Pid:
     verify_from: int = -1  # a verification under way: fd numbers below this are re-examined
     unreadable: bool = False
     pending: array | None = None  # the listing of an examination the budget cut short: resumed from it
+    listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
 
 
@@ -115,7 +116,9 @@ class FdScanner:
         except OSError:
             entries = {}
         for pid in [p for p, st in self._pids.items() if entries.get(p) != st.ino]:
-            del self._pids[pid]  # exited, or the pid now names another process
+            gone = self._pids.pop(pid)  # exited, or the pid now names another process
+            if gone.listing is not None:
+                gone.listing[0].close()
         kfd = self._kfd_pids(now)
         # 2. the known clients, every poll
         for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
@@ -194,7 +197,7 @@ class FdScanner:
             if st.pending is not None:  # resume: a large table is not listed again every poll
                 nums, listed_all = list(st.pending), True
             else:
-                nums, listed_all = self._list(dir_fd, budget)
+                nums, listed_all = self._list(dir_fd, st, budget)
             if listed_all and not verify and st.done and array("i", nums) == st.known:
                 self._finish(st, now, False, pid)  # the common check: the same fd numbers
                 return found
@@ -242,33 +245,36 @@ class FdScanner:
             os.close(dir_fd)
 
     @staticmethod
-    def _list(dir_fd: int, budget: _Budget) -> tuple[list[int], bool]:
-        """The fd numbers of a table, sorted.  A table that says it is large (``st_size`` of a
-        procfs fd directory is its number of fds since Linux 6.2) is listed entry by entry and
-        the listing stops at the poll's deadline (then False): a million fds cost no more than
-        the time budget.  Smaller ones are listed at once."""
+    def _list(dir_fd: int, st: _Pid, budget: _Budget) -> tuple[list[int], bool]:
+        """The fd numbers of a table, sorted, and whether the listing is whole.  A table that
+        says it is large (``st_size`` of a procfs fd directory is its number of fds since Linux
+        6.2) is listed entry by entry up to the poll's deadline and the listing goes on at the
+        next poll from where it stopped: a million fds cost each poll no more than its budget.
+        Smaller ones are listed at once."""
         try:
-            if os.fstat(dir_fd).st_size <= LIST_AT_ONCE:
-                names = os.listdir(dir_fd)
-                try:
-                    nums = sorted(map(int, names))
-                except ValueError:  # not a procfs: names that are not numbers
-                    nums = sorted(int(n) for n in names if n.isascii() and n.isdigit())
-                return nums, True
+            if st.listing is None:
+                if os.fstat(dir_fd).st_size <= LIST_AT_ONCE:
+                    names = os.listdir(dir_fd)
+                    try:
+                        return sorted(map(int, names)), True
+                    except ValueError:  # not a procfs: names that are not numbers
+                        return sorted(int(n) for n in names if n.isascii() and n.isdigit()), True
+                st.listing = (os.scandir(dir_fd), [])  # its own duplicate of the directory fd
         except OSError:
             return [], False
-        nums: list[int] = []
+        it, nums = st.listing
         try:
-            with os.scandir(dir_fd) as it:
-                for i, e in enumerate(it):
-                    name = e.name
-                    if name.isascii() and name.isdigit():
-                        nums.append(int(name))
-                    if i & 4095 == 4095 and time.perf_counter() > budget.deadline:
-                        budget.hit = True
-                        return sorted(nums), False
+            for i, e in enumerate(it):
+                name = e.name
+                if name.isascii() and name.isdigit():
+                    nums.append(int(name))
+                if i & 4095 == 4095 and time.perf_counter() > budget.deadline:
+                    budget.hit = True
+                    return [], False
         except OSError:
-            return [], False
+            nums = []
+        it.close()
+        st.listing = None
         nums.sort()
         return nums, True
 
