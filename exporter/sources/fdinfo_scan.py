@@ -20,12 +20,14 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
 ``/dev/dri/``, or (another ``/dev`` node) a character device of major 226, stat'ed once.  Only
 DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
 rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
-A pid directory whose inode changes is a new process (pid reuse).  Memory: 4 bytes per fd number
+A pid reused by a new process keeps its record until a check or verification sees the new
+table (within their periods: the same bound as any change of a table).  Memory: 4 bytes per fd number
 seen plus a small record per process.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 import stat
 import time
@@ -35,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
-from .evidence import pid_entries
 
 DRM_MAJOR = 226
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
@@ -48,7 +49,7 @@ _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 class ScanLimits:
     """The per-poll budget and the re-examination periods (``FdinfoOptions``)."""
 
-    max_fds: int = 20000  # readlink/stat calls per poll
+    max_fds: int = 20000  # fds examined per poll (a readlink each; a stat for /dev targets outside /dev/dri)
     max_seconds: float = 0.05  # wall time of one poll's fd-table work
     check_period: float = 15.0  # every fd table listed again (new fd numbers)
     verify_period: float = 50.0  # every fd readlinked again (reused fd numbers)
@@ -58,7 +59,6 @@ class ScanLimits:
 class _Pid:
     """What is known of one process's fd table."""
 
-    ino: int
     known: array = field(default_factory=lambda: array("i"))  # fd numbers examined, sorted
     drm: set[str] = field(default_factory=set)  # fds that are DRM devices
     done: bool = False  # the whole table examined once
@@ -66,6 +66,7 @@ class _Pid:
     next_verify: float = 0.0
     verify_from: int = -1  # a verification under way: fd numbers below this are re-examined
     unreadable: bool = False
+    size: int = 0  # st_size of the fd directory when last listed, where it counts the entries (else 0)
     pending: array | None = None  # the listing of an examination the budget cut short: resumed from it
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
@@ -77,16 +78,22 @@ class _Budget:
         self.deadline = time.perf_counter() + limits.max_seconds
         self.hit = False
 
-    def spend(self, n: int = 1) -> bool:
-        """Take ``n`` fds from the budget; False (and ``hit``) when it is spent.  The clock is
-        read every 64 fds."""
-        if self.hit:
-            return False
-        if self.fds < n or (self.fds & 63 == 0 and time.perf_counter() > self.deadline):
+    def take(self, n: int) -> int:
+        """Take up to ``n`` fds from the budget; how many it gave (fewer: ``hit``)."""
+        if self.hit or time.perf_counter() > self.deadline:
             self.hit = True
-            return False
-        self.fds -= n
-        return True
+            return 0
+        given = min(n, self.fds)
+        self.fds -= given
+        self.hit = given < n
+        return given
+
+    def late(self) -> bool:
+        """Whether the poll's time is spent (then ``hit``)."""
+        if time.perf_counter() > self.deadline:
+            self.hit = True
+            return True
+        return False
 
 
 class FdScanner:
@@ -98,6 +105,8 @@ class FdScanner:
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
         self._kfd: dict[str, float] = {}
+        self._due: list[tuple[float, str]] = []  # heap of (when, pid): the next check or verification
+        self._undone: set[str] = set()  # pids whose table was never examined whole
         self.unreadable = 0  # fd tables that could not be read (EACCES), as last examined
         self.partial = False  # the last poll left a new process unexamined or a verification overdue
         self.budget_hit = False  # the last poll stopped at its budget
@@ -111,12 +120,14 @@ class FdScanner:
         now = time.monotonic() if now is None else now
         budget = _Budget(self.limits)
         self.readlinks = 0
-        try:
-            entries = {e.name: e.inode() for e in pid_entries(self.procfs) if e.is_dir(follow_symlinks=False)}
+        try:  # one listdir: a pid reused by a new process is the same entry until a check or
+            # verification of its table (within their periods) sees the new table
+            entries = {n for n in os.listdir(self.procfs) if n.isascii() and n.isdigit()}
         except OSError:
-            entries = {}
-        for pid in [p for p, st in self._pids.items() if entries.get(p) != st.ino]:
-            gone = self._pids.pop(pid)  # exited, or the pid now names another process
+            entries = set()
+        for pid in self._pids.keys() - entries:
+            gone = self._pids.pop(pid)  # exited
+            self._undone.discard(pid)
             if gone.listing is not None:
                 gone.listing[0].close()
         kfd = self._kfd_pids(now)
@@ -134,30 +145,44 @@ class FdScanner:
             pid = str(pnum)
             st = self._pids.get(pid)
             if st is None:
-                st = self._pids[pid] = _Pid(ino=entries[pid])
+                st = self._pids[pid] = _Pid()
+                self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now or st.verify_from >= 0)
             found = self._examine(pid, st, verify, budget, now)
             if found:
                 yield from self._read_known(pid, st, errors, only=found)
+        for _, pnum in work:  # what is still due (deferred, cut short) is due at the next poll
+            st = self._pids.get(str(pnum))
+            if st is not None and st.done and (min(st.next_check, st.next_verify) <= now or st.verify_from >= 0
+                                               or st.pending is not None or st.listing is not None):
+                heapq.heappush(self._due, (now, str(pnum)))
         self.budget_hit = budget.hit
         self.unreadable = sum(1 for st in self._pids.values() if st.unreadable)
         overdue = now - self.limits.verify_period
         self.partial = any(not st.done or st.next_verify < overdue for st in self._pids.values())
 
-    def _work(self, entries: dict[str, int], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
-        """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids,
-        KFD processes without a known DRM fd (every fd, every poll, for ``check_period`` after
-        amdkfd listed them), due verifications, due checks."""
-        work = []
-        for p in entries:
+    def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
+        """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
+        ones never examined whole), KFD processes without a known DRM fd (every fd, every poll,
+        for ``check_period`` after amdkfd listed them), then the checks and verifications due
+        (from a heap: a poll with nothing due costs nothing per process)."""
+        work = [(0, int(p)) for p in (entries - self._pids.keys()) | self._undone]
+        hot = {p for p, since in kfd.items() if now - since <= self.limits.check_period}
+        for p in hot:
             st = self._pids.get(p)
-            if st is None or not st.done:
-                work.append((0, int(p)))
-            elif p in kfd and not st.drm and now - kfd[p] <= self.limits.check_period:
+            if st is not None and st.done and not st.drm:
                 work.append((1, int(p)))
-            elif st.next_verify <= now or st.verify_from >= 0:
+        due: set[str] = set()
+        while self._due and self._due[0][0] <= now:
+            _, p = heapq.heappop(self._due)
+            st = self._pids.get(p)
+            if st is None or not st.done or p in due or p in hot:
+                continue
+            if st.next_verify <= now or st.verify_from >= 0:
+                due.add(p)
                 work.append((2, int(p)))
-            elif st.next_check <= now:
+            elif st.next_check <= now or st.pending is not None or st.listing is not None:
+                due.add(p)
                 work.append((3, int(p)))
         work.sort()
         return work
@@ -197,31 +222,43 @@ class FdScanner:
             if st.pending is not None:  # resume: a large table is not listed again every poll
                 nums, listed_all = list(st.pending), True
             else:
+                size = os.fstat(dir_fd).st_size
+                if size and size == st.size and not verify and st.done and st.listing is None:
+                    self._finish(st, now, False, pid)  # as many fds as at the last listing: the
+                    return found  # re-verification catches a close and open between two checks
                 nums, listed_all = self._list(dir_fd, st, budget)
+                if listed_all:  # a size that counts the entries: procfs since Linux 6.2 (one
+                    # per fd), tmpfs (BOGO_DIRENT_SIZE, 20 a name: the benches' fixture procfs)
+                    st.size = size if size and size in (len(nums), 20 * len(nums)) else 0
             if listed_all and not verify and st.done and array("i", nums) == st.known:
                 self._finish(st, now, False, pid)  # the common check: the same fd numbers
                 return found
             known = set(st.known)
             examined: list[int] = []
-            start = st.verify_from if verify and st.verify_from >= 0 else 0
-            complete = True
+            if verify:
+                start = st.verify_from
+                todo = [n for n in nums if n >= start] if start > 0 else nums
+            else:
+                todo = [n for n in nums if n not in known]
+            allowed = budget.take(len(todo))
+            self.readlinks += allowed
+            complete = allowed == len(todo)
+            if not complete and verify:
+                st.verify_from = todo[allowed]
             readlink = os.readlink
-            for n in nums:
-                if (n in known and not verify) or (verify and n < start):
-                    continue
-                if not budget.spend():
+            for i, n in enumerate(todo[:allowed] if not complete else todo):
+                if i & 255 == 255 and budget.late():
                     complete = False
                     if verify:
                         st.verify_from = n
                     break
-                self.readlinks += 1
                 fd = str(n)
                 try:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
                 examined.append(n)
-                is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target, budget)
+                is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target)
                 if is_drm and fd not in st.drm:
                     st.drm.add(fd)
                     found.append(fd)
@@ -283,19 +320,20 @@ class FdScanner:
         if not st.done:  # first complete examination: spread the next ones over their periods
             spread = (int(pid) * _SPREAD) % 1.0
             st.done = True
+            self._undone.discard(pid)
             st.next_check = now + lim.check_period * max(spread, 0.05)
             st.next_verify = now + lim.verify_period * max(spread, 0.05)
-            return
-        st.next_check = now + lim.check_period
-        if verify:
-            st.next_verify = now + lim.verify_period
+        else:
+            st.next_check = now + lim.check_period
+            if verify:
+                st.next_verify = now + lim.verify_period
+        heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
 
-    def _is_drm(self, fd: str, dir_fd: int, target: str, budget: _Budget) -> bool:
+    @staticmethod
+    def _is_drm(fd: str, dir_fd: int, target: str) -> bool:
         if target.startswith("/dev/dri/"):
             return True
-        if not budget.spend():  # another /dev node: one stat, counted like a readlink
-            return False
-        try:
+        try:  # another /dev node (a container's own /dev): one stat, part of the fd's examination
             st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
         except OSError:
             return False
@@ -310,6 +348,8 @@ class FdScanner:
         new = [n for n in names if n not in st.drm and n.isascii() and n.isdigit()]
         st.drm.update(new)
         st.done, st.next_check, st.next_verify = True, now, now + self.limits.verify_period  # every poll
+        self._undone.discard(pid)
+        heapq.heappush(self._due, (now, pid))
         return new
 
     # ------------------------------------------------------------------ fdinfo
