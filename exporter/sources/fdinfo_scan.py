@@ -64,10 +64,10 @@ class _Pid:
     done: bool = False  # the whole table examined once
     next_check: float = 0.0
     next_verify: float = 0.0
-    verify_from: int = -1  # a verification under way: fd numbers below this are re-examined
     unreadable: bool = False
     size: int = 0  # st_size of the fd directory when last listed, where it counts the entries (else 0)
-    pending: array | None = None  # the listing of an examination the budget cut short: resumed from it
+    pending: array | None = None  # fd numbers an examination cut short by the budget has left
+    pending_verify: bool = False  # ... and whether it was a verification
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
 
@@ -147,13 +147,13 @@ class FdScanner:
             if st is None:
                 st = self._pids[pid] = _Pid()
                 self._undone.add(pid)
-            verify = st.done and (urgency == 1 or st.next_verify <= now or st.verify_from >= 0)
+            verify = st.done and (urgency == 1 or st.next_verify <= now)
             found = self._examine(pid, st, verify, budget, now)
             if found:
                 yield from self._read_known(pid, st, errors, only=found)
         for _, pnum in work:  # what is still due (deferred, cut short) is due at the next poll
             st = self._pids.get(str(pnum))
-            if st is not None and st.done and (min(st.next_check, st.next_verify) <= now or st.verify_from >= 0
+            if st is not None and st.done and (min(st.next_check, st.next_verify) <= now
                                                or st.pending is not None or st.listing is not None):
                 heapq.heappush(self._due, (now, str(pnum)))
         self.budget_hit = budget.hit
@@ -178,7 +178,7 @@ class FdScanner:
             st = self._pids.get(p)
             if st is None or not st.done or p in due or p in hot:
                 continue
-            if st.next_verify <= now or st.verify_from >= 0:
+            if st.next_verify <= now or (st.pending is not None and st.pending_verify):
                 due.add(p)
                 work.append((2, int(p)))
             elif st.next_check <= now or st.pending is not None or st.listing is not None:
@@ -219,64 +219,58 @@ class FdScanner:
         st.unreadable = False
         found: list[str] = []
         try:
-            if st.pending is not None:  # resume: a large table is not listed again every poll
-                nums, listed_all = list(st.pending), True
+            nums: list[int] | None = None
+            if st.pending is not None:  # resume what the budget cut short: no listing, no set
+                todo, verify = st.pending, st.pending_verify
             else:
                 size = os.fstat(dir_fd).st_size
                 if size and size == st.size and not verify and st.done and st.listing is None:
                     self._finish(st, now, False, pid)  # as many fds as at the last listing: the
                     return found  # re-verification catches a close and open between two checks
                 nums, listed_all = self._list(dir_fd, st, budget)
-                if listed_all:  # a size that counts the entries: procfs since Linux 6.2 (one
-                    # per fd), tmpfs (BOGO_DIRENT_SIZE, 20 a name: the benches' fixture procfs)
-                    st.size = size if size and size in (len(nums), 20 * len(nums)) else 0
-            if listed_all and not verify and st.done and array("i", nums) == st.known:
-                self._finish(st, now, False, pid)  # the common check: the same fd numbers
-                return found
-            known = set(st.known)
-            examined: list[int] = []
-            if verify:
-                start = st.verify_from
-                todo = [n for n in nums if n >= start] if start > 0 else nums
-            else:
-                todo = [n for n in nums if n not in known]
+                if not listed_all:
+                    return found  # a large table: its listing goes on next poll
+                # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
+                # (BOGO_DIRENT_SIZE, 20 a name: the benches' fixture procfs)
+                st.size = size if size and size in (len(nums), 20 * len(nums)) else 0
+                if not verify and st.done and array("i", nums) == st.known:
+                    self._finish(st, now, False, pid)  # the common check: the same fd numbers
+                    return found
+                if verify:
+                    todo = nums
+                else:
+                    known = set(st.known)
+                    todo = [n for n in nums if n not in known]
             allowed = budget.take(len(todo))
-            self.readlinks += allowed
-            complete = allowed == len(todo)
-            if not complete and verify:
-                st.verify_from = todo[allowed]
+            done = 0
             readlink = os.readlink
-            for i, n in enumerate(todo[:allowed] if not complete else todo):
-                if i & 255 == 255 and budget.late():
-                    complete = False
-                    if verify:
-                        st.verify_from = n
+            for n in (todo if allowed == len(todo) else todo[:allowed]):
+                if done & 255 == 255 and budget.late():
                     break
+                done += 1
                 fd = str(n)
                 try:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
-                examined.append(n)
                 is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target)
                 if is_drm and fd not in st.drm:
                     st.drm.add(fd)
                     found.append(fd)
                 elif not is_drm and fd in st.drm:
                     st.drm.discard(fd)
-            if listed_all:  # numbers no longer listed are closed fds
-                present = set(nums)
-                st.known = array("i", sorted((known & present) | set(examined)))
-                st.drm &= {str(n) for n in present}
-            else:
-                st.known = array("i", sorted(known | set(examined)))
-            if verify and complete and not listed_all and nums:
-                st.verify_from = nums[-1] + 1  # the rest of the listing next poll
-            st.pending = None if complete or not listed_all else array("i", nums)
-            if complete and listed_all:
-                if verify:
-                    st.verify_from = -1
-                self._finish(st, now, verify, pid)
+            self.readlinks += done
+            if done < len(todo):  # cut short: the rest next poll
+                st.pending, st.pending_verify = array("i", todo[done:]), verify
+                if nums is not None:  # the numbers of this listing (examined or to be) are known
+                    st.known = array("i", nums)
+                return found
+            st.pending = None
+            if nums is not None:  # numbers no longer listed are closed fds
+                st.known = array("i", nums)
+                if st.drm:
+                    st.drm &= set(map(str, nums))
+            self._finish(st, now, verify, pid)
             return found
         finally:
             os.close(dir_fd)
