@@ -10,11 +10,13 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    amdkfd lists under ``<sysfs>/class/kfd/kfd/proc/<pid>`` without a known DRM fd (a ROCm
    compute process opens its render node right after ``/dev/kfd``: checked every poll), then
    the *checks* that are due (every ``check_period``: list the fd numbers, ``readlink`` only
-   the numbers not seen before) and the *verifications* that are due (every ``verify_period``,
-   spread over it by pid: ``readlink`` every fd again, which catches an fd number reused for a
-   DRM device between two checks);
+   the numbers not seen before; where the directory's size counts its fds, an unchanged size is
+   one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
+   by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
+   between two checks); due work comes from a heap, so a poll costs nothing per idle process;
 4. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
-   what is left waits for the next poll, new pids first.
+   what is left waits for the next poll, new pids first: an examination cut short keeps the fd
+   numbers it has left, a large table's listing goes on where it stopped.
 
 ``readlink`` of ``<pid>/fd/<n>`` (no open) decides whether an fd is a DRM device: a target under
 ``/dev/dri/``, or (another ``/dev`` node) a character device of major 226, stat'ed once.  Only
