@@ -12,7 +12,10 @@ Sections (see each module's docstring for the method):
                                           tables) vs node_exporter; issue 17's table
   floor       bench/floor.py              reading the same sysfs files in a tight loop
   nvml        bench/nvml_fake.py          NvmlSource over the pynvml fake, per GPU
-  fdinfo      bench/bench_fdinfo.py       DRM fdinfo scan over 5,000 fds (subprocess)
+  fdinfo      bench/bench_fdinfo.py       DRM fdinfo source over 100,000 fds in 1,000 processes at
+                                          1 poll/s: busy, a 200,000-fd flood, a BMC-only card (subprocess)
+  busy        bench/busy_node.py          daemon, fdinfo on, empty vs busy procfs (8/32 cards, BMC
+                                          only) vs node_exporter on the same tree; issue 35's table
   indicators  bench/bench_indicators.py   indicator engine at 100 ms for 8 GPUs (subprocess)
   otlp        bench/bench_otlp.py         OTLP push on vs off, 32 simulated cards, 15 s interval
 Numbers are process CPU (utime + stime), not wall time, unless a column says ms latency.
@@ -33,7 +36,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import bench_otlp, floor, node_exporter_peer, nvml_fake, simulated  # noqa: E402
+from bench import bench_otlp, busy_node, floor, node_exporter_peer, nvml_fake, simulated  # noqa: E402
 from bench.common import REPO, loadavg  # noqa: E402
 from bench.sysfs_tree import DUMPS, build_tree  # noqa: E402
 
@@ -44,13 +47,15 @@ FULL = {"sim_sizes": [8, 64, 256], "sim_idle": 10.0, "sim_load": 3.0, "sim_settl
         "clients": [1, 50], "fast_seconds": 20.0, "peer_sizes": [8, 32, 128], "peer_load": 3.0,
         "peer_idle": 20.0, "peer_paced": 60.0, "floor_seconds": 1.0, "nvml_polls": 200,
         "fdinfo_args": [], "indicators_args": [], "settle": 3.0, "otlp_devices": 32, "otlp_seconds": 120.0,
-        "otlp_warm_pushes": 2}
+        "otlp_warm_pushes": 2, "busy_sizes": [8, 32], "busy_fds": 100000, "busy_procs": 1000,
+        "busy_seconds": 60.0, "busy_settle": 15.0}
 QUICK = {"sim_sizes": [8], "sim_idle": 1.0, "sim_load": 0.3, "sim_settle": 1.0,
          "clients": [1, 5], "fast_seconds": 1.0, "peer_sizes": [8], "peer_load": 0.3,
          "peer_idle": 1.0, "peer_paced": 2.0, "floor_seconds": 0.2, "nvml_polls": 10,
-         "fdinfo_args": ["--fds", "200", "--procs", "20", "--drm", "4", "--polls", "3"],
+         "fdinfo_args": ["--fds", "200", "--procs", "20", "--drm", "4", "--polls", "3", "--flood", "300"],
          "indicators_args": ["--seconds", "2"], "settle": 0.5, "otlp_devices": 8, "otlp_seconds": 2.0,
-         "otlp_warm_pushes": 1}
+         "otlp_warm_pushes": 1, "busy_sizes": [8], "busy_fds": 500, "busy_procs": 20, "busy_seconds": 2.0,
+         "busy_settle": 0.5}
 
 # budgets: (section, description, target)
 BUDGETS = {
@@ -68,6 +73,9 @@ BUDGETS = {
     "issue17_spawn_s": "spawn to first successful scrape <= 0.5 s",
     "issue17_p99_vs_node": "scrape p99 <= 0.2x node_exporter's (sequential and 50 clients)",
     "issue30_otlp_cpu_ratio": "CPU with the OTLP push on / off, 32 cards, 15 s interval <= 1.10",
+    "issue35_fdinfo_percent": "fdinfo source at 100,000 fds, 1 poll/s <= 2 % of one core",
+    "issue35_cpu_vs_node": "daemon with fdinfo, 1 scrape/s <= 1.0x node_exporter (8/32 cards, empty and busy procfs)",
+    "issue35_bmc_points": "BMC-only server: busy procfs within 0.5 points (% of a core) of an empty one",
 }
 
 
@@ -90,15 +98,10 @@ def _script(path: str, args: list[str]) -> dict:
 
 
 def fdinfo(args: list[str]) -> dict:
-    out = _script("bench_fdinfo.py", args)
-    text = out["output"]
-    m = re.search(r"fdinfo scan: (\d+) fds in (\d+) processes, (\d+) DRM clients", text)
-    if m:
-        out.update(fds=int(m[1]), processes=int(m[2]), drm_clients=int(m[3]))
-    m = re.search(r"first poll ([\d.]+) ms; steady median ([\d.]+) ms, max ([\d.]+) ms", text)
-    if m:
-        out.update(first_ms=float(m[1]), median_ms=float(m[2]), max_ms=float(m[3]))
-    return out
+    """The ``busy`` case's numbers at the top (the smoke test reads them), every case under ``cases``."""
+    out = _script("bench_fdinfo.py", [*args, "--json"])
+    cases = {row["case"]: row for row in map(json.loads, out.pop("output").splitlines())}
+    return {**cases["busy"], "cases": cases}
 
 
 def indicators(args: list[str]) -> dict:
@@ -114,6 +117,13 @@ def indicators(args: list[str]) -> dict:
     if m:
         out["cpu_percent"] = float(m[1])
     return out
+
+
+def busy_all(tmp: Path, cfg: dict) -> dict:
+    if not DUMPS.is_dir():
+        return {"skipped": f"real amdgpu dumps not found at {DUMPS}"}
+    trees = {n: build_tree(tmp / f"busy-sys{n}", n) for n in cfg["busy_sizes"]}
+    return busy_node.run(tmp, trees, cfg["busy_fds"], cfg["busy_procs"], cfg["busy_seconds"], cfg["busy_settle"])
 
 
 def simulated_all(tmp: Path, cfg: dict) -> dict:
@@ -196,6 +206,18 @@ def budgets(r: dict) -> dict:
         mult = {n: f["source_poll_map_x_floor"] for n, f in fl.items()}
         put("issue17_cycle_vs_floor", {n: round(x, 1) for n, x in mult.items()}, 5.0,
             all(x <= 5.0 for x in mult.values()) if mult else None)
+    fd = r.get("fdinfo", {})
+    if "cpu_percent" in fd:
+        put("issue35_fdinfo_percent", round(fd["cpu_percent"], 2), 2.0, fd["cpu_percent"] <= 2.0)
+    busy = r.get("busy", {}).get("cases", {})
+    ratios = {f"{k} {e}": c[f"ratio_{e}"] for k, c in busy.items() if k != "bmc only"
+              for e in ("empty", "busy") if c[f"ratio_{e}"] is not None}
+    if ratios:
+        put("issue35_cpu_vs_node", {k: round(v, 2) for k, v in ratios.items()}, 1.0,
+            all(v <= 1.0 for v in ratios.values()))
+    if "bmc only" in busy:
+        pts = busy["bmc only"]["busy_minus_empty_points"]
+        put("issue35_bmc_points", round(pts, 2), 0.5, pts <= 0.5)
     ot = r.get("otlp", {})
     if ot.get("ratio") is not None and ot.get("devices") == 32:
         put("issue30_otlp_cpu_ratio", round(ot["ratio"], 3), 1.10, ot["ratio"] <= 1.10)
@@ -419,10 +441,16 @@ def render_table(r: dict) -> str:
     if _problem(fd):
         rows.append(["fdinfo", _problem(fd), "", ""])
     elif fd:
-        rows.append(["fdinfo scan", f"{fd.get('fds')} fds, {fd.get('processes')} procs, "
-                     f"{fd.get('drm_clients')} DRM clients",
-                     f"median {_f(fd.get('median_ms'), '.1f')} ms, first {_f(fd.get('first_ms'), '.1f')} ms, "
-                     f"max {_f(fd.get('max_ms'), '.1f')} ms (wall)", ""])
+        for name, c in fd.get("cases", {"busy": fd}).items():
+            rows.append([f"fdinfo {name}", f"{c.get('fds')} fds, {c.get('processes')} procs, "
+                         f"{c.get('drm_clients')} DRM clients" + (f", +{c['flood_fds']} fds flood" if c.get("flood_fds")
+                                                                  else ""),
+                         f"CPU {_f(c.get('cpu_percent'))} % of a core at 1 poll/s; median {_f(c.get('median_ms'), '.1f')}"
+                         f" ms, max {_f(c.get('max_ms'), '.1f')} ms (wall); "
+                         + (f"partial polls {c.get('partial_polls')}, over budget {c.get('budget_exceeded_polls')}, "
+                            f"counted {c.get('clients_counted')}, RSS +{_f(c.get('rss_growth_bytes', 0) / MB, '.1f')} MB"
+                            if c.get("scanning") else f"not scanning: {c.get('reason', '')[:60]}"),
+                         "<= 2 %" if name == "busy" else ""])
     ind = r.get("indicators", {})
     if _problem(ind):
         rows.append(["indicators", _problem(ind), "", ""])
@@ -445,6 +473,19 @@ def render_table(r: dict) -> str:
                      "<= 1.10x"])
     if rows:
         parts.append(_table("other", ["benchmark", "setup", "result", "budget"], rows))
+    busy = r.get("busy", {})
+    if _problem(busy):
+        parts.append(f"\n== busy node: {_problem(busy)}")
+    elif busy.get("cases"):
+        rows = [[k, *(_f(c["cpu_percent"][e]) for e in ("empty", "busy", "node")),
+                 f"{_f(c['ratio_empty'])}x / {_f(c['ratio_busy'])}x", _f(c["busy_minus_empty_points"]),
+                 " / ".join(_f(c["rss_bytes"][e] / MB, ".1f") for e in ("empty", "busy", "node"))]
+                for k, c in busy["cases"].items()]
+        parts.append(_table(
+            f"issue 35: daemon with the fdinfo client count (default), empty vs busy procfs ({busy['fds']} fds in "
+            f"{busy['processes']} processes), 1 scrape/s over {busy['seconds']:.0f} s, vs node_exporter (drm+hwmon)",
+            ["sysfs", "ours empty %", "ours busy %", "node %", "ratio empty / busy", "busy - empty pts",
+             "RSS MB empty / busy / node"], rows))
     t17 = issue17_table(r)
     if t17:
         parts.append(t17)
@@ -459,11 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and windows (smoke test)")
     ap.add_argument("--out", type=Path, help="JSON path (default bench/results/<timestamp>.json)")
-    ap.add_argument("--only", nargs="+", choices=["simulated", "fast", "peer", "nvml", "fdinfo", "indicators", "otlp"],
+    ap.add_argument("--only", nargs="+", choices=["simulated", "fast", "peer", "nvml", "fdinfo", "indicators", "otlp",
+                                                  "busy"],
                     help="run only these sections (peer includes the floor)")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
-    want = set(args.only or ["simulated", "fast", "peer", "nvml", "fdinfo", "indicators", "otlp"])
+    want = set(args.only or ["simulated", "fast", "peer", "nvml", "fdinfo", "indicators", "otlp", "busy"])
     started = time.time()
     results: dict = {"meta": {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)), "quick": args.quick,
@@ -487,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
             _section(results, "fdinfo", fdinfo, cfg["fdinfo_args"])
         if "indicators" in want:
             _section(results, "indicators", indicators, cfg["indicators_args"])
+        if "busy" in want:
+            _section(results, "busy", busy_all, tmp, cfg)
         if "otlp" in want:
             _section(results, "otlp", bench_otlp.run, tmp, cfg["otlp_devices"], cfg["otlp_seconds"], "15s",
                      cfg["settle"], cfg["otlp_warm_pushes"])
@@ -500,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     la0, la1 = results["meta"]["loadavg_start"], results["meta"]["loadavg_end"]
     print(f"\n{results['meta']['seconds']:.0f} s on {os.cpu_count()} CPUs, load average {la0[0]:.2f} at start, "
           f"{la1[0]:.2f} at end (the bench itself adds ~1); results saved to {out}")
-    failed = [k for k in ("simulated", "fast", "peer", "floor", "nvml", "fdinfo", "indicators", "otlp")
+    failed = [k for k in ("simulated", "fast", "peer", "floor", "nvml", "fdinfo", "indicators", "otlp", "busy")
               if isinstance(results.get(k), dict) and "error" in results[k]]
     if failed:
         print(f"benchmarks that failed to run: {', '.join(failed)}", file=sys.stderr)

@@ -52,6 +52,13 @@ def test_bench_quick_runs_every_benchmark(tmp_path):
     nv = r["nvml"]
     assert nv["gpus"] == 8 and nv["series_per_poll"] > 0 and nv["nvml_calls_per_gpu_poll"] > 0
     assert r["fdinfo"]["median_ms"] > 0 and r["fdinfo"]["fds"] > 0
+    cases = r["fdinfo"]["cases"]  # issue 35: a BMC-only card is not scanned, a flood is bounded
+    assert cases["bmc"]["scanning"] is False and cases["busy"]["clients_counted"] == r["fdinfo"]["drm_clients"]
+    assert cases["flood"]["flood_fds"] > 0
+    busy = r["busy"]
+    if "skipped" not in busy:
+        assert set(busy["cases"]) == {"8 cards", "bmc only"}
+        assert all(sum(c["errors"].values()) == 0 for c in busy["cases"].values())
     assert r["indicators"]["cpu_percent"] > 0
     assert r["otlp"]["stages"]["points"] > 0 and r["otlp"]["push_bytes_avg"] > 0  # a push reached the receiver
 

@@ -46,7 +46,7 @@ from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .evidence import COMM_MAX_BYTES, host_pid_namespace, mark, visibility
 from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
-from .fdinfo_scan import FdScanner
+from .fdinfo_scan import FdScanner, ScanLimits
 from .options import FdinfoOptions
 from .sysfs_util import read_kv
 
@@ -126,8 +126,8 @@ def card_drivers(sysfs: Path) -> dict[str, str]:
     for addr, card in card_indices(sysfs).items():
         try:
             out[addr] = Path(os.readlink(drm / f"card{card}" / "device" / "driver")).name
-        except OSError:
-            continue
+        except OSError:  # a capture without the link: its uevent's DRIVER=, else unknown ("")
+            out[addr] = read_kv(drm / f"card{card}" / "device" / "uevent").get("DRIVER", "")
     return out
 
 
@@ -168,11 +168,16 @@ class DrmFdinfoSource(SourceBase):
         self.top_n = options.top_n  # < 0: every process, no "other"
         self.mode = options.processes
         self._clock = clock or (lambda: time.monotonic())
-        self._scanner = FdScanner(self.procfs)
+        self._scanner = FdScanner(self.procfs, self.sysfs, ScanLimits(
+            max_fds=options.scan_max_fds, max_seconds=options.scan_max_seconds,
+            check_period=options.scan_check_period, verify_period=options.scan_verify_period))
         self._clients: dict[tuple[str, str], _ClientState] = {}
         self._devices: dict[str, Device] = {}
         self._cards: dict[str, str] = {}
         self._counted: dict[str, str] = {}  # pdev -> driver of the cards whose clients are counted
+        self._drivers: dict[str, str] = {}  # pdev -> DRM driver of every card ("" unknown)
+        self._maybe = False  # a card whose driver could not be read (a capture): scanned
+        self._drm_names: frozenset[str] | None = None  # the entries of class/drm last read
         self._host_pids = False  # procfs shows the host's PID namespace (decided at open)
 
     def open(self) -> None:
@@ -183,8 +188,31 @@ class DrmFdinfoSource(SourceBase):
         self._cards = card_indices(self.sysfs)
         if not self._cards:  # on by default: a node without DRM cards does not have this source
             raise SourceUnavailable(f"no DRM card under {self.sysfs}/class/drm")
-        self._counted = {a: d for a, d in card_drivers(self.sysfs).items() if d in EVIDENCE_DRIVERS}
+        self._refresh_counted()
+        if not self._counted and not self._maybe:  # the runner opens again next poll: a card
+            raise SourceUnavailable(self._uncounted_reason())
         self._host_pids = host_pid_namespace(self.procfs)  # a process keeps its PID namespace
+
+    def _refresh_counted(self) -> None:
+        """The cards bound to a driver whose clients can be counted, re-read when the entries of
+        ``class/drm`` change (one listdir a poll): a card appears with its driver's binding and
+        goes with its unbinding (hot-plug, driver load or unbind)."""
+        try:
+            names = frozenset(os.listdir(self.sysfs / "class" / "drm"))
+        except OSError:
+            names = frozenset()
+        if names == self._drm_names:
+            return
+        self._drm_names = names
+        self._cards = card_indices(self.sysfs)
+        self._drivers = card_drivers(self.sysfs)
+        self._counted = {a: d for a, d in self._drivers.items() if d in EVIDENCE_DRIVERS}
+        self._maybe = any(not d for d in self._drivers.values())  # a driver not readable: scan anyway
+
+    def _uncounted_reason(self) -> str:
+        bound = ", ".join(sorted(set(self._drivers.values()))) or "none"
+        return (f"no DRM card bound to a counted driver ({', '.join(sorted(EVIDENCE_DRIVERS))}) under "
+                f"{self.sysfs}/class/drm (drivers: {bound}): /proc is not scanned")
 
     def close(self) -> None:
         self._clients.clear()
@@ -212,7 +240,12 @@ class DrmFdinfoSource(SourceBase):
         sample.monotonic = now
         seen: dict[tuple[str, str], _ClientState] = {}
         procs: dict[str, dict[str, _Proc]] = {}  # pdev -> pid -> usage
-        for pid, fd, text in self._scanner.scan(sample.errors):
+        self._refresh_counted()
+        if not self._counted and not self._maybe:  # every counted card went away: no scan until one is back
+            self._clients.clear()
+            sample.errors["no_counted_driver"] += 1
+            return sample
+        for pid, fd, text in self._scanner.scan(sample.errors, now):
             rec = parse_fdinfo(text)
             if rec is None:
                 continue
@@ -251,7 +284,9 @@ class DrmFdinfoSource(SourceBase):
         """``client.evidence`` for every card whose driver reports engine usage."""
         if not self._counted:
             return
-        complete, reason = visibility(self._host_pids, bool(self._scanner.unreadable))
+        complete, reason = visibility(self._host_pids, bool(self._scanner.unreadable), self._scanner.partial)
+        if self._scanner.budget_hit:  # the self-metric: polls whose scan stopped at its budget
+            sample.errors["scan_budget_exceeded"] += 1
         for pdev, driver in self._counted.items():
             if self._device(pdev, driver) is not None:
                 mark(sample, pdev, "fdinfo", complete, reason)

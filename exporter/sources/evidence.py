@@ -16,7 +16,8 @@ fdinfo, amdsmi process lists) has an option ``processes``:
 Alongside the clients, a source marks each GPU it counted with ``client.evidence`` (labels
 ``evidence`` = the source, ``reason``): 1 when it saw every client of the GPU this poll (so no
 client reading means zero clients, not missing data), 0 when it could not (the reason names
-what is missing: ``pid_namespace_private``, ``procfs_unreadable``, ``not_supported``).
+what is missing: ``pid_namespace_private``, ``procfs_unreadable``, ``scan_budget_exceeded``,
+``not_supported``).
 """
 
 from __future__ import annotations
@@ -46,13 +47,16 @@ def host_pid_namespace(procfs: Path) -> bool:
         return False
 
 
-def visibility(host_pids: bool, unreadable: bool) -> tuple[bool, str]:
+def visibility(host_pids: bool, unreadable: bool, over_budget: bool = False) -> tuple[bool, str]:
     """(complete, reason) of a client count made by walking a procfs: complete only in the host
-    PID namespace with nothing ``unreadable``."""
+    PID namespace with nothing ``unreadable`` and nothing left unexamined by the per-poll scan
+    budget (``scan_budget_exceeded``: a new process not yet examined, a re-verification overdue)."""
     if not host_pids:
         return False, "pid_namespace_private"
     if unreadable:
         return False, "procfs_unreadable"
+    if over_budget:
+        return False, "scan_budget_exceeded"
     return True, ""
 
 

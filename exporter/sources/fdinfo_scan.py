@@ -1,113 +1,383 @@
-"""Finding DRM clients under a procfs root: which fds of which processes are DRM devices, and their
-fdinfo text.  One ``readlink`` per fd (no open) decides; only DRM fds have their fdinfo read, each
-through its directory fd under the ``exporter.safefile`` rule (a host ``/proc`` mounted into a
-container, or a fixture, is a tree another user may shape)."""
+"""Finding DRM clients under a procfs root, incrementally and within a per-poll budget.
+
+What a poll does, cheapest first (docs/detection.md has the worst-case times this gives):
+
+1. list the pid directories (one ``getdents`` of the procfs root);
+2. read the fdinfo of every fd already known to be a DRM client (the values the count needs);
+   an fd that closed is dropped, one whose fdinfo no longer has ``drm-driver`` (closed and its
+   number reused by a file, socket, ...) is forgotten and looked at again;
+3. examine fd tables, in this order: processes never examined (new pids: at once), processes
+   amdkfd lists under ``<sysfs>/class/kfd/kfd/proc/<pid>`` without a known DRM fd (a ROCm
+   compute process opens its render node right after ``/dev/kfd``: checked every poll), then
+   the *checks* that are due (every ``check_period``: list the fd numbers, ``readlink`` only
+   the numbers not seen before; where the directory's size counts its fds, an unchanged size is
+   one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
+   by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
+   between two checks); due work comes from a heap, so a poll costs nothing per idle process;
+4. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
+   what is left waits for the next poll, new pids first: an examination cut short keeps the fd
+   numbers it has left, a large table's listing goes on where it stopped.
+
+``readlink`` of ``<pid>/fd/<n>`` (no open) decides whether an fd is a DRM device: a target under
+``/dev/dri/``, or (another ``/dev`` node) a character device of major 226, stat'ed once.  Only
+DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
+rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
+A pid reused by a new process keeps its record until a check or verification sees the new
+table (within their periods: the same bound as any change of a table).  Memory: 4 bytes per fd number
+seen plus a small record per process.
+"""
 
 from __future__ import annotations
 
+import heapq
 import os
 import stat
+import time
+from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
-from .evidence import pid_entries
 
 DRM_MAJOR = 226
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
+KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
+LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed with one listdir
+_SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
+
+
+@dataclass(frozen=True, slots=True)
+class ScanLimits:
+    """The per-poll budget and the re-examination periods (``FdinfoOptions``)."""
+
+    max_fds: int = 20000  # fds examined per poll (a readlink each; a stat for /dev targets outside /dev/dri)
+    max_seconds: float = 0.05  # wall time of one poll's fd-table work
+    check_period: float = 15.0  # every fd table listed again (new fd numbers)
+    verify_period: float = 50.0  # every fd readlinked again (reused fd numbers)
+
+
+@dataclass(slots=True)
+class _Pid:
+    """What is known of one process's fd table."""
+
+    known: array = field(default_factory=lambda: array("i"))  # fd numbers examined, sorted
+    drm: set[str] = field(default_factory=set)  # fds that are DRM devices
+    done: bool = False  # the whole table examined once
+    next_check: float = 0.0
+    next_verify: float = 0.0
+    unreadable: bool = False
+    size: int = 0  # st_size of the fd directory when last listed, where it counts the entries (else 0)
+    pending: array | None = None  # fd numbers an examination cut short by the budget has left
+    pending_verify: bool = False  # ... and whether it was a verification
+    listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
+    links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
+
+
+class _Budget:
+    def __init__(self, limits: ScanLimits) -> None:
+        self.fds = limits.max_fds
+        self.deadline = time.perf_counter() + limits.max_seconds
+        self.hit = False
+
+    def take(self, n: int) -> int:
+        """Take up to ``n`` fds from the budget; how many it gave (fewer: ``hit``)."""
+        if self.hit or time.perf_counter() > self.deadline:
+            self.hit = True
+            return 0
+        given = min(n, self.fds)
+        self.fds -= given
+        self.hit = given < n
+        return given
+
+    def late(self) -> bool:
+        """Whether the poll's time is spent (then ``hit``)."""
+        if time.perf_counter() > self.deadline:
+            self.hit = True
+            return True
+        return False
 
 
 class FdScanner:
-    """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply."""
+    """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply and bounded."""
 
-    def __init__(self, procfs: Path) -> None:
+    def __init__(self, procfs: Path, sysfs: Path | None = None, limits: ScanLimits | None = None) -> None:
         self.procfs = str(procfs)
-        self._dev_cache: dict[tuple[str, str, str], bool] = {}
-        self.unreadable = 0  # fd tables of the last scan that could not be read (EACCES)
+        self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
+        self.limits = limits or ScanLimits()
+        self._pids: dict[str, _Pid] = {}
+        self._kfd: dict[str, float] = {}
+        self._due: list[tuple[float, str]] = []  # heap of (when, pid): the next check or verification
+        self._undone: set[str] = set()  # pids whose table was never examined whole
+        self.unreadable = 0  # fd tables that could not be read (EACCES), as last examined
+        self.partial = False  # the last poll left a new process unexamined or a verification overdue
+        self.budget_hit = False  # the last poll stopped at its budget
+        self.readlinks = 0  # readlink/stat calls of the last poll (tests count them)
+        self.deferred = 0  # fd-table examinations the last poll left for later
 
-    def _is_drm_target(self, pid: str, fd: str, dir_fd: int, target: str, cache: dict) -> bool:
-        if target.startswith("/dev/dri/"):
-            return True
-        if not target.startswith("/dev/"):
-            return False  # sockets, pipes, anon inodes, regular files
-        key = (pid, fd, target)
-        verdict = self._dev_cache.get(key)
-        if verdict is None:
-            try:
-                st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
-                verdict = stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
-            except OSError:
-                verdict = False
-        cache[key] = verdict
-        return verdict
+    # ------------------------------------------------------------------ the poll
+    def scan(self, errors: dict, now: float | None = None) -> Iterator[tuple[str, str, str]]:
+        """Yield ``(pid, fd, fdinfo text)`` for every DRM fd found; ``now``: the monotonic time
+        the schedule uses (the source's clock)."""
+        now = time.monotonic() if now is None else now
+        budget = _Budget(self.limits)
+        self.readlinks = 0
+        try:  # one listdir: a pid reused by a new process is the same entry until a check or
+            # verification of its table (within their periods) sees the new table
+            entries = {n for n in os.listdir(self.procfs) if n.isascii() and n.isdigit()}
+        except OSError:
+            entries = set()
+        for pid in self._pids.keys() - entries:
+            gone = self._pids.pop(pid)  # exited
+            self._undone.discard(pid)
+            if gone.listing is not None:
+                gone.listing[0].close()
+        kfd = self._kfd_pids(now)
+        # 2. the known clients, every poll
+        for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
+            st = self._pids[pid]
+            yield from self._read_known(pid, st, errors)
+        # 3. fd tables, most urgent first
+        work = self._work(entries, kfd, now)
+        self.deferred = 0
+        for i, (urgency, pnum) in enumerate(work):
+            if budget.hit:
+                self.deferred = len(work) - i
+                break
+            pid = str(pnum)
+            st = self._pids.get(pid)
+            if st is None:
+                st = self._pids[pid] = _Pid()
+                self._undone.add(pid)
+            verify = st.done and (urgency == 1 or st.next_verify <= now)
+            found = self._examine(pid, st, verify, budget, now)
+            if found:
+                yield from self._read_known(pid, st, errors, only=found)
+        for _, pnum in work:  # what is still due (deferred, cut short) is due at the next poll
+            st = self._pids.get(str(pnum))
+            if st is not None and st.done and (min(st.next_check, st.next_verify) <= now
+                                               or st.pending is not None or st.listing is not None):
+                heapq.heappush(self._due, (now, str(pnum)))
+        self.budget_hit = budget.hit
+        self.unreadable = sum(1 for st in self._pids.values() if st.unreadable)
+        overdue = now - self.limits.verify_period
+        self.partial = any(not st.done or st.next_verify < overdue for st in self._pids.values())
 
-    def _drm_fds(self, pid: str, base: str, cache: dict) -> list[str] | None:
-        """Names of the DRM fds of one process via readlink relative to its fd/ directory;
-        None when the tree has no fd/ directory (then every fdinfo file is read)."""
+    def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
+        """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
+        ones never examined whole), KFD processes without a known DRM fd (every fd, every poll,
+        for ``check_period`` after amdkfd listed them), then the checks and verifications due
+        (from a heap: a poll with nothing due costs nothing per process)."""
+        work = [(0, int(p)) for p in (entries - self._pids.keys()) | self._undone]
+        hot = {p for p, since in kfd.items() if now - since <= self.limits.check_period}
+        for p in hot:
+            st = self._pids.get(p)
+            if st is not None and st.done and not st.drm:
+                work.append((1, int(p)))
+        due: set[str] = set()
+        while self._due and self._due[0][0] <= now:
+            _, p = heapq.heappop(self._due)
+            st = self._pids.get(p)
+            if st is None or not st.done or p in due or p in hot:
+                continue
+            if st.next_verify <= now or (st.pending is not None and st.pending_verify):
+                due.add(p)
+                work.append((2, int(p)))
+            elif st.next_check <= now or st.pending is not None or st.listing is not None:
+                due.add(p)
+                work.append((3, int(p)))
+        work.sort()
+        return work
+
+    def _kfd_pids(self, now: float) -> dict[str, float]:
+        """pid -> when amdkfd first listed it (``<sysfs>/class/kfd/kfd/proc/<pid>``, named by the
+        process's pid in the initial PID namespace; docs/detection.md)."""
+        if self.kfd is None:
+            return {}
+        try:
+            with os.scandir(self.kfd) as it:
+                names = [e.name for e in it if e.name.isascii() and e.name.isdigit()]
+        except OSError:
+            names = []
+        self._kfd = {n: self._kfd.get(n, now) for n in names}
+        return self._kfd
+
+    # ------------------------------------------------------------------ one fd table
+    def _examine(self, pid: str, st: _Pid, verify: bool, budget: _Budget, now: float) -> list[str]:
+        """Examine ``pid``'s fd table (new numbers, or all of them when ``verify``) within the
+        budget; return the DRM fds found that were not known."""
+        base = f"{self.procfs}/{pid}"
         try:
             dir_fd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
-            return None
+            st.links = False
+            return self._examine_fdinfo(pid, st, now)
         except PermissionError:
-            self.unreadable += 1  # other users' processes without CAP_SYS_PTRACE: no evidence
+            st.unreadable = True  # other users' processes without CAP_SYS_PTRACE: no evidence
+            self._finish(st, now, verify, pid)
             return []
         except OSError:
             return []
+        st.unreadable = False
+        found: list[str] = []
         try:
-            out = []
-            readlink, is_drm = os.readlink, self._is_drm_target
-            for fd in os.listdir(dir_fd):
+            nums: list[int] | None = None
+            if st.pending is not None:  # resume what the budget cut short: no listing, no set
+                todo, verify = st.pending, st.pending_verify
+            else:
+                size = os.fstat(dir_fd).st_size
+                if size and size == st.size and not verify and st.done and st.listing is None:
+                    self._finish(st, now, False, pid)  # as many fds as at the last listing: the
+                    return found  # re-verification catches a close and open between two checks
+                nums, listed_all = self._list(dir_fd, st, budget)
+                if not listed_all:
+                    return found  # a large table: its listing goes on next poll
+                # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
+                # (BOGO_DIRENT_SIZE, 20 a name: the benches' fixture procfs)
+                st.size = size if size and size in (len(nums), 20 * len(nums)) else 0
+                if not verify and st.done and array("i", nums) == st.known:
+                    self._finish(st, now, False, pid)  # the common check: the same fd numbers
+                    return found
+                if verify:
+                    todo = nums
+                else:
+                    known = set(st.known)
+                    todo = [n for n in nums if n not in known]
+            allowed = budget.take(len(todo))
+            done = 0
+            readlink = os.readlink
+            for n in (todo if allowed == len(todo) else todo[:allowed]):
+                if done & 255 == 255 and budget.late():
+                    break
+                done += 1
+                fd = str(n)
                 try:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
-                if target.startswith("/dev/") and is_drm(pid, fd, dir_fd, target, cache):
-                    out.append(fd)
-            return out
-        except OSError:
-            return []
+                is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target)
+                if is_drm and fd not in st.drm:
+                    st.drm.add(fd)
+                    found.append(fd)
+                elif not is_drm and fd in st.drm:
+                    st.drm.discard(fd)
+            self.readlinks += done
+            if done < len(todo):  # cut short: the rest next poll
+                st.pending, st.pending_verify = array("i", todo[done:]), verify
+                if nums is not None:  # the numbers of this listing (examined or to be) are known
+                    st.known = array("i", nums)
+                return found
+            st.pending = None
+            if nums is not None:  # numbers no longer listed are closed fds
+                st.known = array("i", nums)
+                if st.drm:
+                    st.drm &= set(map(str, nums))
+            self._finish(st, now, verify, pid)
+            return found
         finally:
             os.close(dir_fd)
 
-    def scan(self, errors: dict) -> Iterator[tuple[str, str, str]]:
-        """Yield ``(pid, fd, fdinfo text)`` for every DRM fd, pids in numeric order."""
-        new_cache: dict[tuple[str, str, str], bool] = {}
-        self.unreadable = 0
-        try:  # a pid is a directory
-            pids = sorted((e.name for e in pid_entries(self.procfs) if e.is_dir(follow_symlinks=False)), key=int)
+    @staticmethod
+    def _list(dir_fd: int, st: _Pid, budget: _Budget) -> tuple[list[int], bool]:
+        """The fd numbers of a table, sorted, and whether the listing is whole.  A table that
+        says it is large (``st_size`` of a procfs fd directory is its number of fds since Linux
+        6.2) is listed entry by entry up to the poll's deadline and the listing goes on at the
+        next poll from where it stopped: a million fds cost each poll no more than its budget.
+        Smaller ones are listed at once."""
+        try:
+            if st.listing is None:
+                if os.fstat(dir_fd).st_size <= LIST_AT_ONCE:
+                    names = os.listdir(dir_fd)
+                    try:
+                        return sorted(map(int, names)), True
+                    except ValueError:  # not a procfs: names that are not numbers
+                        return sorted(int(n) for n in names if n.isascii() and n.isdigit()), True
+                st.listing = (os.scandir(dir_fd), [])  # its own duplicate of the directory fd
         except OSError:
-            pids = []
-        for pid in pids:
-            base = f"{self.procfs}/{pid}"
-            fds = self._drm_fds(pid, base, new_cache)
-            from_links = fds is not None
-            if fds is None:
-                try:
-                    fds = os.listdir(f"{base}/fdinfo")
-                except OSError:
-                    continue
-            if not fds:
-                continue
-            try:
-                info_fd = safefile.open_dir(f"{base}/fdinfo")
-            except OSError:
-                continue  # the process exited meanwhile
-            try:
-                yield from self._read_fdinfo(pid, info_fd, fds, from_links, errors)
-            finally:
-                os.close(info_fd)
-        self._dev_cache = new_cache
+            return [], False
+        it, nums = st.listing
+        try:
+            for i, e in enumerate(it):
+                name = e.name
+                if name.isascii() and name.isdigit():
+                    nums.append(int(name))
+                if i & 4095 == 4095 and time.perf_counter() > budget.deadline:
+                    budget.hit = True
+                    return [], False
+        except OSError:
+            nums = []
+        it.close()
+        st.listing = None
+        nums.sort()
+        return nums, True
+
+    def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
+        lim = self.limits
+        if not st.done:  # first complete examination: spread the next ones over their periods
+            spread = (int(pid) * _SPREAD) % 1.0
+            st.done = True
+            self._undone.discard(pid)
+            st.next_check = now + lim.check_period * max(spread, 0.05)
+            st.next_verify = now + lim.verify_period * max(spread, 0.05)
+        else:
+            st.next_check = now + lim.check_period
+            if verify:
+                st.next_verify = now + lim.verify_period
+        heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
 
     @staticmethod
-    def _read_fdinfo(pid: str, info_fd: int, fds: list[str], from_links: bool,
-                     errors: dict) -> Iterator[tuple[str, str, str]]:
-        for fd in fds:
-            try:
-                data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
-            except FileNotFoundError:
-                continue  # fd closed or process exited meanwhile
-            except OSError:  # also safefile.Refused: a FIFO, a symlink, above the limit
-                if from_links:
-                    errors["read_error"] = errors.get("read_error", 0) + 1
-                continue
-            yield pid, fd, data.decode("utf-8", "replace")
+    def _is_drm(fd: str, dir_fd: int, target: str) -> bool:
+        if target.startswith("/dev/dri/"):
+            return True
+        try:  # another /dev node (a container's own /dev): one stat, part of the fd's examination
+            st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
+        except OSError:
+            return False
+        return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
+
+    def _examine_fdinfo(self, pid: str, st: _Pid, now: float) -> list[str]:
+        """A tree without fd/ links (a fixture): every fdinfo file is a candidate, read each poll."""
+        try:
+            names = os.listdir(f"{self.procfs}/{pid}/fdinfo")
+        except OSError:  # neither fd/ nor fdinfo/: exited meanwhile, or a fixture's bare pid
+            names = []
+        new = [n for n in names if n not in st.drm and n.isascii() and n.isdigit()]
+        st.drm.update(new)
+        st.done, st.next_check, st.next_verify = True, now, now + self.limits.verify_period  # every poll
+        self._undone.discard(pid)
+        heapq.heappush(self._due, (now, pid))
+        return new
+
+    # ------------------------------------------------------------------ fdinfo
+    def _read_known(self, pid: str, st: _Pid, errors: dict, only: list[str] | None = None
+                    ) -> Iterator[tuple[str, str, str]]:
+        fds = sorted(only if only is not None else st.drm, key=int)
+        try:
+            info_fd = safefile.open_dir(f"{self.procfs}/{pid}/fdinfo")
+        except OSError:
+            return  # the process exited meanwhile
+        try:
+            for fd in fds:
+                try:
+                    data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
+                except FileNotFoundError:
+                    self._forget(st, fd)  # closed meanwhile
+                    continue
+                except OSError:  # also safefile.Refused: a FIFO, a symlink, above the limit
+                    if st.links:
+                        errors["read_error"] = errors.get("read_error", 0) + 1
+                    continue
+                text = data.decode("utf-8", "replace")
+                if "drm-driver" not in text:
+                    self._forget(st, fd)  # its number now names another file: look again
+                    continue
+                yield pid, fd, text
+        finally:
+            os.close(info_fd)
+
+    @staticmethod
+    def _forget(st: _Pid, fd: str) -> None:
+        st.drm.discard(fd)
+        if st.links:
+            n = int(fd)
+            st.known = array("i", (k for k in st.known if k != n))

@@ -106,6 +106,13 @@ class AmdsmiOptions(Options):
 class FdinfoOptions(Options):
     processes: ProcessMode = "count"
     top_n: int = 5  # < 0: every process, no "other"
+    # the per-poll budget of the /proc scan (fdinfo_scan.py; beyond it the count is partial)
+    scan_max_fds: int = Field(default=20000, ge=100)  # fds examined (readlink) per poll
+    scan_max_seconds: Duration = 0.05  # wall time of one poll's fd-table work
+    # every fd table listed again (new fd numbers) / every fd readlinked again (reused numbers);
+    # docs/detection.md: a new tenant is counted within scan_verify_period + 2 polls
+    scan_check_period: Duration = 15.0
+    scan_verify_period: Duration = 50.0
 
 
 class TriggerOptions(Options):

@@ -1,0 +1,247 @@
+"""The fdinfo source on a busy node (issue 35): no scan without a counted driver, incremental
+discovery with its worst-case bound, re-verification of reused fd numbers, the per-poll budget.
+
+The procfs is a fixture tree; cost is counted in ``readlink`` calls on fd tables (the call the
+old scan made once per fd per poll), never timed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from exporter.sources.base import SourceUnavailable
+from exporter.sources.context import SourceContext
+from exporter.sources.drm_fdinfo import DrmFdinfoSource
+from tests.fdinfo_trees import add_card, add_fd
+
+AMD = "0000:08:00.0"
+CHECK, VERIFY = 15.0, 50.0  # the defaults of scan_check_period / scan_verify_period
+BOUND_NEW_NUMBER = CHECK + 2  # polls at 1 s: found by the next check, counted one poll later
+BOUND_REUSED = VERIFY + 2  # found by the next re-verification, counted one poll later
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def readlinks(monkeypatch):
+    """Counts readlink calls on fd tables (relative to a directory fd)."""
+    calls = []
+    real = os.readlink
+
+    def counting(path, *, dir_fd=None):
+        if dir_fd is not None:
+            calls.append(path)
+        return real(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "readlink", counting)
+    return calls
+
+
+def _text(shared_fixtures: Path, busy_ns: int = 0, client: int = 217) -> str:
+    text = (shared_fixtures / "intel" / "fdinfo-amdgpu-1.txt").read_text()
+    text = re.sub(r"drm-client-id:\s*\d+", f"drm-client-id:\t{client}", text)
+    return re.sub(r"drm-engine-gfx:\s*(\d+) ns", lambda m: f"drm-engine-gfx:\t{int(m[1]) + busy_ns} ns", text)
+
+
+def _node(tmp_path: Path, shared_fixtures: Path, *, procs: int = 5, fds: int = 30, driver: str = "amdgpu",
+          pci: str = AMD, **options):
+    """``procs`` processes of ``fds`` non-DRM fds each, pid 100 also one amdgpu client (fd 3)."""
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    add_fd(proc, 2, 0, "/dev/null", comm="kthreadd")
+    for p in range(procs):
+        for fd in range(fds):
+            add_fd(proc, 100 + p, fd, f"socket:[{p * 1000 + fd}]")
+    add_fd(proc, 100, 3, "/dev/dri/renderD128", _text(shared_fixtures))
+    add_card(sysfs, 0, pci, driver=driver)
+    clock = Clock()
+    src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options=options), clock=clock)
+    return proc, sysfs, src, clock
+
+
+class Node:
+    """Polls once per simulated second, advancing every client's busy counter."""
+
+    def __init__(self, proc, src, clock, shared_fixtures) -> None:
+        self.proc, self.src, self.clock, self.fixtures = proc, src, clock, shared_fixtures
+        self.clients: dict[tuple[int, int], int] = {(100, 3): 217}
+        self.tick = 0
+
+    def add_client(self, pid: int, fd: int, client: int) -> None:
+        self.clients[(pid, fd)] = client
+        add_fd(self.proc, pid, fd, "/dev/dri/renderD128", _text(self.fixtures, 0, client))
+
+    def poll(self):
+        self.tick += 1
+        for (pid, fd), client in self.clients.items():  # 50 % busy
+            (self.proc / str(pid) / "fdinfo" / str(fd)).write_text(
+                _text(self.fixtures, self.tick * 500_000_000, client))
+        self.clock.t += 1.0
+        return self.src.poll()
+
+    def seconds_until_counted(self, pid: int, limit: int = 120) -> int:
+        for second in range(1, limit + 1):
+            sample = self.poll()
+            if any(dict(r.labels)["client"] == str(pid) for r in sample.readings
+                   if r.field == "client.engine_utilization"):
+                return second
+        raise AssertionError(f"pid {pid} not counted within {limit} s")
+
+
+def _evidence(sample) -> list[tuple[float, str]]:
+    return [(r.value, dict(r.labels)["reason"]) for r in sample.readings if r.field == "client.evidence"]
+
+
+# ------------------------------------------------------------------------- counted drivers only
+@pytest.mark.parametrize("drivers", [("ast",), ("ast", "nvidia-drm")])
+def test_no_scan_when_every_card_is_an_uncounted_driver(tmp_path, shared_fixtures, readlinks, drivers):
+    proc, sysfs, src, _ = _node(tmp_path, shared_fixtures, driver=drivers[0])
+    for i, drv in enumerate(drivers[1:], start=1):
+        add_card(sysfs, i, f"0000:0{i}:00.0", driver=drv)
+    with pytest.raises(SourceUnavailable, match=r"no DRM card bound to a counted driver .*amdgpu.*ast"):
+        src.open()
+    assert readlinks == []  # not one fd of /proc looked at
+
+
+def test_scanning_starts_when_a_counted_card_appears(tmp_path, shared_fixtures, readlinks):
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures, driver="ast", pci="0000:02:00.0")
+    with pytest.raises(SourceUnavailable):
+        src.open()  # the runner opens again at every poll
+    add_card(sysfs, 1, AMD, driver="amdgpu")  # hot-plug / driver loaded
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    assert node.seconds_until_counted(100) == 2  # first sample, then a percentage
+    assert _evidence(node.poll()) == [(1.0, "")]
+
+
+def test_scan_stops_when_the_counted_card_goes_away(tmp_path, shared_fixtures, readlinks):
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.poll()
+    shutil.rmtree(sysfs / "class" / "drm" / "card0")  # amdgpu unbound: its DRM card goes
+    add_card(sysfs, 1, "0000:02:00.0", driver="ast")  # the BMC's VGA stays
+    before = len(readlinks)
+    for _ in range(60):
+        sample = node.poll()
+        assert sample.readings == [] and sample.errors["no_counted_driver"] >= 1
+    assert len(readlinks) == before
+
+
+# ------------------------------------------------------------------------- incremental discovery
+def test_steady_polls_readlink_only_what_is_due(tmp_path, shared_fixtures, readlinks):
+    proc, _, src, clock = _node(tmp_path, shared_fixtures, procs=5, fds=30)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.poll()
+    first = len(readlinks)
+    assert first >= 5 * 30  # the first poll examines every fd table once
+    readlinks.clear()
+    for _ in range(int(VERIFY)):
+        node.poll()
+    # over one re-verification period every fd is readlinked about once again, not once a poll
+    assert len(readlinks) <= 1.5 * first
+    assert len(readlinks) >= first - 5  # ... and the re-verification did run over all of them
+
+
+def test_new_process_is_counted_at_once(tmp_path, shared_fixtures, readlinks):
+    proc, _, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    node.add_client(500, 9, 900)  # a new process with a DRM fd
+    readlinks.clear()
+    assert node.seconds_until_counted(500) <= 2
+    assert len(readlinks) < 30  # its own table, not every process's again
+
+
+def test_new_client_in_an_existing_process_is_counted_within_the_bound(tmp_path, shared_fixtures, readlinks):
+    proc, _, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    node.add_client(102, 77, 902)  # a process known for 5 s opens the GPU: a new fd number
+    readlinks.clear()
+    took = node.seconds_until_counted(102)
+    assert took <= BOUND_NEW_NUMBER
+    assert len(readlinks) < 5 * 30  # over all those polls, less than one full scan of the node
+
+
+def test_reused_fd_number_is_caught_by_the_re_verification(tmp_path, shared_fixtures, readlinks):
+    proc, _, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    # fd 12 of pid 103 was a socket: closed, and the number reused for the GPU between two polls
+    node.add_client(103, 12, 903)
+    took = node.seconds_until_counted(103)
+    assert took <= BOUND_REUSED
+    assert took > 2  # the fd table's numbers did not change: only the re-verification sees it
+
+
+def test_a_kfd_process_is_watched_every_poll(tmp_path, shared_fixtures, readlinks):
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(3):
+        node.poll()
+    (sysfs / "class" / "kfd" / "kfd" / "proc" / "104").mkdir(parents=True)  # opened /dev/kfd
+    node.poll()
+    node.add_client(104, 12, 904)  # ... then its render node, under a reused number
+    readlinks.clear()
+    assert node.seconds_until_counted(104) <= 2
+    assert len(readlinks) <= 2 * 30  # its table every poll, nobody else's
+
+
+def test_a_client_that_closes_is_dropped_and_its_number_looked_at_again(tmp_path, shared_fixtures, readlinks):
+    proc, _, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.seconds_until_counted(100)
+    del node.clients[(100, 3)]
+    add_fd(proc, 100, 3, "pipe:[5]")  # closed; the number reused by a pipe
+    sample = node.poll()
+    assert not [r for r in sample.readings if r.field == "client.engine_utilization"]
+
+
+# ------------------------------------------------------------------------- budget under a flood
+def test_fd_flood_stays_within_the_budget_and_marks_the_count_partial(tmp_path, shared_fixtures, readlinks):
+    proc, _, src, clock = _node(tmp_path, shared_fixtures, scan_max_fds=100)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.seconds_until_counted(100)
+    for _ in range(3):
+        node.poll()
+    assert _evidence(node.poll()) == [(1.0, "")]
+    for fd in range(1000):  # another user's process: 1,000 fds on /dev/null
+        add_fd(proc, 666, fd, "/dev/null")
+    node.add_client(105, 88, 905)  # a tenant arriving during the flood
+    polls = 0
+    partial = 0
+    while True:
+        readlinks.clear()
+        sample = node.poll()  # never raises: the source stays up
+        polls += 1
+        assert len(readlinks) <= 100  # the budget, every poll
+        if _evidence(sample) == [(0.0, "scan_budget_exceeded")]:
+            partial += 1
+            assert sample.errors["scan_budget_exceeded"] == 1  # the self-metric counts it
+            assert any(dict(r.labels)["client"] == "100" for r in sample.readings
+                       if r.field == "client.engine_utilization")  # known clients still read
+        elif _evidence(sample) == [(1.0, "")]:
+            break
+        assert polls < 30
+    assert partial >= 9  # 1,000 fds at 100 a poll
+    assert node.seconds_until_counted(105) <= 2
