@@ -258,3 +258,21 @@ def test_real_alertmanager_one_page_per_gpu_incident(alertmanager):
     active = sorted(k[0] + "/" + k[2] for k, a in state.items() if a["status"]["state"] == "active")
     assert active == ["GPUDeviceLost/1", "GPUEccUncorrectable/3", "GPUXidCritical/2"]
     assert [r["name"] for r in state[("GPUDeviceLost", "node-h:9632", "1")]["receivers"]] == ["platform-team-pager"]
+
+
+def test_real_alertmanager_the_node_contention_page_covers_its_gpus_tickets(alertmanager):
+    n = {"instance": "node-c:9632", "cluster": "c1"}
+    _http(f"{alertmanager}/api/v2/alerts", [
+        _alert(alertname="GPUMemoryContentionFraction", category="memory_contention", severity="critical", **n),
+        _alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
+               vendor="nvidia", gpu="0", uuid="GPU-c0", **n),
+        _alert(alertname="GPUArbitrationStallsHigh", category="memory_contention", severity="warning",
+               vendor="nvidia", gpu="0", uuid="GPU-c0", **n),
+        _alert(alertname="GPUMemoryContention", category="memory_contention", severity="warning",
+               vendor="nvidia", gpu="0", uuid="GPU-d0", instance="node-d:9632", cluster="c1"),
+    ])
+    state = _states(alertmanager, 4, lambda st: st[("GPUMemoryContention", "node-c:9632", "0")]["status"]["inhibitedBy"]
+                    and st[("GPUArbitrationStallsHigh", "node-c:9632", "0")]["status"]["inhibitedBy"])
+    assert state[("GPUMemoryContention", "node-d:9632", "0")]["status"]["state"] == "active"
+    page = state[("GPUMemoryContentionFraction", "node-c:9632", None)]
+    assert page["status"]["state"] == "active" and [r["name"] for r in page["receivers"]] == ["platform-team-pager"]
