@@ -76,6 +76,7 @@ docs:
 ## PrometheusRule from deploy/prometheus/rules, dashboard ConfigMaps from deploy/grafana) and
 ## the kubelet pod-resources protobuf module from its vendored .proto.
 kubernetes: install
+	$(PY) scripts/gen-alertmanager.py
 	$(PY) scripts/gen-kubernetes-monitoring.py
 	cd exporter/enrich && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. podresources_v1.proto
 

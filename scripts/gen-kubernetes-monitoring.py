@@ -11,8 +11,8 @@ files) in deploy/fleet/kubernetes/central/generated-config.yaml.
 The fleet's rule files are rendered with their runbook links under ``--runbook-base`` (default:
 $FLEET_RUNBOOK_BASE, else the repository path deploy/prometheus/runbooks.md), not under an
 external label of vmalert (which would label every recorded series and alert with it).  The
-PrometheusRule keeps the rules' own ``$externalLabels.runbook_base`` template: Prometheus'
-external labels do not touch the series it stores.
+PrometheusRule holds the rules as shipped (their runbook base and job names from
+deploy/prometheus/rules-settings.yml; scripts/gen-rules.py renders them with other settings).
 
 Every rule file and every dashboard in those directories is picked up; nothing is listed by
 name here, so a new rule file or dashboard only needs a re-run (tests/test_kubernetes_manifests.py

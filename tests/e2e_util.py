@@ -207,7 +207,7 @@ def exporter(tmp: Path, args: Iterable[str], name: str = "exporter") -> Server:
 
 def start_exporter(procs: ProcessSet, tmp: Path, args: Iterable[str], timeout: float = 15.0,
                    name: str = "exporter") -> Server:
-    """Start the exporter and wait for /readyz (first poll done, a source up)."""
+    """Start the exporter and wait for /readyz (the first render after every source's first poll)."""
     server = procs.add(exporter(tmp, args, name))
     return server.start().wait_ready("/readyz", timeout)
 

@@ -175,8 +175,16 @@ def test_fleet_and_cost_views_cover_contention_and_cost():
             "gpu_metric_cov", "gpu_baseline_zscore", "unified_gpu_exporter_source_up"} <= fleet
     cost = set().union(*(metric_names(e) for _, e in _queries(DASHBOARDS["gpu-cost.json"])))
     assert {"namespace_workload:gpu_effective_cost_dollars_per_busy_hour:ratio",
-            "namespace_workload:gpu_contention_cost_dollars:sum_rate1h", "gpu_contention_cost_dollars_total",
+            "namespace_workload:gpu_contention_cost_dollars:sum_rate5m", "gpu_contention_cost_dollars_total",
             "cloud:gpu_price_dollars_per_hour:sum"} <= cost
+
+
+def test_cost_per_hour_panels_are_not_an_hour_late():
+    """Issue 39: a "per hour" cost panel shows the current rate (5-minute window), not a 1-hour
+    trailing average (0.12 $/h while contention cost 1.9 $/h)."""
+    late = [(where, expr) for where, expr in _queries(DASHBOARDS["gpu-cost.json"])
+            if "gpu_contention_cost_dollars" in expr and ("sum_rate1h" in expr or "[1h]" in expr)]
+    assert late == []
 
 
 # ------------------------------------------------------------------------------- names and syntax

@@ -206,3 +206,21 @@ def test_evidence_text_names_a_partial_count_and_its_reason():
     mig = {"gpu_contention_evidence_info": [({"evidence": "none", "source": "nvml", "reason": "no_permission"}, 1.0)],
            "gpu_active_clients": [({"gpu_instance": "1", "mig_profile": "3g.40gb"}, 2.0)]}
     assert "active clients" not in _evidence(mig, {})
+
+
+def test_slowdown_is_na_while_contended_without_a_starvation_signal():
+    """Issue 39: an AMD or Intel GPU (utilization basis: no memory-bound reference) read
+    "slowdown 0%" while contended; nothing sized it."""
+    from exporter.serve.landing import _evidence
+
+    contended = [({"state": "contended"}, 1.0), ({"state": "idle"}, 0.0)]
+    amd = {"gpu_memory_state": contended, "gpu_contention_slowdown_ratio": [({}, 0.0)]}
+    assert "slowdown n/a (no compute-starvation signal to size it)" in _evidence(amd, {})
+    assumed = {"gpu_memory_state": contended, "gpu_contention_slowdown_ratio": [({}, 0.2)]}
+    assert "slowdown 20% (assumed: indicators.cost.default_slowdown)" in _evidence(assumed, {})
+    nvidia = {**amd, "gpu_contention_slowdown_ratio": [({}, 0.3)],
+              "gpu_memory_bound_reference_percent": [({"basis": "occupancy"}, 40.0)]}
+    assert "slowdown 30%" in _evidence(nvidia, {}) and "n/a" not in _evidence(nvidia, {})
+    calm = {"gpu_memory_state": [({"state": "idle"}, 1.0)], "gpu_contention_slowdown_ratio": [({}, 0.0)]}
+    assert "slowdown 0%" in _evidence(calm, {})
+

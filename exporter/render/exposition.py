@@ -54,7 +54,8 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                             "not_supported, read_error, device_lost, parse_error, "
                             "profiling_unavailable, unit_ambiguous, ...)."),
     "source_series": ("gauge", "Canonical series produced by the source's last poll."),
-    "device_up": ("gauge", "1 while the device answers its source, 0 after it was lost."),
+    "device_up": ("gauge", "1 while the device answers its source; 0 after it was lost, or while its source "
+                           "is down (source_up 0: nothing is known of it)."),
     "render_duration_seconds": ("gauge", "Time spent rendering the last exposition, in seconds."),
     "render_errors_total": ("counter",
                             "Renders that failed; the exposition then holds only self-metrics and "
@@ -203,9 +204,9 @@ class Renderer:
             for key, dev in st.devices.items():  # one per identity (a device may have companions)
                 ident = dev.id
                 up[ident] = up.get(ident, True) and st.device_up.get(key, True)
-            for (vendor, gpu, uuid), ok in up.items():
+            for (vendor, gpu, uuid), ok in up.items():  # a down source's devices are not known up
                 add("device_up", {"source": st.name, "vendor": vendor, "gpu": gpu, "uuid": uuid},
-                    1.0 if ok else 0.0)
+                    1.0 if ok and st.up else 0.0)
         add("render_duration_seconds", {}, self.render_duration)
         add("render_errors_total", {}, float(self.render_errors))
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))

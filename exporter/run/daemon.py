@@ -66,7 +66,6 @@ class Daemon:
         self._polled: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
-        self._rendered_up = False
         self._dirty: asyncio.Event | None = None
         self._first_polls: asyncio.Event | None = None  # set once every source polled (start)
         self._render_worker = Worker("render")
@@ -214,7 +213,6 @@ class Daemon:
 
         self.rendered = await self._render_worker.submit(build)
         self.otlp.offer(self.rendered, static)  # returns at once; pushes on its own thread
-        self._rendered_up = any(st.up for st in snap.sources.values())
         return self.rendered
 
     def _pod_labels(self, store: Store) -> tuple[dict, Frames]:
@@ -229,8 +227,11 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        """The bytes being served come from a completed poll of at least one source that is up."""
-        return self.rendered is not None and self._rendered_up and not self.rendered.failed
+        """The exporter can serve: a render completed (after every source's first poll or its
+        start-up wait) and did not fail.  Sources that are down do not make it unready: their
+        state (source_up 0, device_up 0) is what it serves then, and a Service that dropped the
+        pod would hide exactly that incident (README, "Probes")."""
+        return self.rendered is not None and not self.rendered.failed
 
     async def start(self) -> None:
         self._load_once()

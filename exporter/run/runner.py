@@ -128,6 +128,8 @@ class SourceRunner:
         st.last_success = time.time()
         self.polled_at = time.monotonic()
         st.polls += 1
+        if st.state == "down":  # the outage's end, with what it was
+            log.info("source up again", extra={"source": st.name, "reason": st.reason})
         st.up, st.state, st.reason = True, "up", ""
         st.was_up = True
         self.backend_missing = False

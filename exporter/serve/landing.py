@@ -102,13 +102,26 @@ def _evidence(ind: dict[str, list[tuple[dict[str, str], float]]], inputs: dict[s
         lab, v = one["gpu_memory_bound_reference_percent"]
         parts.append(f"memory-bound reference {lab.get('basis', '')} {_num(v, '%')}")
     if "gpu_contention_slowdown_ratio" in one:
-        parts.append(f"slowdown {one['gpu_contention_slowdown_ratio'][1]:.0%}")
+        parts.append(_slowdown(one, ind))
     seconds = sum(v for _, v in ind.get("gpu_memory_contention_seconds_total", []))
     if seconds:
         parts.append(f"contended {seconds:.0f} s since start")
     if any(v == 1 for _, v in ind.get("gpu_baseline_deviation", [])):
         parts.append("below its own baseline")
     return "<br>".join(_e(p) for p in parts) or "<small>no evidence yet</small>"
+
+
+def _slowdown(one: dict[str, tuple[dict[str, str], float]],
+              ind: dict[str, list[tuple[dict[str, str], float]]]) -> str:
+    """The slowdown as the engine sized it; while contended without a memory-bound reference
+    (no compute-starvation signal: AMD and Intel utilization never starves), nothing sized it:
+    ``n/a``, or the configured assumption (``indicators.cost.default_slowdown``) when not 0."""
+    value = one["gpu_contention_slowdown_ratio"][1]
+    contended = any(lab.get("state") == "contended" and v == 1 for lab, v in ind.get("gpu_memory_state", []))
+    if contended and "gpu_memory_bound_reference_percent" not in one:
+        return f"slowdown {value:.0%} (assumed: indicators.cost.default_slowdown)" if value > 0 else \
+            "slowdown n/a (no compute-starvation signal to size it)"
+    return f"slowdown {value:.0%}"
 
 
 def _gpu_rows(daemon: Daemon) -> list[str]:
