@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import subprocess
+import sys
 import time
 import urllib.request
 

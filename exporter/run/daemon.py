@@ -227,10 +227,9 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        """The exporter can serve: a render completed (after every source's first poll or its
-        start-up wait) and did not fail.  Sources that are down do not make it unready: their
-        state (source_up 0, device_up 0) is what it serves then, and a Service that dropped the
-        pod would hide exactly that incident (README, "Probes")."""
+        """A render completed (after the first polls or their wait) and did not fail.  Down sources
+        do not make it unready: their state (source_up 0, device_up 0) is what it serves then, and
+        a Service dropping the pod would hide that very incident (README, "Probes")."""
         return self.rendered is not None and not self.rendered.failed
 
     async def start(self) -> None:
