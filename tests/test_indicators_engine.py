@@ -574,3 +574,26 @@ def test_flicker_seconds_are_booked_once_the_tenant_is_seen_again():
     states, secs, _ = _timeline(lambda t: ["1"] + (["2"] if int(t) % 6 != 5 else []), 60.0)
     assert set(states) == {"contended"}
     assert secs == pytest.approx(60.0, abs=0.6)
+
+
+# ------------------------------------------------ slowdown n/a (issue 39)
+@pytest.mark.parametrize("default_slowdown", [0.0, 0.5])
+def test_contended_without_a_reference_has_no_slowdown_and_books_nothing_unless_one_is_assumed(default_slowdown):
+    """An AMD GPU (utilization basis: no compute-starvation signal, so no memory-bound reference)
+    contended by two clients: nothing sizes the slowdown, so gpu_contention_slowdown_ratio is
+    absent and no dollar is booked (before: "slowdown 0", $0 booked as if contention were free);
+    with indicators.cost.default_slowdown set, that assumption sizes both."""
+    costs = {"prices": [{"dollars_per_hour": 3600.0}], "default_slowdown": default_slowdown}
+    engine = TextEngine(cfg(cost=costs), None, POLL)
+    engine.set_device_info(DEV, model="AMD Instinct MI300X", vendor="amd")
+    frame = {"gpu_memory_bandwidth_utilization_percent": 95.0, "gpu_compute_utilization_percent": 99.0, **TWO}
+    t, out = run(engine, 0.0, 30.0, frame)
+    assert one(out, "gpu_memory_state", state="contended") == 1.0
+    assert absent(out, "gpu_memory_bound_reference_percent")
+    if default_slowdown:
+        assert one(out, "gpu_contention_slowdown_ratio") == 0.5
+        assert one(out, "gpu_contention_cost_dollars_total") > 0
+    else:
+        assert absent(out, "gpu_contention_slowdown_ratio")
+        assert one(out, "gpu_contention_cost_dollars_total") == 0.0
+    assert sum(v for n, _, v in out if n == "gpu_memory_contention_seconds_total") > 20  # the seconds still count

@@ -216,6 +216,8 @@ def test_slowdown_is_na_while_contended_without_a_starvation_signal():
     contended = [({"state": "contended"}, 1.0), ({"state": "idle"}, 0.0)]
     amd = {"gpu_memory_state": contended, "gpu_contention_slowdown_ratio": [({}, 0.0)]}
     assert "slowdown n/a (no compute-starvation signal to size it)" in _evidence(amd, {})
+    unsized = {"gpu_memory_state": contended}  # the engine serves no slowdown while nothing sizes it
+    assert "slowdown n/a (no compute-starvation signal to size it)" in _evidence(unsized, {})
     assumed = {"gpu_memory_state": contended, "gpu_contention_slowdown_ratio": [({}, 0.2)]}
     assert "slowdown 20% (assumed: indicators.cost.default_slowdown)" in _evidence(assumed, {})
     nvidia = {**amd, "gpu_contention_slowdown_ratio": [({}, 0.3)],

@@ -241,15 +241,15 @@ class IndicatorEngine:
         """2. contention seconds and the slowdown-based cost, following ``contended``."""
         cfg, st, out, labels = self.config, t.st, t.out, self._labels
         contended = t.state == "contended"
-        slowdown = 0.0
+        slowdown: float | None = 0.0  # None: n/a, nothing measures it (no reference) and none assumed
         if contended:
             if t.ref_median and t.compute is not None:
                 slowdown = min(max(1.0 - t.compute / t.ref_median, 0.0), 1.0)
             else:
-                slowdown = cfg.cost.default_slowdown
+                slowdown = cfg.cost.default_slowdown or None
         basis = t.basis if t.basis is not None and t.bw_util is not None else None
         dollars = slowdown_cost(price, slowdown, t.dt, cfg.cost.surcharge_dollars, cfg.cost.surcharge_step) \
-            if price is not None and contended else 0.0
+            if price is not None and slowdown is not None and contended else 0.0
         book_contention(st, basis, contended, held_only(st, t.held, cfg.state.min_clients), t.dt, dollars)
         if basis is not None:
             st.contention_seconds.setdefault(basis, 0.0)
@@ -257,10 +257,8 @@ class IndicatorEngine:
                 1.0 if contended else 0.0
         for b_name, seconds in st.contention_seconds.items():
             out[("gpu_memory_contention_seconds_total", BY_BASIS.get(b_name) or labels.one("basis", b_name))] = seconds
-        if contended:
+        if slowdown is not None and t.state != "unknown":  # absent while n/a or unknown
             out[("gpu_contention_slowdown_ratio", NO_LABELS)] = slowdown
-        elif t.state != "unknown":
-            out[("gpu_contention_slowdown_ratio", NO_LABELS)] = 0.0
         if price is not None:
             out[("gpu_price_dollars_per_hour", NO_LABELS)] = price
             out[("gpu_contention_cost_dollars_total", NO_LABELS)] = st.cost_dollars

@@ -101,7 +101,7 @@ def _evidence(ind: dict[str, list[tuple[dict[str, str], float]]], inputs: dict[s
     if "gpu_memory_bound_reference_percent" in one:
         lab, v = one["gpu_memory_bound_reference_percent"]
         parts.append(f"memory-bound reference {lab.get('basis', '')} {_num(v, '%')}")
-    if "gpu_contention_slowdown_ratio" in one:
+    if "gpu_contention_slowdown_ratio" in one or _contended(ind):
         parts.append(_slowdown(one, ind))
     seconds = sum(v for _, v in ind.get("gpu_memory_contention_seconds_total", []))
     if seconds:
@@ -116,12 +116,17 @@ def _slowdown(one: dict[str, tuple[dict[str, str], float]],
     """The slowdown as the engine sized it; while contended without a memory-bound reference
     (no compute-starvation signal: AMD and Intel utilization never starves), nothing sized it:
     ``n/a``, or the configured assumption (``indicators.cost.default_slowdown``) when not 0."""
+    if "gpu_contention_slowdown_ratio" not in one:  # the engine serves none while it cannot size it
+        return "slowdown n/a (no compute-starvation signal to size it)"
     value = one["gpu_contention_slowdown_ratio"][1]
-    contended = any(lab.get("state") == "contended" and v == 1 for lab, v in ind.get("gpu_memory_state", []))
-    if contended and "gpu_memory_bound_reference_percent" not in one:
+    if _contended(ind) and "gpu_memory_bound_reference_percent" not in one:
         return f"slowdown {value:.0%} (assumed: indicators.cost.default_slowdown)" if value > 0 else \
             "slowdown n/a (no compute-starvation signal to size it)"
     return f"slowdown {value:.0%}"
+
+
+def _contended(ind: dict[str, list[tuple[dict[str, str], float]]]) -> bool:
+    return any(lab.get("state") == "contended" and v == 1 for lab, v in ind.get("gpu_memory_state", []))
 
 
 def _gpu_rows(daemon: Daemon) -> list[str]:
