@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,3 +36,17 @@ def run_bounded(code: str, *args: str, timeout: float = 30.0, mem: int = 1 << 30
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return Bounded(None, out)
     return Bounded(p.returncode, p.stdout + p.stderr)
+
+
+def in_thread(fn) -> tuple[threading.Thread, list]:  # noqa: ANN001
+    """Run ``fn`` on a daemon thread: (the thread, a list that gets its result or exception)."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box.append(exc)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box

@@ -236,3 +236,17 @@ def test_enricher_rejects_unknown_options():
         CloudEnricher({"providers": ["oracle"]})
     with pytest.raises(ValueError, match="unknown label"):
         CloudEnricher({"labels": ["node"]})
+
+
+async def detect_aws(token, document) -> CloudIdentity | None:
+    """``detect`` against an AWS metadata service of these two handlers (the other providers
+    answer 404)."""
+    app = web.Application()
+    app.router.add_put("/latest/api/token", token)
+    app.router.add_get("/latest/dynamic/instance-identity/document", document)
+    aws, other = await start(app), await start(not_found_app())
+    try:
+        return await detect(endpoints={"aws": url(aws), "azure": url(other), "gcp": url(other)})
+    finally:
+        await aws.close()
+        await other.close()

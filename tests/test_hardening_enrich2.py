@@ -20,7 +20,7 @@ from exporter.enrich.kube_pods import PodLister, PodListError
 from exporter.enrich.kubernetes import PodResourcesEnricher
 from tests.conftest import REPO
 from tests.e2e_util import EXPORTER_CMD
-from tests.test_cloud_enrich import AWS_DOC, not_found_app, start, url
+from tests.test_cloud_enrich import AWS_DOC, detect_aws, not_found_app, start, url
 from tests.test_kubernetes_enrich import (  # noqa: F401
     CGROUP_SHAPES,
     CID_A,
@@ -129,15 +129,7 @@ async def test_oversized_metadata_answers_are_refused(field, size):
 
     async def document(_req: web.Request) -> web.Response:
         return web.Response(text=json.dumps(doc))
-    app = web.Application()
-    app.router.add_put("/latest/api/token", token)
-    app.router.add_get("/latest/dynamic/instance-identity/document", document)
-    aws, other = await start(app), await start(not_found_app())
-    try:
-        ident = await detect(endpoints={"aws": url(aws), "azure": url(other), "gcp": url(other)})
-    finally:
-        await aws.close()
-        await other.close()
+    ident = await detect_aws(token, document)
     assert ident is None  # the whole answer is refused: no label of it reaches a series
 
 

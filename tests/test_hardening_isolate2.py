@@ -32,6 +32,7 @@ from exporter.importers.model import ProfileRejected
 from exporter.importers.profiles_source import ProfilesSource
 from exporter.sources.base import SourceUnavailable
 from exporter.sources.context import SourceContext
+from tests.bounded import in_thread
 from tests.readable_copy import readable_copy
 
 KINETO = "kineto-mi250-rocm6.2.json"
@@ -83,17 +84,7 @@ def _status(pid: int) -> dict[str, str]:
     return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
 
 
-def _in_thread(fn):
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
+_in_thread = in_thread
 
 
 def _drop(tmp_path: Path, shared_fixtures: Path, *names: str) -> DropDir:

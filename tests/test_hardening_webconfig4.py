@@ -17,22 +17,14 @@ from exporter.serve.webconfig.model import WebConfigError
 from exporter.serve.webconfig.watch import WebConfigWatcher
 from exporter.sources.context import SourceContext
 from exporter.sources.upstream import UpstreamSource
-from tests.bounded import run_bounded
+from tests.bounded import in_thread, run_bounded
 from tests.test_webconfig_tls import tls_files  # noqa: F401 - the session fixture (openssl PKI)
 
 GOOD = "basic_auth_users:\n  u: $2b$04$0123456789012345678901u0ZxjHBpYV0PVMEuxGuZPuoxx9HWAm2\n"
 
 
 def _in_thread(fn, timeout: float = 15):  # noqa: ANN001, ANN202
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, box = in_thread(fn)
     t.join(timeout)
     return t.is_alive(), box
 
