@@ -74,8 +74,8 @@ def interval_and_timeout(cconf: CollectorConfig, poll_interval: float) -> tuple[
     return interval, cconf.timeout or max(TIMEOUT_FLOOR, interval)
 
 
-def not_ready_message(states) -> str:
-    """Why /readyz answers 503 after the first polls: each source's state and reason."""
+def no_source_up_message(states) -> str:
+    """Why no GPU is read after the first polls: each source's state and reason."""
     why = "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in states) or "no source is enabled"
-    return (f"not ready: no source is up ({why}); /readyz answers 503 until one is. --list-devices "
-            "shows what each source finds, --simulate serves a simulated node")
+    return (f"no source is up ({why}): no GPU is read, /metrics serves the exporter's own series "
+            "only. --list-devices shows what each source finds, --simulate serves a simulated node")
