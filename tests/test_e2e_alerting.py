@@ -151,7 +151,13 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e-alerting")
     prom_dir = prepare_prometheus_dir(tmp)
     cfg = tmp / "exporter.yml"
-    cfg.write_text(EXPORTER_CONFIG)
+    # a Slurm job on the first NVIDIA GPU, as the shipped prolog writes it (device-metrics-exporter's
+    # JSON): the jobs dashboard's queries have data (docs/jobs.md)
+    jobs = tmp / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text('{"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "alice", '
+                            '"SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "e2e"}')
+    cfg.write_text(EXPORTER_CONFIG + f"enrich:\n  hpc_jobs: {{directory: {jobs}, vendors: [nvidia]}}\n")
 
     with WebhookReceiver() as receiver, ProcessSet() as procs:
         am = start_alertmanager(procs, alertmanager, prepare_alertmanager_config(tmp, receiver.url), tmp)
