@@ -73,6 +73,9 @@ NO_DATA_ALLOWED: dict[str, tuple[str, bool]] = {
               False)
        for name in ("gpu_baseline_mean", "gpu_baseline_stddev", "gpu_baseline_zscore",
                     "gpu_baseline_deviation", "gpu_bandwidth_drop_under_load")},
+    # the jobs dashboard's range panel charges each minute to the job then on the GPU (a 1-minute
+    # subquery of a 1-minute rate): it needs more history than this stack's first minute
+    "sum_over_time": ("a per-minute subquery over the range: needs minutes of history", False),
     "gpu_metric_heavy_tail": ("the panel shows only flagged metrics (== 1); the simulator's uniform "
                               "noise is neither bimodal nor heavy-tailed, except by chance", False),
     # GPU Health panels whose inputs the demo scenario does not simulate; the fleet scenarios do,
