@@ -63,8 +63,13 @@ class _Tables(HTMLParser):
 
 
 def _chromium(binary: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    # tests talk only to loopback (tests/netguard covers Python, not chromium): no background
+    # networking, no component updates, and every name but localhost unresolvable
     return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--no-first-run", f"--user-data-dir={tmp / 'chromium-profile'}", *args],
+                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", "--no-default-browser-check", "--disable-breakpad",
+                           "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+                           f"--user-data-dir={tmp / 'chromium-profile'}", *args],
                           capture_output=True, text=True, timeout=120)
 
 
