@@ -40,6 +40,9 @@ NO_DATA_ON_THE_SIMULATED_FLEET = {
     "namespace_workload:gpu_price_dollars_per_hour:sum", "namespace_workload:gpu_chargeback_dollars_per_hour:sum",
     "namespace_workload:gpu_effective_cost_dollars_per_busy_hour:ratio",
     "cloud:gpu_contention_cost_dollars:sum_rate1h", "namespace_workload:gpu_contention_cost_dollars:sum_rate1h",
+    "cloud:gpu_contention_cost_dollars:sum_rate5m", "namespace_workload:gpu_contention_cost_dollars:sum_rate5m",
+    # Slurm job mapping (enrich.hpc_jobs, docs/jobs.md): no scheduler on the simulated fleet
+    "gpu_job_info",
     # node-side baselines and distributions need minutes of history; indicators of contention
     # only appear while a GPU is contended (the fleet scenario is a healthy steady job)
     "gpu_baseline_zscore", "gpu_baseline_mean", "gpu_baseline_stddev", "gpu_baseline_deviation",
