@@ -74,7 +74,7 @@ def interval_and_timeout(cconf: CollectorConfig, poll_interval: float) -> tuple[
     return interval, cconf.timeout or max(TIMEOUT_FLOOR, interval)
 
 
-def no_source_up_message(states) -> str:
+def none_up_message(states) -> str:
     """Why no GPU is read after the first polls: each source's state and reason."""
     why = "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in states) or "no source is enabled"
     return (f"no source is up ({why}): no GPU is read, /metrics serves the exporter's own series "

@@ -32,12 +32,7 @@ from ..sources.context import SourceContext
 from ..sources.registry import Collector
 from ..yamlfile import ConfigError
 from . import gctune
-from .collector_policy import (
-    collector_options,
-    enabled_collectors,
-    interval_and_timeout,
-    no_source_up_message,
-)
+from .collector_policy import collector_options, enabled_collectors, interval_and_timeout, none_up_message
 from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
@@ -254,7 +249,7 @@ class Daemon:
                 await self._first_polls.wait()
         await self.render()
         if not any(st.up for st in self.store.sources.values()):  # issue 38: say why, as a warning
-            log.warning(no_source_up_message(self.store.sources.values()))
+            log.warning(none_up_message(self.store.sources.values()))
         # after the first render: the metadata probes (cloud) and the kubelet connection do not
         # compete with the first polls for the CPU; their labels arrive with a later render
         self._start_enrichers()
