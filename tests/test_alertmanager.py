@@ -82,7 +82,7 @@ def test_amtool_check_config_passes():
     result = _amtool("check-config", str(CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert "5 inhibit rules" in result.stdout
+    assert "6 inhibit rules" in result.stdout
 
 
 def test_the_whole_configuration_is_generated_from_the_snippet_to_merge():
@@ -276,3 +276,29 @@ def test_real_alertmanager_the_node_contention_page_covers_its_gpus_tickets(aler
     assert state[("GPUMemoryContention", "node-d:9632", "0")]["status"]["state"] == "active"
     page = state[("GPUMemoryContentionFraction", "node-c:9632", None)]
     assert page["status"]["state"] == "active" and [r["name"] for r in page["receivers"]] == ["platform-team-pager"]
+
+
+def test_real_alertmanager_a_gpu_below_its_own_baseline_covers_its_bandwidth_drop(alertmanager):
+    """The degraded demo phase: a GPU below its own healthy baseline (GPUOwnBaselineDeviation,
+    hardware) mutes its GPUBandwidthDropUnderLoad (workload; per GPU, though routed per workload
+    or node), so the GPU is one ticket; another GPU's drop without a baseline deviation, and the
+    same GPU on another node, still reach their team."""
+    n = {"instance": "node-g:9632", "cluster": "c1", "vendor": "nvidia"}
+    job = {"namespace": "ml", "workload": "trainer", "pod": "trainer-0"}
+    drop = {"alertname": "GPUBandwidthDropUnderLoad", "category": "workload", "severity": "warning"}
+    _http(f"{alertmanager}/api/v2/alerts", [
+        _alert(alertname="GPUOwnBaselineDeviation", category="hardware", severity="warning", gpu="0", uuid="GPU-g0",
+               **n),
+        _alert(**drop, gpu="0", uuid="GPU-g0", **job, **n),
+        _alert(**drop, gpu="1", uuid="GPU-g1", **job, **n),
+        _alert(**drop, gpu="0", uuid="GPU-h0", instance="node-h:9632", cluster="c1", vendor="nvidia"),
+    ])
+    state = _states(alertmanager, 4, lambda st: st[("GPUBandwidthDropUnderLoad", "node-g:9632", "0")]["status"]
+                    ["inhibitedBy"])
+    active = sorted(f"{k[0]}/{k[1]}/{k[2]}" for k, a in state.items() if a["status"]["state"] == "active")
+    assert active == ["GPUBandwidthDropUnderLoad/node-g:9632/1", "GPUBandwidthDropUnderLoad/node-h:9632/0",
+                      "GPUOwnBaselineDeviation/node-g:9632/0"]
+    own = state[("GPUOwnBaselineDeviation", "node-g:9632", "0")]
+    assert [r["name"] for r in own["receivers"]] == ["platform-team"]
+    assert [r["name"] for r in state[("GPUBandwidthDropUnderLoad", "node-g:9632", "1")]["receivers"]] == \
+        ["application-team"]

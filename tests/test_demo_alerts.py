@@ -411,13 +411,6 @@ def _check(run: DemoRun, panels: list[tuple[str, bool, str]]) -> None:
     assert stale == [], f"panels documented as empty now have data; update PANELS_WITHOUT_DATA: {stale}"
 
 
-# phases whose incident does not yet reach each GPU in one notification: the degraded GPU's
-# bandwidth alerts go to their own teams (workload: the bandwidth drop under load; hardware: its
-# own baseline; both tickets), so a GPU is in two notifications (issue 39 leaves it open)
-NOTIFICATION_EXCEPTIONS = {"degraded": "two tickets per GPU: GPUBandwidthDropUnderLoad (workload, grouped per "
-                                       "node) and GPUOwnBaselineDeviation (hardware, grouped per GPU)"}
-
-
 def _incident_key(labels: dict) -> str:
     """What an incident is about: its GPU, else its source on its node, else its node."""
     if labels.get("uuid"):
@@ -465,7 +458,7 @@ def notification_counts(run: DemoRun) -> tuple[dict[tuple[str, str], int], list[
 
 def _check_notifications(run: DemoRun) -> None:
     counts, resolved_while_down = notification_counts(run)
-    twice = {k: n for k, n in counts.items() if n > 1 and k[0] not in NOTIFICATION_EXCEPTIONS}
+    twice = {k: n for k, n in counts.items() if n > 1}
     assert twice == {}, f"an incident of a GPU (or node) notified more than once in a phase: {twice}"
     assert resolved_while_down == [], f"health alerts sent as resolved while the source was down: {resolved_while_down}"
     down = [a for _, a in run.receiver.alerts("GPUExporterSourceDown")]
@@ -477,6 +470,10 @@ def _check_notifications(run: DemoRun) -> None:
     assert any(k.startswith("gpu nvidia:1 ") for k in fault) and any(k.startswith("gpu amd:0 ") for k in fault), counts
     lost = [k for k in counts if k[0] == "gpu_lost"]
     assert [k[1].split()[1] for k in lost] == ["nvidia:1"], counts
+    # the degraded memory subsystem: one ticket per GPU (GPUOwnBaselineDeviation; the H100s'
+    # GPUBandwidthDropUnderLoad is its symptom, inhibited), every H100 and MI300X reached
+    degraded = sorted(k[1].split()[1] for k in counts if k[0] == "degraded")
+    assert degraded == ["amd:0", "amd:1", "nvidia:0", "nvidia:1"], counts
 
 
 def test_every_alert_not_in_the_demo_is_a_shipped_alert_with_a_reason():
