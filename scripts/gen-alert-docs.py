@@ -22,6 +22,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "scripts"))
+from genfile import write_or_check  # noqa: E402
+
 from exporter.map.schema import load_schema  # noqa: E402
 from exporter.render.seriesfilter import PROFILE_NAMES, SELF_PREFIX, profile_metrics  # noqa: E402
 from tests.promql_names import metric_names  # noqa: E402
@@ -87,15 +90,8 @@ def render(readme: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text()
-    new = render(text)
-    if "--check" in argv:
-        if new != text:
-            print(f"{README}: the alert table is out of date; run scripts/gen-alert-docs.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(new)
-    return 0
+    return write_or_check({README: render(README.read_text())}, check="--check" in argv,
+                          stale="{path}: the alert table is out of date; run scripts/gen-alert-docs.py")
 
 
 if __name__ == "__main__":

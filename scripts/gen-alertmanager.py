@@ -19,6 +19,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from genfile import write_or_check  # noqa: E402
+
 SNIPPET = REPO / "deploy" / "alertmanager" / "route.yml"
 OUT = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RECEIVER_BASE = "http://alert-receiver.example:9095"
@@ -82,14 +85,8 @@ def render(snippet_text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render(SNIPPET.read_text())
-    if "--check" in argv:
-        if OUT.read_text() != text:
-            print(f"{OUT.relative_to(REPO)} is out of date: run scripts/gen-alertmanager.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return write_or_check({OUT: render(SNIPPET.read_text())}, check="--check" in argv,
+                          stale="{rel} is out of date: run scripts/gen-alertmanager.py")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "deploy" / "fleet"))
+sys.path.insert(0, str(REPO / "scripts"))
 from fleet_util import link_runbooks, rule_sources, runbook_base  # noqa: E402
+from genfile import write_or_check  # noqa: E402
 
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 DASHBOARDS_DIR = REPO / "deploy" / "grafana"
@@ -160,24 +162,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runbook-base", metavar="URL", help="URL of runbooks.md for the fleet's alerts "
                                                           "(default: $FLEET_RUNBOOK_BASE, else the repository path)")
     args = p.parse_args(argv)
-    check = args.check
     try:
         generated = outputs(args.runbook_base)
     except ValueError as exc:
         p.error(str(exc))
-    stale = []
-    for path, text in generated.items():
-        current = path.read_text() if path.exists() else None
-        if current == text:
-            continue
-        if check:
-            stale.append(path)
-        else:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(REPO)}")
-    for path in stale:
-        print(f"{path.relative_to(REPO)} is out of date: run make kubernetes", file=sys.stderr)
-    return 1 if stale else 0
+    return write_or_check(generated, check=args.check, stale="{rel} is out of date: run make kubernetes",
+                          wrote="wrote {rel}")
 
 
 if __name__ == "__main__":

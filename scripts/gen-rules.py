@@ -23,7 +23,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "deploy" / "fleet"))
+sys.path.insert(0, str(REPO / "scripts"))
 from fleet_util import link_runbooks, runbook_base  # noqa: E402
+from genfile import write_or_check  # noqa: E402
 
 SETTINGS = REPO / "deploy" / "prometheus" / "rules-settings.yml"
 RULE_DIRS = [REPO / "deploy" / "prometheus" / "rules", REPO / "deploy" / "fleet" / "rules"]
@@ -101,15 +103,15 @@ def main(argv: list[str]) -> int:
         return 1 if problems else 0
     if args.out is None:
         p.error("--out DIR is needed to render (or --check)")
-    args.out.mkdir(parents=True, exist_ok=True)
+    rendered = {}
     for f in files:
         text = render(f.read_text(), shipped, wanted, str(f))
         problems = check(text, wanted, str(f))
         if problems:
             p.error("; ".join(problems))
-        (args.out / f.name).write_text(text)
-        print(f"wrote {args.out / f.name}")
-    return 0
+        rendered[args.out / f.name] = text
+    args.out.mkdir(parents=True, exist_ok=True)
+    return write_or_check(rendered, wrote="wrote {path}")
 
 
 if __name__ == "__main__":
