@@ -21,8 +21,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-
 sys.path.insert(0, str(REPO / "scripts"))
+
 from genfile import write_or_check  # noqa: E402
 
 from exporter.map.schema import load_schema  # noqa: E402
