@@ -235,9 +235,10 @@ def start_alertmanager(procs: ProcessSet, binary: str, config: Path, tmp: Path,
     return server.start().wait_ready("/-/ready", timeout)
 
 
-def start_node_exporter(procs: ProcessSet, binary: str, tmp: Path, timeout: float = 10.0) -> Server:
+def start_node_exporter(procs: ProcessSet, binary: str, tmp: Path, timeout: float = 10.0,
+                        extra: Iterable[str] = ()) -> Server:
     port = free_port()
-    argv = [binary, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    argv = [binary, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra]
     server = procs.add(Server("node_exporter", argv, port, tmp / "node_exporter.log"))
     return server.start().wait_ready("/metrics", timeout)
 

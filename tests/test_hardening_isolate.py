@@ -284,16 +284,17 @@ def test_limits_are_strict_config_options(tmp_path):
 
 def test_the_child_inherits_only_the_file_no_folder(tmp_path, monkeypatch):
     """pass_fds: the fds the daemon holds (sockets, other folders) are not the child's, and the
-    artifact's folder is not either (siblings come as fds the parent opened)."""
+    artifact's folder is not either (siblings come as fds the parent opened).  The package
+    folder's fd (how the worker imports the package) is closed before the parse starts."""
     (tmp_path / "t.json").write_text("{}")
     secret = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # an fd the daemon holds
     os.set_inheritable(secret, True)
     boot = isolate.BOOT.replace(
-        "from exporter.importers.worker import main",
+        "sys.exit(main())",
         "fds = [(int(n), os.path.isdir(f'/proc/self/fd/{n}')) for n in os.listdir('/proc/self/fd')]\n"
         "sys.stdout.write(json.dumps({'ok': False, 'kind': '', 'reason': repr(fds)}))\n"
-        "sys.exit(0)\n"
-        "from exporter.importers.worker import main")
+        "sys.exit(0)\n")
+    assert boot != isolate.BOOT
     importer = Importer()
     importer.probe()  # with the real worker: who it runs as
     monkeypatch.setattr(isolate, "BOOT", boot)

@@ -7,6 +7,10 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.importers.cli import main
+from tests.conftest import require_binary
+from tests.e2e_util import ProcessSet, http_get, start_node_exporter
+
+NSYS_UUID = "GPU-554a6988-03dd-6206-3dd1-f43fb60a3ed0"  # TARGET_INFO_GPU of the torch-tiny capture
 
 
 def _fx(shared_fixtures, *names):
@@ -24,7 +28,6 @@ def test_text_output_is_valid_exposition(shared_fixtures, capsys):
             for s in fams["gpu_l2_cache_miss_rate_percent"].samples}
     assert abs(miss[("ncu", "vecAdd")] - (100 - (30.77 * 1 + 29.63 + 28.57) / 3)) < 1e-6  # equal durations
     assert miss[("rocprof", "")] < 67 and miss[("rocprof", "")] > 66
-    assert fams["gpu_info"].samples  # artifact GPUs with their model
 
 
 def test_json_groups_files_by_trace_id(shared_fixtures, capsys):
@@ -75,15 +78,15 @@ def test_text_output_carries_only_imported_series(tmp_path, shared_fixtures, cap
     assert capsys.readouterr().out == ""
 
 
-def test_stderr_says_what_each_file_gave_and_warns_on_identity_only(shared_fixtures, capsys):
+def test_stderr_says_what_each_file_gave_and_warns_on_a_file_that_gives_no_series(shared_fixtures, capsys):
     rc = main(_fx(shared_fixtures, "rocprofv3-kernel_trace-sdk-2024-10.csv",
                   "rocprofv3-counter_collection-sdk-2024-10.csv"))
     err = capsys.readouterr().err.splitlines()
     assert rc == 0
     (good,) = [ln for ln in err if "kernel_trace-sdk-2024-10.csv" in ln]
     assert good.startswith("imported: ") and "gpu_kernel_execution_time_milliseconds" in good
-    (identity_only,) = [ln for ln in err if "counter_collection-sdk-2024-10.csv" in ln]
-    assert identity_only.startswith("warning: ") and "only the GPU's identity" in identity_only
+    (nothing,) = [ln for ln in err if "counter_collection-sdk-2024-10.csv" in ln]
+    assert nothing.startswith("warning: ") and "no series the canonical schema maps" in nothing
 
 
 def test_every_flag_has_help_and_the_limits_are_flags(shared_fixtures, capsys):
@@ -103,3 +106,51 @@ def test_every_flag_has_help_and_the_limits_are_flags(shared_fixtures, capsys):
     capsys.readouterr()
     assert main(kineto + ["--import-memory-bytes", "1000"]) == 2  # below what a child needs
     assert "at least 67108864" in capsys.readouterr().err
+
+
+def _gpus(fams) -> dict[tuple[str, str], set[str]]:
+    """(source, uuid) -> gpu labels of the imported series."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for fam in fams.values():
+        for s in fam.samples:
+            out.setdefault((s.labels["source"], s.labels.get("uuid", "")), set()).add(s.labels["gpu"])
+    return out
+
+
+def test_text_output_names_the_real_gpu_and_never_a_phantom_one(shared_fixtures, capsys):
+    """No gpu_info (it gave uuid="" and a placeholder model such as "compute capability 10.0":
+    node_exporter's textfile collector then served a GPU the node does not have, and even with
+    the artifact's UUID a second gpu_info counts the GPU twice); the series carry the UUID where
+    the artifact records it (nsys), only vendor and gpu where it does not, and stderr says which."""
+    rc = main(_fx(shared_fixtures, "nsys-2026.1.1-schema3.24.14-torch-tiny.sqlite",
+                  "ncu-details-b200-cc10.0-superbench.csv", "kineto-mi250-rocm6.2.json"))
+    cap = capsys.readouterr()
+    assert rc == 0
+    fams = {f.name: f for f in text_string_to_metric_families(cap.out)}
+    assert "gpu_info" not in fams
+    assert _gpus(fams) == {("nsys", NSYS_UUID): {"0"}, ("ncu", ""): {"0"}, ("kineto", ""): {"2"}}
+    (nsys,) = [ln for ln in cap.err.splitlines() if "torch-tiny" in ln]
+    assert f'gpu="0" uuid="{NSYS_UUID}" (NVIDIA GeForce RTX 3080)' in nsys
+    (ncu,) = [ln for ln in cap.err.splitlines() if "b200" in ln]
+    assert 'gpu="0" (compute capability 10.0), no UUID in the file' in ncu
+
+
+def test_textfile_collector_serves_the_import_without_a_phantom_gpu(tmp_path, shared_fixtures, capsys):
+    """The output as the README says to use it: node_exporter's textfile collector (the real
+    binary) serves the imported series, no gpu_info and no textfile error."""
+    binary = require_binary("prometheus-node-exporter", "prometheus-node-exporter")
+    assert main(_fx(shared_fixtures, "nsys-2026.1.1-schema3.24.14-torch-tiny.sqlite",
+                    "ncu-details-b200-cc10.0-superbench.csv")) == 0
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    (textfiles / "profiles.prom").write_text(capsys.readouterr().out)
+    with ProcessSet() as procs:
+        node = start_node_exporter(procs, binary, tmp_path, extra=(
+            "--collector.disable-defaults", "--collector.textfile",
+            f"--collector.textfile.directory={textfiles}"))
+        scraped = http_get(f"{node.url}/metrics").text
+    fams = {f.name: f for f in text_string_to_metric_families(scraped)}
+    assert fams["node_textfile_scrape_error"].samples[0].value == 0
+    assert "gpu_info" not in fams
+    gpus = _gpus({n: f for n, f in fams.items() if n.startswith("gpu_")})
+    assert gpus == {("nsys", NSYS_UUID): {"0"}, ("ncu", ""): {"0"}}

@@ -698,3 +698,30 @@ async def test_daemon_serves_pod_labels_from_the_kubelet(sock_dir, tmp_path):
     assert shared and not any("pod=" in ln for ln in shared)  # two pods: GPU-level series name neither
     info = sorted(ln.split('pod="')[1].split('"')[0] for ln in lines if ln.startswith("gpu_pod_info{"))
     assert info == ["solo", "ts-a", "ts-b"]
+
+
+def test_without_the_kubelet_socket_processes_still_name_their_pods(sock_dir, tmp_path):
+    """docs/privileges.md "What to run instead, without uid 0": the socket is what needs uid 0;
+    with it out of reach (here: absent) the API server's pod list and each process's cgroup
+    still name the pod of every process, while the GPU-level series and gpu_pod_info name none."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    api = FakeApiServer("s3cret", PODS, page=10)
+    proc = tmp_path / "proc"
+    write_proc(proc, 1001, CGROUP_SHAPES["containerd-v2-systemd"][0])   # share-a
+    write_proc(proc, 1002, CGROUP_SHAPES["crio-v2-systemd"][0])         # share-b
+    try:
+        e = PodResourcesEnricher({"socket": str(sock_dir / "kubelet.sock"), "timeout_seconds": 0.5,
+                                  "api": "on", "api_server": api.url, "node_name": "node-1",
+                                  "token_file": str(token)}, procfs=proc)
+        assert e.refresh_once() is False  # no allocations: the kubelet is out of reach
+    finally:
+        api.stop()
+    gpu = dev("nvidia", "0", uuid=NV_UUID)
+    assert e.labeler(gpu, ["1001", "1002"]) is None  # queued for the background task
+    assert e.resolve_pids() == 2
+    lab = e.labeler(gpu, ["1001", "1002"])
+    h = head(gpu)
+    assert dict(lab(h + (("pid", "1001"),)))["pod"] == "share-a"
+    assert dict(lab(h + (("pid", "1002"),)))["pod"] == "share-b"
+    assert lab(h) == () and e.info_series(gpu) == []

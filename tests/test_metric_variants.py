@@ -2,9 +2,11 @@
 
 ``derive: {of: M, scale: k}`` in canonical.yaml is a unit variant of M for every mapping file that
 maps M (no vendor file changes, OTel pushes M only); ``divide_by`` in a mapping rule divides one
-raw field by another of the same device and poll (amdgpu hwmon ``pwm1 / pwm1_max``).  The shipped
-schema carries no variant (a second unit of one quantity is a series more per GPU for nothing a
-query cannot do), so the variant is proven on a copy of the shipped mappings.
+raw field by another of the same device and poll (amdgpu hwmon ``pwm1 / pwm1_max``).  A second
+unit of one quantity is a series more per GPU for nothing a query cannot do, so the shipped schema
+carries variants only while a renamed unit is deprecated (the kernel execution times: seconds
+beside the deprecated milliseconds, issue 38); the gauge variant is proven on a copy of the
+shipped mappings, the histogram variant on the shipped one through the real profiler fixtures.
 """
 
 from __future__ import annotations
@@ -118,6 +120,43 @@ def test_a_bad_variant_names_file_line_and_field(tmp_path, addition, field, mess
     assert message in text
 
 
+def _series(text: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+
+@pytest.mark.parametrize("artifact", ["nsys-2026.1.1-schema3.24.14-torch-tiny.sqlite", "kineto-mi250-rocm6.2.json",
+                                      "ncu-details-b200-cc10.0-superbench.csv", "rocprofv3-kernel_trace-sdk-2024-10.csv",
+                                      "unitrace-pvc-device-timing-and-metric-query.txt"])
+def test_kernel_times_are_served_in_seconds_beside_the_deprecated_milliseconds(artifact, shared_fixtures, capsys):
+    """Prometheus names a time in seconds: each kernel-time series of the milliseconds names has
+    its seconds twin, bucket by bucket (le / 1000, the same count), sum / 1000, percentile / 1000,
+    for every profiler's mapping file, none of them edited."""
+    from exporter.importers.cli import main
+    assert main([str(shared_fixtures / "profilers" / artifact)]) == 0
+    out = _series(capsys.readouterr().out)
+    ms = {k: v for k, v in out.items() if k[0].startswith("gpu_kernel_execution_time_") and "milliseconds" in k[0]}
+    assert any(k[0].endswith("_bucket") for k in ms), sorted(out)[:5]
+    for (name, labels), value in ms.items():
+        twin_labels = tuple((k, "+Inf" if v == "+Inf" else f"{float(v) / 1000:g}") if k == "le" else (k, v)
+                            for k, v in labels)
+        twin = out[(name.replace("milliseconds", "seconds"), twin_labels)]
+        part = name.rsplit("_", 1)[-1]
+        assert twin == pytest.approx(value if part in ("bucket", "count") else value / 1000), (name, labels)
+    assert len([k for k in out if "_seconds" in k[0] and "kernel_execution_time" in k[0]]) == len(ms)
+
+
+def test_a_histograms_unit_variant_has_its_metrics_buckets_times_scale(tmp_path):
+    d = tmp_path / "mappings"
+    shutil.copytree(default_mappings_dir(), d)
+    canonical = d / "canonical.yaml"
+    canonical.write_text(canonical.read_text().replace("0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10]",
+                                                       "0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]"))
+    with pytest.raises(ConfigError, match="a histogram's unit variant has its metric's buckets x scale"):
+        load_schema(canonical)
+
+
 DEV = Device(key="card0", vendor="amd", index="0", mapping="t", uuid="U")
 
 
@@ -193,3 +232,31 @@ def test_a_bad_divide_by_names_file_line_and_field(tmp_path, rule, line, message
     text = str(exc.value)
     assert f"{path}:{line}:" in text and message in text, text
     assert "divide_by" in text or "fields[0]" in text
+
+
+def test_the_milliseconds_compat_rules_pair_every_bucket_of_the_schema():
+    """deploy/prometheus/compat/kernel-time-milliseconds.rules.yml (for 0.4.0 on, when only the
+    seconds names are served): each milliseconds bound of canonical.yaml is recreated from the
+    seconds bucket of the same rank, matched as the exporter writes its bound and as a
+    normalising Prometheus stores it; promtool's unit test (deploy/prometheus/tests/
+    kernel-time-compat.test.yml, run by tests/test_rules.py) checks the values."""
+    import re
+
+    import yaml
+
+    from tests.conftest import REPO
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "compat" / "kernel-time-milliseconds.rules.yml")
+                           .read_text())["groups"][0]["rules"]
+    schema = load_schema()
+    sec = schema.metrics["gpu_kernel_execution_time_seconds"].buckets
+    ms = schema.metrics["gpu_kernel_execution_time_milliseconds"].buckets
+    (bucket,) = [r["expr"] for r in rules if r["record"] == "gpu_kernel_execution_time_milliseconds_bucket"]
+    pairs = re.findall(r'le=~"([^"]+)"\}, "le", "([^"]+)"', bucket)
+    assert [to for _, to in pairs] == [f"{b:g}" for b in ms]
+    for (matcher, _), s in zip(pairs, sec):
+        regex = re.compile(matcher.replace("\\\\", "\\"))
+        spellings = {f"{s:g}"} | ({f"{s:g}.0"} if float(s).is_integer() else set())
+        assert all(regex.fullmatch(x) for x in spellings), (matcher, spellings)
+    assert 'le="+Inf"' in bucket
+    assert {r["record"] for r in rules} == {f"gpu_kernel_execution_time_milliseconds_{p}" for p in
+                                            ("bucket", "sum", "count")} | {"gpu_kernel_execution_time_percentile_milliseconds"}

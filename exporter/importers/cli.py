@@ -3,7 +3,9 @@
 For engineers comparing runs offline: prints the canonical series the daemon would export for
 these files (``--format text``, the Prometheus text format) or, with ``--format json``, a
 per-file summary (kernels, launch delay, timeline aligned to the artifact's zero), the files
-grouped by trace id, and the canonical series.  Each file is parsed in a child process under the
+grouped by trace id, and the canonical series.  The text output has no ``gpu_info`` (the GPU is
+one the node's exporter lists already); the series carry ``vendor``, ``gpu`` (the profiler's
+device number) and ``uuid`` where the artifact records it, and stderr names each file's GPUs.  Each file is parsed in a child process under the
 daemon's default limits (``isolate``), which flags raise or lower (``--import-memory-bytes``,
 ``--import-cpu-seconds``, ``--import-timeout``, ``--max-events``, ``--max-series``, ...).  Exit status 0 when every file was imported (or is a
 companion file), 1 when any was rejected, 2 on usage errors.
@@ -110,6 +112,19 @@ def _map(imports: list[Imported], mappings: MappingSet) -> tuple[dict, object]:
     return devices, Mapper(mappings).map(sample, devices)
 
 
+def _gpus(imp: Imported) -> str:
+    """The artifact's GPUs as the series name them: uuid where the artifact records it, else
+    only the profiler's device number (which is the node's index only when the profiled
+    process saw every GPU)."""
+    out = []
+    for d in imp.devices:
+        model = f" ({d.model})" if d.model else ""
+        out.append(f'gpu="{d.index}" uuid="{d.uuid}"{model}' if d.uuid else
+                   f'gpu="{d.index}"{model}, no UUID in the file (join on gpu only where the profiled '
+                   f'process saw every GPU)')
+    return "GPUs: " + "; ".join(out) if out else "no GPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -149,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                         for frame in _map([imp], mappings)[1].frames.values()
                         for name, _ in frame})
         if names:
-            print(f"imported: {p.path} ({p.tool}): {len(names)} metrics: {', '.join(names)}", file=sys.stderr)
+            print(f"imported: {p.path} ({p.tool}): {len(names)} metrics: {', '.join(names)}; "
+                  f"{_gpus(imp)}", file=sys.stderr)
         else:
-            print(f"warning: {p.path} ({p.tool}): only the GPU's identity (gpu_info), no series the "
-                  f"canonical schema maps (counters the mappings do not know, or an empty capture)",
-                  file=sys.stderr)
+            print(f"warning: {p.path} ({p.tool}): no series the canonical schema maps (counters the "
+                  f"mappings do not know, or an empty capture); {_gpus(imp)}", file=sys.stderr)
     if args.format == "json":
         traces: dict[str, list[dict]] = {}
         for imp in imports:
@@ -171,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("\n")
     else:
         store = Store()
-        st = SourceState("profiles", up=True, state="up")
+        # no gpu_info: the GPU is the one the node's exporter already lists (a second gpu_info
+        # through the textfile collector counts it twice, or as a phantom GPU when the artifact
+        # has no UUID); the series carry vendor, gpu and uuid (when the artifact has it) to join on
+        st = SourceState("profiles", up=True, state="up", provides_identity=False)
         st.devices, st.frames = devices, result.frames
         store.add(st)
         # the daemon's renderer, for the imported series only: not the exporter's self-metrics

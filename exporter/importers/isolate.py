@@ -7,8 +7,9 @@ command) never parses one itself:
 
 - the parent opens the file under the ``safefile`` rule (held directory fd, ``O_NOFOLLOW``, a
   regular file with one link), and the siblings a parser may read (``siblings.open_wanted``),
-  and starts ``python -I -S`` with those fds (``pass_fds``; nothing else is inherited, no
-  directory) as an unprivileged user where it can (``spawn``: as root, a uid of its own);
+  and starts ``python -I -S`` with those fds (``pass_fds``; nothing else is inherited but the
+  package folder's, closed once the package is imported) as an unprivileged user where it can
+  (``spawn``: as root, a uid of its own);
 - the child (``worker``) first ignores the stop signals, offers itself to the OOM killer, drops
   any capability it still has and lowers its own limits: address space ``memory_bytes``
   (``RLIMIT_AS``), CPU ``cpu_seconds`` (``RLIMIT_CPU``: SIGXCPU, then SIGKILL), files it
@@ -82,7 +83,7 @@ class Importer:
                  isolated: bool = True) -> None:
         self.limits, self.top_n, self.allowed = limits or ImportLimits(), top_n, allowed
         self.summary, self.isolated = summary, isolated
-        self.python = sys.executable
+        self.python = spawn.interpreter(sys.executable)
         self.creds: dict | None = None  # Popen keywords of the worker's user; None: not decided yet
         self._killed: set[tuple] = set()  # files whose worker was killed once (dev, ino, size, mtime)
 
@@ -137,9 +138,7 @@ class Importer:
         except ProfileRejected as exc:
             self._probe({})
             self.creds = {}
-            warnings.append(f"the import worker runs as uid 0 without capabilities, not as uid {spawn.NOBODY}: "
-                            f"{exc} (grant CAP_SETUID and CAP_SETGID, and install Python and the exporter "
-                            "where every user can read them, or run the exporter as a non-root user)")
+            warnings.append(spawn.uid0_warning(self.python, str(exc)))
         return warnings
 
     def _probe(self, creds: dict) -> None:
@@ -225,12 +224,18 @@ class Importer:
     def _run(self, request: bytes, fds: tuple[int, ...], creds: dict, cancel: Callable[[], bool] | None,
              timeout: float) -> tuple[bytes, bytes, str, int, resource.struct_rusage]:
         lim = self.limits
+        try:  # the package by fd: its folder may be out of the worker's reach by path (spawn)
+            pkg = os.open(_PACKAGE_ROOT, _DIR_FLAGS)
+        except OSError as exc:
+            raise ProfileRejected(f"the import worker could not start: {exc}", "environment") from None
         argv = [self.python, "-I", "-S", "-c", BOOT, str(lim.memory_bytes), str(lim.cpu_seconds),
-                str(lim.max_bytes + (1 << 20)), _PACKAGE_ROOT]
+                str(lim.max_bytes + (1 << 20)), f"/proc/self/fd/{pkg}"]
         try:
-            proc = spawn.spawn(argv, fds, creds)
+            proc = spawn.spawn(argv, (*fds, pkg), creds)
         except (OSError, subprocess.SubprocessError) as exc:
             raise ProfileRejected(f"the import worker could not start: {exc}", "environment") from None
+        finally:
+            os.close(pkg)
         try:
             return _talk(proc, request, time.monotonic() + timeout, lim.answer_bytes, cancel)
         except OSError as exc:  # a pipe: the environment, not the file

@@ -19,6 +19,14 @@
   would otherwise survive ``execve`` into the worker).  Capabilities and the signal mask are
   per thread: the daemon's other threads keep theirs.  The environment is empty but for
   ``LD_LIBRARY_PATH`` (an interpreter that needs it for libpython or libsqlite3).
+- **With what.** The package reaches the worker as a directory fd (``/proc/self/fd/N`` on its
+  ``sys.path``), never by a path: a checkout in a private folder (mode 0700: root's home,
+  ``mktemp -d``, a CI workspace) is out of another uid's reach, the fd is not.  An interpreter
+  cannot come that way (it finds its standard library by path), so ``interpreter`` picks one
+  another uid can run: ``sys.executable``, else the file it links to, else the venv's base
+  interpreter (``-I -S`` loads no site-packages: any of them runs the worker the same).  Where
+  none can be reached, the worker runs as uid 0 without capabilities and ``uid0_warning`` says
+  which folder is in the way and what to do.
 - **Memory.** ``memory_room`` is what the cgroup's ``memory.max`` leaves beside this process
   (a pod's or unit's limit counts the worker too): the importer lowers the worker's address
   space to fit, and the worker sets its ``oom_score_adj`` to 1000, so the kernel kills it
@@ -33,7 +41,9 @@ import os
 import pwd
 import secrets
 import signal
+import stat
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -87,6 +97,51 @@ def _runs_as(uid: int) -> bool:
             except OSError:
                 continue
     return False
+
+
+def blocked(path: str) -> str:
+    """What keeps a process of another uid (not the owner, in no group) from reaching ``path``,
+    by the permission bits: the first folder on the way (as written, then resolved) that others
+    cannot search, or the file itself when others cannot execute it; "" when nothing does."""
+    real = os.path.realpath(path)
+    for target in dict.fromkeys((os.path.abspath(path), real)):
+        for folder in reversed(Path(target).parents):  # "/" first
+            try:
+                mode = os.stat(folder).st_mode
+            except OSError as exc:
+                return f"{folder}: {exc.strerror}"
+            if not mode & stat.S_IXOTH:
+                return f"{folder} (mode {stat.S_IMODE(mode):04o}) lets no other user through"
+    try:
+        mode = os.stat(real).st_mode
+    except OSError as exc:
+        return f"{real}: {exc.strerror}"
+    return "" if mode & stat.S_IXOTH else f"{real} (mode {stat.S_IMODE(mode):04o}) is not executable by others"
+
+
+def interpreter(python: str) -> str:
+    """The interpreter the worker runs (see the module text): the first of ``python``, the file it
+    links to and the venv's base interpreter that another uid can reach; else ``python``."""
+    base = getattr(sys, "_base_executable", "") or python
+    for candidate in dict.fromkeys((python, os.path.realpath(python), os.path.realpath(base))):
+        if not blocked(candidate):
+            return candidate
+    return python
+
+
+def uid0_warning(python: str, why: str) -> str:
+    """The warning when no worker could start under another uid and it runs as uid 0 without
+    capabilities: which folder is in the way, and what to do."""
+    real = os.path.realpath(python)
+    in_the_way = blocked(real)
+    if in_the_way:
+        return (f"the import worker runs as uid 0 without capabilities: no other uid can run the interpreter "
+                f"{real} ({in_the_way}); install the exporter with a Python every user can reach (a venv "
+                f"made from /usr/bin/python3, or the package installed outside that folder), or run the "
+                f"exporter as a non-root user")
+    return (f"the import worker runs as uid 0 without capabilities, not as uid {NOBODY}: {why} (grant "
+            "CAP_SETUID and CAP_SETGID, install Python where every user can read it, or run the exporter as a "
+            "non-root user)")
 
 
 def child_env() -> dict[str, str]:

@@ -28,7 +28,8 @@ from .model import CompanionFile, Profile, ProfileRejected
 MAX_WARNINGS = 20
 MAX_TEXT = 500
 
-# run by ``python -I -S -c``: argv = [-c, memory bytes, CPU seconds, file size bytes, package root]
+# run by ``python -I -S -c``: argv = [-c, memory bytes, CPU seconds, file size bytes, package root
+# (/proc/self/fd/N: the folder holding exporter/, handed over as an fd)]
 BOOT = """\
 import json, os, resource, signal, sys
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -75,7 +76,10 @@ except (OSError, ValueError) as exc:
     refuse(f"the import worker cannot set its resource limits ({exc})")
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails (EFBIG), no signal
 sys.path.insert(0, sys.argv[4])
-from exporter.importers.worker import main
+from exporter.importers.worker import main  # every module the parse needs: none is imported later
+if sys.argv[4].startswith("/proc/self/fd/"):  # the package folder's fd: not held while the file is parsed
+    sys.path.remove(sys.argv[4])
+    os.close(int(sys.argv[4][len("/proc/self/fd/"):]))
 sys.exit(main())
 """
 

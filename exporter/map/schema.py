@@ -144,8 +144,8 @@ class Schema(BaseModel):
                     raise ValueError(f"metrics.{name}: a histogram's name has no _bucket/_sum/_count")
                 if "le" in m.allowed_labels:
                     raise ValueError(f"metrics.{name}: le is the histogram's own bucket label")
-                if m.derive is not None:
-                    raise ValueError(f"metrics.{name}: a histogram cannot be derived")
+                if m.derive is not None and m.derive.of is None:
+                    raise ValueError(f"metrics.{name}: a histogram is derived only as a unit variant (of)")
             elif m.buckets:
                 raise ValueError(f"metrics.{name}: buckets apply to histograms only")
             clash = set(self.device_labels) & m.allowed_labels
@@ -170,9 +170,13 @@ class Schema(BaseModel):
         metric when the variant lists none), a unit of its own."""
         of = self.metrics[m.variant_of]  # type: ignore[index]
         where = f"metrics.{name}.derive.of"
-        if of.type != m.type or m.type not in ("gauge", "counter"):
+        if of.type != m.type or m.type not in ("gauge", "counter", "histogram"):
             raise ValueError(f"{where}: a unit variant has its metric's type ({m.variant_of} is a {of.type}, "
-                             f"{name} a {m.type}; gauges and counters only)")
+                             f"{name} a {m.type}; gauges, counters and histograms only)")
+        scaled = [b * m.derive.scale for b in of.buckets]  # type: ignore[union-attr]
+        if m.type == "histogram" and (len(m.buckets) != len(scaled) or not all(
+                math.isclose(a, b, rel_tol=1e-9) for a, b in zip(m.buckets, scaled))):
+            raise ValueError(f"{where}: a histogram's unit variant has its metric's buckets x scale ({scaled})")
         if of.derive is not None and of.derive.of is not None:
             raise ValueError(f"{where}: {m.variant_of} is a variant itself: name the metric it varies")
         if not {"labels", "optional_labels"} & m.model_fields_set:
