@@ -21,7 +21,7 @@ from ..map.mapper import Mapper
 from ..map.mapping import MappingSet
 from ..map.schema import default_mappings_dir, load_schema
 from ..map.store import SourceState, Store
-from ..model import PollResult, identity_labels
+from ..model import PollResult, SourceStats, identity_labels
 from ..render.exposition import Renderer
 from ..run.argparsing import OneLineErrorParser
 from ..yamlfile import ConfigError
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("\n")
     else:
         store = Store()
-        st = SourceState("profiles", up=True, state="up")
+        st = SourceState("profiles", stats=SourceStats(up=True, state="up"))
         st.devices, st.frames = devices, result.frames
         store.add(st)
         # the daemon's renderer, for the imported series only: not the exporter's self-metrics
