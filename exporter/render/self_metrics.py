@@ -82,8 +82,6 @@ DECLARED: tuple[SelfMetric, ...] = (
             "Errors per source by kind (timeout, exception, malformed_value, "
             "not_supported, read_error, device_lost, parse_error, "
             "profiling_unavailable, unit_ambiguous, ...).", "kind", always=("timeout", "exception")),
-    _source("source_poll_overruns_total", "counter",
-            "Full polls that took longer than the source's poll interval (the next one started late)."),
     _source("source_series", "gauge", "Canonical series produced by the source's last poll."),
     _source("device_up", "gauge", "1 while the device answers its source; 0 after it was lost, or while its source "
                                   "is down (source_up 0: nothing is known of it).", "vendor", "gpu", "uuid"),

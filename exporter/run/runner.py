@@ -130,8 +130,6 @@ class SourceRunner:
             stats.errors["malformed_value"] += result.malformed
             self._say_malformed(result.malformed_fields)
         stats.last_duration = cycle.poll_seconds
-        if self.interval and cycle.poll_seconds > self.interval:
-            stats.counter("source_poll_overruns_total")[""] += 1
         stats.last_success = time.time()
         self.polled_at = time.monotonic()
         stats.polls += 1
