@@ -112,8 +112,6 @@ class RootCauseConfig(_Strict):
         "saturation (seed: 40)"))
     pressure_miss_rise_factor: float = Field(2.0, ge=1, description=(
         "a \"large rise vs baseline\": miss >= factor x baseline AND at least `points` higher"))
-    pressure_min_bandwidth_percent: float = Field(0.0, ge=0, le=100, description=(
-        "memory pressure needs bandwidth utilization at least this (0: any)"))
     pressure_miss_rise_points: float = Field(10.0, ge=0, description=(
         "the `points` of a large rise: the miss rate at least this many percentage points above its "
         "baseline"))

@@ -57,7 +57,7 @@ def classify_values(bw: float | None, miss: float | None, miss_baseline: float |
     out: dict[str, bool] = {}
     if bw is not None and miss is not None:
         high_miss = miss > cfg.pressure_miss_percent or miss_rate_risen(miss, miss_baseline, cfg)
-        out["memory_pressure"] = high_miss and cfg.pressure_min_bandwidth_percent <= bw <= cfg.saturation_bandwidth_percent
+        out["memory_pressure"] = high_miss and bw <= cfg.saturation_bandwidth_percent
         out["bandwidth_saturation"] = bw > cfg.saturation_bandwidth_percent and miss <= cfg.saturation_max_miss_percent
     elif bw is not None and cfg.saturation_without_miss_rate:
         out["bandwidth_saturation"] = bw > cfg.saturation_bandwidth_percent
