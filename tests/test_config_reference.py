@@ -54,6 +54,7 @@ def test_the_reference_shows_types_defaults_and_descriptions():
         inner: Inner | None = Field(None, description="not shown: the model's docstring is")
         items: list[Inner] = Field([], description="a list of sections")
         bare: bool = False
+        pinned: str = Field("x", alias="pin", description="as the file spells it")
 
     text = render(Outer)
     assert "| `name` | string | required | required, no default |" in text
@@ -61,6 +62,7 @@ def test_the_reference_shows_types_defaults_and_descriptions():
     assert "## `inner`\n\nAn inner section.\n" in text
     assert "| `depth` | integer | `3` | how deep \\| with a pipe |" in text
     assert "## `items[]`\n\nAn inner section.\n\nThe settings of `inner`." in text
+    assert '| `pin` | string | `"x"` | as the file spells it |' in text
     assert undescribed(Outer) == ["bare"]
 
 

@@ -47,7 +47,7 @@ class CloudOptions(_Strict):
         "timeout of one metadata request (bounded below: a loop every microsecond spins a core)"))
     refresh_seconds: float = Field(3600.0, ge=0.1, le=86400, allow_inf_nan=False, description=(
         "how often the metadata is asked again"))
-    labels: list[str] = Field(list(CLOUD_LABELS), description="which of the five to emit")
+    labels: list[str] = Field(list(CLOUD_LABELS), description="which of the five cloud labels to emit")
     endpoints: dict[str, str] = Field({}, description=(
         "base URL per provider (tests point these at fake servers)"))
 
@@ -72,7 +72,8 @@ class CloudOptions(_Strict):
 class KubernetesOptions(_Strict):
     """``enrich.kubernetes``: pod attribution."""
 
-    enabled: bool | None = Field(None, description="None: on where the kubelet's pod-resources socket exists")
+    enabled: bool | None = Field(None, description=(
+        "attribute GPUs to pods; unset: on where the kubelet's pod-resources socket exists"))
     socket: str = Field(DEFAULT_SOCKET, description="the kubelet's pod-resources socket")
     refresh_seconds: float = Field(30.0, ge=0.1, le=3600, allow_inf_nan=False, description=(
         "how often the pod-resources allocations are read again (bounded below: a loop every "
@@ -90,12 +91,13 @@ class KubernetesOptions(_Strict):
     api: Literal["auto", "on", "off"] = Field("auto", description=(
         "API server pod list (labels, workload, PID -> pod): auto = where in-cluster credentials exist"))
     api_server: str | None = Field(None, description=(
-        "default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"))
+        "API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)"))
     token_file: str = Field("/var/run/secrets/kubernetes.io/serviceaccount/token", description=(
         "service account token for the API server (re-read: it rotates)"))
     ca_file: str = Field("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", description=(
         "the cluster CA the API server's certificate is checked against"))
-    node_name: str | None = Field(None, description="default: $NODE_NAME (downward API)")
+    node_name: str | None = Field(None, description=(
+        "this node's name (default: $NODE_NAME, from the downward API)"))
     max_pods: int = Field(1000, ge=1, le=100000, description=(
         "pods read from the API server at most (a larger list is refused)"))
     pid_refresh_seconds: float = Field(2.0, ge=0.1, le=600, allow_inf_nan=False, description=(
@@ -107,10 +109,13 @@ class KubernetesOptions(_Strict):
 class HpcJobsOptions(_Strict):
     """``enrich.hpc_jobs``: Slurm jobs from a prolog/epilog mapping directory (hpc_jobs.py)."""
 
-    directory: str = Field(min_length=1, description="dcgm-exporter's or device-metrics-exporter's format")
+    directory: str = Field(min_length=1, description=(
+        "the job mapping directory written by the scheduler's prolog/epilog: a file per GPU (dcgm-"
+        "exporter's or device-metrics-exporter's format)"))
     vendors: list[str] = Field([], description=(
         "which GPUs a file's index names; empty: every vendor's GPU of that index"))
-    max_files: int = Field(256, ge=1, le=4096, description="8 GPUs x 7 MIG instances = 56 files")
+    max_files: int = Field(256, ge=1, le=4096, description=(
+        "GPU files read at most (8 GPUs x 7 MIG instances = 56 files)"))
     series_label: bool = Field(False, description=(
         "dcgm-exporter's per-series hpc_job label on every series of a GPU a job holds (docs/jobs.md: its "
         "cost)"))

@@ -77,7 +77,8 @@ class OtlpTLS(BaseModel):
     their contents for ``OtlpConfig.identity``."""
 
     model_config = ConfigDict(extra="forbid")
-    ca_file: Path | None = Field(None, description="default: the system's trust store")
+    ca_file: Path | None = Field(None, description=(
+        "CA bundle the Collector's certificate is checked against (default: the system's trust store)"))
     cert_file: Path | None = Field(None, description="client certificate (mutual TLS), with key_file")
     key_file: Path | None = Field(None, description="the client certificate's key")
     _digest: str = PrivateAttr(default="")
@@ -193,7 +194,8 @@ class OtlpConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(False, description=(
         "push the rendered cycles to an OpenTelemetry Collector (OTLP) beside /metrics"))
-    endpoint: str = Field("", description="default: http://localhost:4318/v1/metrics (grpc: :4317)")
+    endpoint: str = Field("", description=(
+        "the Collector's URL (default: http://localhost:4318/v1/metrics; grpc: :4317)"))
     protocol: Literal["http/protobuf", "grpc"] = Field("http/protobuf", description=(
         "http/protobuf or grpc (grpc needs the otlp-grpc extra)"))
     headers_file: Path | None = Field(None, description=(
@@ -204,7 +206,7 @@ class OtlpConfig(BaseModel):
     compression: Literal["gzip", "none"] = Field("gzip", description="gzip or none")
     proxy_url: str = Field("", description="an HTTP proxy (CONNECT for https:// and gRPC)")
     allow_plaintext: bool = Field(False, description=(
-        "headers_file / tls with an http:// endpoint (sent unencrypted)"))
+        "allow headers_file or tls with an http:// endpoint (sent unencrypted)"))
     resource_attributes: dict[str, str] = Field({}, description=(
         "resource attributes of every push (win over the ones derived from labels)"))
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)

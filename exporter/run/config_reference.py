@@ -114,7 +114,7 @@ def sections(model: type[BaseModel], path: str = "",
                 suffix = "[]" if typing.get_origin(field.annotation) in (list, tuple) else ""
                 subs.append((f"{path}.{name}{suffix}" if path else f"{name}{suffix}", sub, field))
         else:
-            rows.append((name, field))
+            rows.append((field.alias or name, field))  # as the file spells it (schema_pin: `schema`)
     yield path, model, _doc(model) or _text(about), rows
     for sub_path, sub, field in subs:
         yield from sections(sub, sub_path, field.description or "")

@@ -64,7 +64,9 @@ class NvmlOptions(Options):
     xid: bool = Field(True, description="watch XID events (gpu_xid_errors_total)")
     xid_timeout_ms: int = Field(500, ge=1, le=60_000, description="how long one poll waits for XID events")
     gpm: bool = Field(True, description="read GPM metrics (Hopper and newer; two samples per value)")
-    gpm_metrics: list[str] | None = Field(None, description="NVML_GPM_METRIC_* suffixes")
+    gpm_metrics: list[str] | None = Field(None, description=(
+        "GPM metrics read, as NVML_GPM_METRIC_* suffixes (e.g. DRAM_BW_UTIL; default: utilization, "
+        "occupancy, DRAM bandwidth, PCIe and NVLink rates: DEFAULT_GPM_METRICS in sources/nvml_gpm.py)"))
     gpm_min_window_s: Duration = Field(0.1, description=(
         "a GPM window shorter than this is not reported (the next poll gets a longer one)"))
     gpm_reseed_factor: float = Field(5.0, gt=1, description=(
@@ -119,14 +121,15 @@ class AmdsmiOptions(Options):
 class FdinfoOptions(Options):
     processes: ProcessMode = Field("count", description=(
         "co-tenancy evidence from /proc/<pid>/fdinfo: count, series or off (as nvml's processes)"))
-    top_n: int = Field(5, description="< 0: every process, no \"other\"")
+    top_n: int = Field(5, description=(
+        "per-process series per GPU at most, with processes: series; < 0: every process, no \"other\""))
     scan_max_fds: int = Field(default=20000, ge=100, description=(
-        "the per-poll budget of the /proc scan (fdinfo_scan.py; beyond it the count is partial) fds "
-        "examined (readlink) per poll"))
+        "fds examined (readlink) per poll at most: the /proc scan's per-poll budget (fdinfo_scan.py; beyond"
+        " it the count is partial)"))
     scan_max_seconds: Duration = Field(0.05, description="wall time of one poll's fd-table work")
     scan_check_period: Duration = Field(15.0, description=(
-        "every fd table listed again (new fd numbers) / every fd readlinked again (reused numbers); "
-        "docs/detection.md: a new tenant is counted within scan_verify_period + 2 polls"))
+        "every fd table is listed again after this long (new fd numbers); a new tenant is counted within "
+        "scan_verify_period + 2 polls (docs/detection.md)"))
     scan_verify_period: Duration = Field(50.0, description=(
         "every fd readlinked again after this long (reused fd numbers)"))
 
@@ -158,7 +161,8 @@ class TriggerOptions(Options):
 
 
 class ProfilesOptions(Options):
-    dir: Path | None = Field(None, description="required for the source to run; without it the source is off")
+    dir: Path | None = Field(None, description=(
+        "the drop folder profiler artifacts are imported from; without it the source is off"))
     top_kernels: int = Field(10, ge=1, description=(
         "kernels per GPU that keep their name; the rest are kernel=\"other\""))
     max_profiles: int = Field(16, ge=1, description="imported artifacts kept exported (oldest dropped first)")
@@ -167,15 +171,16 @@ class ProfilesOptions(Options):
     ttl: DurationOrZero = Field(600.0, description=(
         "imported values stop feeding series and alerts this long after their import (0: never)"))
     scan_interval: Duration = Field(2.0, description="how often the drop folder is scanned")
-    max_file_bytes: int = Field(512 * 1024 * 1024, ge=1, description="also after decompression")
+    max_file_bytes: int = Field(512 * 1024 * 1024, ge=1, description=(
+        "largest artifact file, also after decompression"))
     max_devices_per_import: int = Field(16, ge=1, description="GPUs one artifact may name")
     max_series_per_import: int = Field(20000, ge=1, description="series one artifact may give")
     max_series_total: int | None = Field(None, ge=1, strict=True, description=(
         "all kept imports together: the oldest are evicted to make room (at least one import's worth; "
         "default: 50000, or max_series_per_import where that is larger)"))
     max_events_per_import: int = Field(1_000_000, ge=1, strict=True, description=(
-        "what parsing one artifact may cost: it runs in a child process with these kernel limits trace "
-        "events, table rows"))
+        "trace events or table rows one artifact may have (parsing runs in a child process under these "
+        "kernel limits)"))
     import_memory_bytes: int = Field(768 << 20, ge=64 << 20, strict=True, description=(
         "RLIMIT_AS of the child"))
     import_cpu_seconds: int = Field(60, ge=1, le=86400, strict=True, description="RLIMIT_CPU of the child")
@@ -216,17 +221,18 @@ class UpstreamTarget(Options):
     exporter: str = Field(description=(
         "which exporter serves it (dcgm-exporter, amd-device-metrics-exporter, xpumanager, ...): picks "
         "mappings/upstream/<exporter>.yaml"))
-    name: str | None = Field(None, description="default: \"<exporter>-<position>\"")
+    name: str | None = Field(None, description=(
+        "the target's name in labels and logs (default: \"<exporter>-<position>\")"))
     timeout: Duration = Field(5.0, le=3600, description="seconds for the whole request (connect + body)")
     metric_prefix: str = Field("", description=(
         "stripped from the target's metric names before mapping (DME's MetricsFieldPrefix, e.g. \"amd_\")"))
     tls: UpstreamTls | None = Field(None, description="TLS settings for an https:// URL")
     basic_auth: UpstreamBasicAuth | None = Field(None, description="basic auth credentials")
     max_series: int = Field(20_000, ge=1, le=1_000_000, strict=True, description=(
-        "per poll; above either the target fails that poll (limit_exceeded), as a Prometheus scrape past "
-        "sample_limit fails as a whole"))
+        "series per poll at most; above this or max_label_values the target fails that poll "
+        "(limit_exceeded), as a Prometheus scrape past sample_limit fails as a whole"))
     max_label_values: int = Field(1_000, ge=1, le=100_000, strict=True, description=(
-        "distinct values of one label name"))
+        "distinct values of one label name per poll at most (as max_series)"))
     schema_pin: str | None = Field(None, alias="schema", pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", description=(
         "the naming generation the target serves, for an operator who knows it (one of the `schemas` of "
         "mappings/upstream/<exporter>.yaml, checked at load); default: recognised per scrape. (\"schema\" "
@@ -290,7 +296,7 @@ class UpstreamOptions(Options):
 class SimulatorOptions(Options):
     scenario: str = Field("demo", description=(
         "built-in scenario name (mappings/scenarios/) or a scenario YAML file"))
-    phase: str | None = Field(None, description="held until the process stops")
+    phase: str | None = Field(None, description="hold this phase of the scenario until the process stops")
     host: str | None = Field(None, min_length=1, max_length=253, description=(
         "seeds the simulated GPUs' UUIDs and serials (default: the host name), so that two simulated nodes "
         "never report the same GPU"))
