@@ -70,6 +70,8 @@ docs:
 		|| { rm -f docs/metrics.md.tmp; exit 1; }
 	$(DOCS_PY) -m exporter.otlp.docs > docs/otel.md.tmp && mv docs/otel.md.tmp docs/otel.md \
 		|| { rm -f docs/otel.md.tmp; exit 1; }
+	$(DOCS_PY) -m exporter.run.config_reference > docs/configuration.md.tmp \
+		&& mv docs/configuration.md.tmp docs/configuration.md || { rm -f docs/configuration.md.tmp; exit 1; }
 	$(DOCS_PY) scripts/gen-alert-docs.py
 
 ## make kubernetes: regenerate what deploy/kubernetes derives from other files (the

@@ -153,7 +153,7 @@ def render_breakdown(devices: int, tmp: Path, repeat: int = 5) -> dict:
         if i >= 2:
             poll_s += cycle.poll_seconds
             map_s += cycle.map_seconds
-    state.frames, state.up, state.polls = result.frames, True, 1
+    state.frames, state.stats.up, state.stats.polls = result.frames, True, 1
     series = frame_count(result.frames)
     renderer = Renderer(load_schema(default_mappings_dir() / "canonical.yaml"))
     # the daemon's render (text), then what a scrape may ask for later: OpenMetrics, the gzips

@@ -146,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         return health_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.help_config:  # the reference generated from the configuration models
+        from .run.config_reference import render
+
+        def reference() -> int:
+            sys.stdout.write(render())
+            return 0
+        return _quiet_broken_pipe(reference)
     if args.simulate is None:  # a real node would silently ignore them
         given = [(flag, value) for flag, value in (("--simulate.phase", args.simulate_phase),
                                                    ("--simulate.host", args.simulate_host)) if value is not None]

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     PrivateAttr,
     ValidationError,
     create_model,
@@ -33,9 +34,12 @@ __all__ = ["Config", "CollectorConfig", "Duration", "load_config", "parse_durati
 
 class CollectorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    enabled: bool | None = None     # None: on by default where the backend is found
-    interval: Duration | None = None  # default: the global poll interval
-    timeout: Duration | None = None   # default: max(interval, 2 s), collector_policy.interval_and_timeout
+    enabled: bool | None = Field(None, description=(
+        "true or false; unset: on by default where the backend is found (upstream and profiles: off)"))
+    interval: Duration | None = Field(None, description="poll interval (default: poll_interval)")
+    timeout: Duration | None = Field(None, description=(
+        "poll timeout: a poll still running then is abandoned and the source is down (default: "
+        "max(interval, 2 s), collector_policy.interval_and_timeout)"))
     options: Options = NoOptions()
 
     def options_dict(self) -> dict[str, Any]:
@@ -64,23 +68,29 @@ Collectors = _collectors_model(tuple(OPTIONS))
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    poll_interval: Duration = 1.0
-    # fast sampling of the cheap signals that feed the contention indicators (sources that
-    # offer poll_fast) and the indicator evaluation itself
-    # two indicator samples per default poll: contention counted to the half second, at half the
-    # CPU of 250 ms (README "What sampling costs"); 250ms or 100ms for shorter bursts
-    fast_interval: Duration = 0.5
+    poll_interval: Duration = Field(1.0, description=(
+        "default poll interval of every source (a collector's `interval` overrides it; the flag "
+        "--poll.interval overrides the file)"))
+    fast_interval: Duration = Field(0.5, description=(
+        "fast sampling of the cheap signals that feed the contention indicators (sources that offer "
+        "poll_fast) and the indicator evaluation itself: the default gives two indicator samples per "
+        "default poll, contention counted to the half second at half the CPU of 250 ms (README \"What "
+        "sampling costs\"); 250ms or 100ms for shorter bursts"))
     collectors: Collectors = Collectors()  # type: ignore[valid-type]
-    # static labels added to every canonical series (e.g. node, cluster)
-    labels: dict[str, str] = {}
-    mappings_dir: Path | None = None
+    labels: dict[str, str] = Field({}, description=(
+        "static labels added to every canonical series (e.g. node, cluster)"))
+    mappings_dir: Path | None = Field(None, description=(
+        "folder of canonical.yaml and the vendor mapping files (default: the checkout's mappings/ when run "
+        "from a checkout, else the installed copy)"))
     indicators: IndicatorConfig = IndicatorConfig()
     simulate: SimulatorOptions = SimulatorOptions()
-    # cardinality control: profile, include/exclude globs, label allow-list (exporter/render/seriesfilter.py)
-    exposition: ExpositionConfig = ExpositionConfig()
-    enrich: EnrichConfig = EnrichConfig()  # cloud labels, pod attribution (exporter/enrich/options.py)
-    # push outputs beside /metrics: otlp (exporter/otlp/config.py)
-    exporters: ExportersConfig = ExportersConfig()
+    exposition: ExpositionConfig = Field(ExpositionConfig(), description=(
+        "cardinality control: profile, include/exclude globs, label allow-list "
+        "(exporter/render/seriesfilter.py)"))
+    enrich: EnrichConfig = Field(EnrichConfig(), description=(
+        "cloud labels, pod attribution (exporter/enrich/options.py)"))
+    exporters: ExportersConfig = Field(ExportersConfig(), description=(
+        "push outputs beside /metrics: otlp (exporter/otlp/config.py)"))
     # where the file was read from, and the line of each field (for errors found after
     # validation, e.g. by the enrichers)
     _path: Path | None = PrivateAttr(default=None)

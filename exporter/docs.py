@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from .map.schema import Schema, load_schema
-from .render.exposition import SELF, SELF_METRICS
 from .render.process_metrics import HELP as PROCESS_HELP
+from .render.self_metrics import SELF, SELF_METRICS
 
 
 def render(schema: Schema) -> str:

@@ -9,9 +9,10 @@ beyond the GPU's identity).  Only the renderer turns a ``DeviceId`` into ``vendo
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 Labels = tuple[tuple[str, str], ...]
@@ -121,3 +122,48 @@ class PollResult:
             self.errors["malformed_value"] += 1
             return
         self.readings.append(Reading(device, field_name, v, labels))
+
+
+@dataclass
+class SourceStats:
+    """What a running source has done: its health and its counters.  Owned by the source's runner
+    (``exporter/run/runner.py``), read by the renderer, carried whole across a reload
+    (``carry_from``: every field, whatever is added later).  The self-metrics these become are
+    declared in ``exporter/render/self_metrics.py``."""
+
+    # starting | up | down | absent.  absent: on by default but the backend is not on this node
+    # (not asked for, never up): reported with its reason, never as source_up 0.  down: enabled
+    # and failing (asked for explicitly, or up before).
+    state: str = "starting"
+    was_up: bool = False        # has been up since the exporter started
+    reason: str = ""
+    up: bool = False
+    polls: int = 0
+    last_duration: float = 0.0
+    last_success: float = 0.0   # unix time of the last successful poll
+    # per declared per-source counter (name after unified_gpu_exporter_): label value ("" for a
+    # counter without a label beyond source) -> count
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def counter(self, name: str) -> Counter[str]:
+        """The counts of the per-source counter ``name`` (declared in render/self_metrics.py)."""
+        c = self.counts.get(name)
+        if c is None:
+            c = self.counts[name] = Counter()
+        return c
+
+    @property
+    def errors(self) -> Counter[str]:
+        """``source_errors_total`` by kind."""
+        return self.counter("source_errors_total")
+
+    def carry_from(self, prev: SourceStats) -> None:
+        """Take over ``prev``'s values (the same source before a reload): copies, never shared."""
+        for f in fields(self):
+            setattr(self, f.name, copy.deepcopy(getattr(prev, f.name)))
+
+    def snapshot(self) -> SourceStats:
+        """A copy the render thread can read while the source keeps counting."""
+        snap = copy.copy(self)
+        snap.counts = {name: Counter(c) for name, c in list(self.counts.items())}
+        return snap

@@ -78,7 +78,7 @@ def run_variant(config_text: str, tmp: Path, seconds: float, scenario: str = "de
         if i % per_full == 0:
             _full_poll(source, store, state, full, now)
             polled_at = now
-        elif state.up and polled_at is not None and now - polled_at >= FAST:
+        elif state.stats.up and polled_at is not None and now - polled_at >= FAST:
             cycle = poll_and_map(source.poll_fast, store, state, fast, now=now, keep=keep)
             got = fast_frames(cycle.result.frames, mappings.schema.fast_metrics)
             if got:
@@ -97,13 +97,13 @@ def _full_poll(source, store: Store, state: SourceState, mapper: Mapper, now: fl
         cycle = poll_and_map(source.poll, store, state, mapper, now=now)
     except Exception:  # noqa: BLE001 - a scenario's poll_error: the source is down
         state.clear()
-        state.state = "down"
+        state.stats.state = "down"
         store.touch()
         return
     state.devices = cycle.devices
     state.device_up = {k: cycle.sample.device_up.get(k, True) for k in cycle.devices}
     state.frames, state.fast = cycle.result.frames, {}
-    state.up, state.state = True, "up"
+    state.stats.up, state.stats.state = True, "up"
     store.touch()
 
 

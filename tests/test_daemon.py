@@ -106,7 +106,7 @@ async def test_raising_source_is_down_with_exception_counted(mappings_dir, tmp_p
     assert m['unified_gpu_exporter_source_errors_total{kind="exception",source="raising"}'] >= 3
     assert m['unified_gpu_exporter_source_up{source="good"}'] == 1
     assert daemon.ready
-    reason = daemon.store.sources["raising"].reason
+    reason = daemon.store.sources["raising"].stats.reason
     assert "RuntimeError: library exploded" in reason
 
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.enrich.pod_index import SeriesLabeler
 from exporter.map.schema import load_schema
 from exporter.map.store import SourceState, Store
-from exporter.model import Device
+from exporter.model import Device, SourceStats
 from exporter.render import process_metrics
 from exporter.render.exposition import SELF_METRICS, Renderer
 from exporter.render.seriesfilter import ExpositionConfig, SeriesFilter
@@ -47,7 +47,7 @@ def ident(i: int) -> tuple[tuple[str, str], ...]:
 
 def store_for(cycle: int, rng: random.Random) -> Store:
     store = Store()
-    a, b = SourceState("nvml", up=True, polls=3), SourceState("dcgm", up=True, polls=3)
+    a, b = SourceState("nvml", stats=SourceStats(up=True, polls=3)), SourceState("dcgm", stats=SourceStats(up=True, polls=3))
     for i in range(3):
         a.devices[f"k{i}"] = Device(f"k{i}", "nvidia", str(i), "nvml", uuid=f"GPU-{i}", model="H100 \"x\"")
     series: dict = {}
@@ -246,7 +246,7 @@ def test_the_cache_forgets_series_that_are_gone():
     renderer = Renderer(SCHEMA)
     for cycle in range(30):
         store = Store()
-        st = SourceState("nvml", up=True)
+        st = SourceState("nvml", stats=SourceStats(up=True))
         # 50 series with a new pid label every cycle (per-process churn)
         st.frames = frames_of({("gpu_process_utilization_percent", ident(0) + (("pid", f"{cycle}-{n}"),)): 1.0
                                for n in range(50)})
@@ -260,7 +260,7 @@ def test_a_failed_render_drops_the_cache():
     store = store_for(0, random.Random(1))
     renderer.render(store)
     broken = Store()
-    st = SourceState("nvml", up=True)
+    st = SourceState("nvml", stats=SourceStats(up=True))
     st.frames = frames_of({("gpu_power_watts", ident(0)): "not a number"})  # type: ignore[dict-item]
     broken.add(st)
     assert renderer.render(broken).failed
@@ -274,7 +274,7 @@ def test_pod_attribution_with_a_label_allowlist():
     renderer = Renderer(SCHEMA)
     renderer.series_filter = SeriesFilter(ExpositionConfig(label_allowlist=["pod"]), SCHEMA, tuple(SELF_METRICS))
     store = Store()
-    st = SourceState("nvml", up=True)
+    st = SourceState("nvml", stats=SourceStats(up=True))
     st.frames = frames_of({("gpu_power_watts", ident(0)): 300.0})
     store.add(st)
     per_device = {("nvidia", "0", "GPU-0"): SeriesLabeler((("namespace", "ns"), ("pod", "p")), {}, {})}
@@ -290,7 +290,7 @@ def test_lines_in_schema_order_buckets_by_le_and_gpu_after_gpu():
     renderer = Renderer(SCHEMA)
     renderer.self_metrics = False
     store = Store()
-    st = SourceState("nvml", up=True)
+    st = SourceState("nvml", stats=SourceStats(up=True))
     st.devices = {"k1": Device("k1", "nvidia", "1", "nvml", uuid="GPU-1", model="H100")}
     k = (("kernel", "k"),)
     st.frames = {

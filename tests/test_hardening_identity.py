@@ -11,6 +11,7 @@ from exporter.map.mapper import STATE_TTL_POLLS, Mapper
 from exporter.map.mapping import MappingSet
 from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.map.store import SourceState, Store
+from exporter.model import SourceStats
 from exporter.render.exposition import Renderer
 from exporter.run.feed import DEVICE_TTL_SECONDS, MAX_TRACKED_DEVICES, IndicatorFeed
 from exporter.sources.base import Device, PollResult
@@ -29,7 +30,7 @@ def _cycle(mapper: Mapper, feed: IndicatorFeed, renderer: Renderer, uuids: list[
     devices = {d.key: d for d in sample.devices}
     result = mapper.map(sample, devices)
     store = Store()
-    store.add(SourceState("upstream", up=True, state="up", devices=devices, frames=result.frames))
+    store.add(SourceState("upstream", stats=SourceStats(up=True, state="up"), devices=devices, frames=result.frames))
     feed.update(now, store)
     renderer.render(store, [feed.latest])
 

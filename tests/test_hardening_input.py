@@ -15,6 +15,7 @@ from exporter.map.mapper import Mapper
 from exporter.map.mapping import MappingSet
 from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.map.store import SourceState, Store
+from exporter.model import SourceStats
 from exporter.render.exposition import Renderer
 from exporter.render.textformat import Counts, Family, PrefixCache, body, write
 from exporter.sources.context import SourceContext
@@ -64,7 +65,7 @@ def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
         for _, v in labels:
             v.encode("utf-8")  # every label value valid UTF-8 where it entered
     store = Store()
-    st = SourceState("profiles", up=True, state="up", frames=frames_of(series))
+    st = SourceState("profiles", stats=SourceStats(up=True, state="up"), frames=frames_of(series))
     store.add(st)
     rendered = Renderer(schema).render(store)
     assert not rendered.failed
@@ -75,7 +76,7 @@ def test_surrogate_kernel_name_imports_and_renders(tmp_path, mappings, schema):
 def test_render_failure_is_visible_not_stale(schema, caplog):
     store = Store()
     # a label value that is not a string makes the writer fail: stand-in for any render bug
-    store.add(SourceState("nvml", up=True, state="up",
+    store.add(SourceState("nvml", stats=SourceStats(up=True, state="up"),
                           frames=frames_of({("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
                                                                          ("uuid", None))): 1.0})))
     r = Renderer(schema)
@@ -88,7 +89,7 @@ def test_render_failure_is_visible_not_stale(schema, caplog):
     assert "gpu_temperature_celsius" not in text  # never the stale or partial bytes
     assert sum("render failed" in m for m in caplog.messages) == 1  # logged once per error
     ok = Store()
-    ok.add(SourceState("nvml", up=True, state="up"))
+    ok.add(SourceState("nvml", stats=SourceStats(up=True, state="up")))
     assert not r.render(ok).failed
 
 
@@ -96,7 +97,7 @@ def test_readyz_not_ready_after_render_failure(schema):
     from exporter.run.daemon import Daemon, Settings
     daemon = Daemon(Settings())
     daemon.renderer = Renderer(schema)
-    daemon.store.add(SourceState("nvml", up=True, state="up",
+    daemon.store.add(SourceState("nvml", stats=SourceStats(up=True, state="up"),
                                  frames=frames_of({("gpu_temperature_celsius", (("vendor", "nvidia"), ("gpu", "0"),
                                                                                 ("uuid", None))): 1.0})))
     import asyncio

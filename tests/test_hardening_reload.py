@@ -175,13 +175,13 @@ async def test_counter_never_goes_back_across_reload(mappings_dir, tmp_path, tes
         st = daemon.store.sources["good"]
         return next(v for (n, _), v in flat(st.frames).items() if n == "gpu_energy_joules_total")
     try:
-        while daemon.store.sources["good"].polls < 4:
+        while daemon.store.sources["good"].stats.polls < 4:
             await asyncio.sleep(0.02)
         before = energy()
         assert before >= 4.0
         assert await daemon.reload()  # a new source object: its raw counter starts again at 1 J
-        polls = daemon.store.sources["good"].polls
-        while daemon.store.sources["good"].polls < polls + 2:
+        polls = daemon.store.sources["good"].stats.polls
+        while daemon.store.sources["good"].stats.polls < polls + 2:
             await asyncio.sleep(0.02)
         assert energy() >= before
     finally:

@@ -9,7 +9,7 @@ import random
 
 from exporter.indicators import IndicatorConfig, IndicatorEngine
 from exporter.map.store import SourceState, Store
-from exporter.model import Device, identity_labels
+from exporter.model import Device, SourceStats, identity_labels
 from exporter.run.feed import ENGINE_INPUTS, IndicatorFeed
 from exporter.testing import frames_of, load_mappings, samples
 
@@ -51,7 +51,7 @@ def test_engine_inputs_cover_what_the_engine_reads_and_outputs_do_not_change():
     for dev in DEVICES:
         reference.set_device_info(dev.id, model=dev.model, vendor=dev.vendor, cloud=None)
     store = Store()
-    state = SourceState("nvml", up=True, state="up", devices={d.key: d for d in DEVICES})
+    state = SourceState("nvml", stats=SourceStats(up=True, state="up"), devices={d.key: d for d in DEVICES})
     store.add(state)
     compared = 0
     for step in range(160):
@@ -87,7 +87,7 @@ def test_frames_replaced_by_hand_are_read_again_at_once():
     head = identity_labels(dev.id)
     store = Store()
     series = {("gpu_process_utilization_percent", head + (("pid", "1"), ("process", "a"))): 80.0}
-    st = SourceState("nvml", up=True, state="up", devices={dev.key: dev}, frames=frames_of(series))
+    st = SourceState("nvml", stats=SourceStats(up=True, state="up"), devices={dev.key: dev}, frames=frames_of(series))
     store.add(st)
     feed = IndicatorFeed(IndicatorConfig(), None, 1.0)
     clients = [v for n, _, v in samples(feed.update(1000.0, store)) if n == "gpu_active_clients"]

@@ -7,7 +7,7 @@ import pytest
 from exporter.indicators import IndicatorConfig
 from exporter.indicators.series import SeriesIndex
 from exporter.map.store import SourceState, Store
-from exporter.model import Device, identity_labels
+from exporter.model import Device, SourceStats, identity_labels
 from exporter.run.feed import IndicatorFeed
 from exporter.testing import frames_of, samples
 
@@ -23,7 +23,7 @@ def _store(process: str, reason: str) -> Store:
         ("gpu_throttle_active", head + (("reason", reason),)): 1.0,
     }
     store = Store()
-    store.add(SourceState("nvml", up=True, state="up", devices={"k0": dev}, frames=frames_of(series)))
+    store.add(SourceState("nvml", stats=SourceStats(up=True, state="up"), devices={"k0": dev}, frames=frames_of(series)))
     return store
 
 
@@ -62,8 +62,8 @@ def _two_sources(live_miss: float | None) -> Store:
     artefact = {("gpu_l2_cache_miss_rate_percent", head + (("source", "nsys"), ("trace_id", "t1"))): 42.0,
                 ("gpu_l2_cache_miss_rate_percent", head + (("kernel", "gemm"), ("source", "nsys"))): 7.0}
     store = Store()
-    store.add(SourceState("nvml", up=True, state="up", devices={"k0": dev}, frames=frames_of(live)))
-    store.add(SourceState("profiles", up=True, state="up", devices={"k0": dev}, frames=frames_of(artefact)))
+    store.add(SourceState("nvml", stats=SourceStats(up=True, state="up"), devices={"k0": dev}, frames=frames_of(live)))
+    store.add(SourceState("profiles", stats=SourceStats(up=True, state="up"), devices={"k0": dev}, frames=frames_of(artefact)))
     return store
 
 

@@ -503,6 +503,7 @@ def test_one_poll_in_six_missing_a_tenant_at_a_5_s_poll_interval_does_not_flip_t
 
 def test_the_feed_hands_the_engine_the_interval_of_the_source_counting_the_clients():
     from exporter.map.store import SourceState, Store
+    from exporter.model import SourceStats
     from exporter.run.feed import IndicatorFeed
 
     feed = IndicatorFeed(cfg(), None, 0.5)
@@ -511,8 +512,8 @@ def test_the_feed_hands_the_engine_the_interval_of_the_source_counting_the_clien
     feed.engine.update = lambda now, frames, intervals=None: seen.append(dict(intervals or {})) or \
         real_update(now, frames, intervals)
     store = Store()
-    counting = SourceState("nvml", interval=5.0, up=True, state="up")
-    other = SourceState("amdgpu", interval=15.0, up=True, state="up")  # reports the GPU, counts nothing
+    counting = SourceState("nvml", interval=5.0, stats=SourceStats(up=True, state="up"))
+    other = SourceState("amdgpu", interval=15.0, stats=SourceStats(up=True, state="up"))  # reports the GPU, counts nothing
     counting.frames = {DEV: {("gpu_client_evidence", (("evidence", "nvml"), ("reason", ""))): 1.0,
                              ("gpu_memory_bandwidth_utilization_percent", ()): 90.0}}
     other.frames = {DEV: {("gpu_compute_utilization_percent", ()): 99.0},

@@ -429,12 +429,12 @@ async def test_wall_clock_jumps_do_not_disturb_polling_counters_or_indicators(tm
             tmp = energy.with_name("energy1_input.tmp")          # atomic, as sysfs reads are
             tmp.write_text(f"{int(energy.read_text()) + 1000000}\n")
             os.replace(tmp, energy)
-            polls_before = daemon.store.sources["amdgpu"].polls
+            polls_before = daemon.store.sources["amdgpu"].stats.polls
             await asyncio.sleep(0.4)
             m = await render(daemon)
             history.append(m)
             st = daemon.store.sources["amdgpu"]
-            assert st.polls - polls_before >= 5, f"polling stalled after a {jump:+.0f}s wall-clock jump"
+            assert st.stats.polls - polls_before >= 5, f"polling stalled after a {jump:+.0f}s wall-clock jump"
             assert m['unified_gpu_exporter_source_up{source="amdgpu"}'] == 1
             errors = pick(m, "unified_gpu_exporter_source_errors_total", source="amdgpu")
             assert not {k: v for k, v in errors.items() if v}
@@ -468,9 +468,9 @@ async def test_fast_sampling_never_marks_a_healthy_source_down(tmp_path):
         for _ in range(150):
             await asyncio.sleep(0.01)
             st = daemon.store.sources["simulator"]
-            if st.polls and not st.up:
-                down.append(st.reason)
-        errors = dict(daemon.store.sources["simulator"].errors)
+            if st.stats.polls and not st.stats.up:
+                down.append(st.stats.reason)
+        errors = dict(daemon.store.sources["simulator"].stats.errors)
     finally:
         await daemon.stop()
     assert not down and not errors, f"healthy source reported down {len(down)}x: {down[:1]}, errors {errors}"
@@ -492,7 +492,7 @@ async def test_mapper_and_store_state_stay_bounded_under_device_churn(tmp_path, 
         if i % 100 == 99:
             rendered = await daemon.render()
             sizes.append((mapper_state_size(rt.mapper), len(rt.state.devices), rt.state.series_count(),
-                          len(rt.state.errors), rendered.series))
+                          len(rt.stats.errors), rendered.series))
     await daemon._close_sources(daemon.runtimes)
     # live: 4 devices x (energy, busy rate, 2 link counters) = 16 counter states; state of series
     # that went away may be kept for a grace period, but it must not grow with the number of polls
@@ -520,7 +520,7 @@ async def test_flapping_cards_keep_every_internal_table_the_same_size(tmp_path):
     def sizes() -> tuple:
         feed = daemon.feed
         eng = feed.engine
-        return (mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.state.errors),
+        return (mapper_state_size(rt.mapper), len(rt.state.devices), len(rt.stats.errors),
                 sum(len(cached[2]) for cached in feed._by_source.values()), len(feed._known), len(eng._devices))
 
     seen = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -21,6 +22,9 @@ from tests.fakes import pynvml_fake as pf
 # its GPU Health dashboard and alerts show.
 BUDGET = {("nvml", "default"): 100, ("nvml", "minimal"): 25,
           ("simulated", "default"): 70, ("simulated", "minimal"): 25}
+README = Path(__file__).resolve().parent.parent / "README.md"
+# README "Series budget": the row of each node (its measured numbers are checked against this test's)
+README_ROW = {"nvml": "| NVIDIA H100 (faithful NVML fake", "simulated": "| simulated node (`--simulate`"}
 OTHER_SOURCES = ("dcgm", "amdgpu", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")
 
 # what the minimal profile serves (README "Series budget"), written out by hand: the profile is
@@ -81,6 +85,15 @@ def test_series_per_gpu_default_and_minimal_profile_within_budget(tmp_path, node
     assert default <= BUDGET[(node, "default")]
     assert minimal <= BUDGET[(node, "minimal")]
     assert minimal < default / 2
+    row = next(ln for ln in README.read_text(encoding="utf-8").splitlines() if ln.startswith(README_ROW[node]))
+    documented = [cell.strip() for cell in row.strip().strip("|").split("|")][1:]
+    measured = [_number(default), _number(minimal), f"{BUDGET[(node, 'default')]} / {BUDGET[(node, 'minimal')]}"]
+    assert documented == measured, f"README's series budget row for {node} is out of date: write {measured}"
+
+
+def _number(x: float) -> str:
+    """As the README writes a series count: one decimal, none when it is whole."""
+    return f"{x:.1f}".removesuffix(".0")
 
 
 def test_exclude_glob_and_label_allowlist_remove_series(tmp_path, monkeypatch):

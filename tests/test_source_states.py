@@ -105,12 +105,12 @@ async def test_up_before_then_backend_gone_is_down(collectors, tmp_path):
     await daemon.start()
     try:
         st = daemon.store.sources["vanishing"]
-        assert st.state == "up" and st.was_up
+        assert st.stats.state == "up" and st.stats.was_up
         BACKEND["present"] = False  # the driver went away; the next reload re-opens the source
         assert await daemon.reload()
         rt = next(r for r in daemon.runtimes if r.state.name == "vanishing")
         await daemon.poll_once(rt)
-        assert rt.state.state == "down" and not rt.state.up
+        assert rt.stats.state == "down" and not rt.stats.up
         text = (await daemon.render()).text
         assert 'unified_gpu_exporter_source_up{source="vanishing"} 0.0' in _lines(text, "source_up")
     finally:

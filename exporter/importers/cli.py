@@ -23,7 +23,7 @@ from ..map.mapper import Mapper
 from ..map.mapping import MappingSet
 from ..map.schema import default_mappings_dir, load_schema
 from ..map.store import SourceState, Store
-from ..model import PollResult, identity_labels
+from ..model import PollResult, SourceStats, identity_labels
 from ..render.exposition import Renderer
 from ..run.argparsing import OneLineErrorParser
 from ..yamlfile import ConfigError
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         # no gpu_info: the GPU is the one the node's exporter already lists (a second gpu_info
         # through the textfile collector counts it twice, or as a phantom GPU when the artifact
         # has no UUID); the series carry vendor, gpu and uuid (when the artifact has it) to join on
-        st = SourceState("profiles", up=True, state="up", provides_identity=False)
+        st = SourceState("profiles", stats=SourceStats(up=True, state="up"), provides_identity=False)
         st.devices, st.frames = devices, result.frames
         store.add(st)
         # the daemon's renderer, for the imported series only: not the exporter's self-metrics

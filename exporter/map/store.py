@@ -7,30 +7,22 @@ lay their values on top (``fast``), for the indicators only.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from ..model import Device, Frames, frame_count
+from ..model import Device, Frames, SourceStats, frame_count
 
 
 @dataclass
 class SourceState:
+    """What a source last reported (devices, series) and how it is to be read; its health and
+    counters are ``stats``, the object its runner owns and counts in."""
+
     name: str
     explicit: bool = False          # enabled by --collector.<name> or the config file
     secondary: bool = False         # upstream scrape: native sources win for the same GPU
     provides_identity: bool = True  # fdinfo does not: it borrows identity by PCI address
-    # starting | up | down | absent.  absent: on by default but the backend is not on this node
-    # (not asked for, never up): reported with its reason, never as source_up 0.  down: enabled
-    # and failing (asked for explicitly, or up before).
-    state: str = "starting"
-    was_up: bool = False            # has been up since the exporter started
-    reason: str = ""
-    up: bool = False
-    polls: int = 0
     interval: float = 0.0           # seconds between full polls (0: not scheduled, e.g. a test)
-    last_duration: float = 0.0
-    last_success: float = 0.0       # unix time of the last successful poll
-    errors: Counter[str] = field(default_factory=Counter)
+    stats: SourceStats = field(default_factory=SourceStats)
     devices: dict[str, Device] = field(default_factory=dict)
     device_up: dict[str, bool] = field(default_factory=dict)
     # the last full poll's series per GPU (what the exposition shows), and what fast polls
@@ -45,7 +37,7 @@ class SourceState:
         self.frames = {}
         self.fast = {}
         self.self_samples = []
-        self.up = False
+        self.stats.up = False
 
     def series_count(self) -> int:
         """How many canonical series the last full poll gave."""
@@ -53,11 +45,10 @@ class SourceState:
 
     def carry_from(self, prev: SourceState) -> None:
         """Serve what ``prev`` (the same source before a reload) had until this one polls: its
-        devices, frames, health and counters (the error counts are copied, not shared)."""
+        devices and frames, and its stats (health and every counter, copied into this state's
+        own ``stats`` object, the one its runner counts in)."""
         self.devices, self.device_up, self.frames = prev.devices, prev.device_up, prev.frames
-        self.errors = Counter(prev.errors)
-        self.up, self.state, self.reason, self.was_up = prev.up, prev.state, prev.reason, prev.was_up
-        self.polls, self.last_success, self.last_duration = prev.polls, prev.last_success, prev.last_duration
+        self.stats.carry_from(prev.stats)
 
 
 class Store:

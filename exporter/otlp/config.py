@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..durations import Duration
 from ..http_deadline import redact_url
@@ -69,9 +77,10 @@ class OtlpTLS(BaseModel):
     their contents for ``OtlpConfig.identity``."""
 
     model_config = ConfigDict(extra="forbid")
-    ca_file: Path | None = None      # default: the system's trust store
-    cert_file: Path | None = None    # client certificate (mutual TLS), with key_file
-    key_file: Path | None = None
+    ca_file: Path | None = Field(None, description=(
+        "CA bundle the Collector's certificate is checked against (default: the system's trust store)"))
+    cert_file: Path | None = Field(None, description="client certificate (mutual TLS), with key_file")
+    key_file: Path | None = Field(None, description="the client certificate's key")
     _digest: str = PrivateAttr(default="")
 
     @field_validator("ca_file", "cert_file", "key_file")
@@ -183,17 +192,23 @@ def read_headers(path: Path) -> dict[str, str]:
 
 class OtlpConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = False
-    endpoint: str = ""               # default: http://localhost:4318/v1/metrics (grpc: :4317)
-    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
-    headers_file: Path | None = None
+    enabled: bool = Field(False, description=(
+        "push the rendered cycles to an OpenTelemetry Collector (OTLP) beside /metrics"))
+    endpoint: str = Field("", description=(
+        "the Collector's URL (default: http://localhost:4318/v1/metrics; grpc: :4317)"))
+    protocol: Literal["http/protobuf", "grpc"] = Field("http/protobuf", description=(
+        "http/protobuf or grpc (grpc needs the otlp-grpc extra)"))
+    headers_file: Path | None = Field(None, description=(
+        "a file of `Name: value` lines sent with each push (credentials stay out of the config)"))
     tls: OtlpTLS = OtlpTLS()
-    interval: Duration = 15.0
-    timeout: Duration = 10.0
-    compression: Literal["gzip", "none"] = "gzip"
-    proxy_url: str = ""              # an HTTP proxy (CONNECT for https:// and gRPC)
-    allow_plaintext: bool = False    # headers_file / tls with an http:// endpoint (sent unencrypted)
-    resource_attributes: dict[str, str] = {}
+    interval: Duration = Field(15.0, description="one push per this interval (the latest rendered cycle)")
+    timeout: Duration = Field(10.0, description="one push's deadline")
+    compression: Literal["gzip", "none"] = Field("gzip", description="gzip or none")
+    proxy_url: str = Field("", description="an HTTP proxy (CONNECT for https:// and gRPC)")
+    allow_plaintext: bool = Field(False, description=(
+        "allow headers_file or tls with an http:// endpoint (sent unencrypted)"))
+    resource_attributes: dict[str, str] = Field({}, description=(
+        "resource attributes of every push (win over the ones derived from labels)"))
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("endpoint")

@@ -21,6 +21,7 @@ from ..map.schema import HISTOGRAM_SUFFIXES, Schema
 from ..map.store import Store
 from ..model import DeviceId, Frames, Labels, Sample
 from . import cpustats, otlp_stats, process_metrics, server_stats
+from .self_metrics import SELF, SELF_METRICS, SOURCE_COUNTERS, SOURCE_SELF_METRICS
 from .series_lines import DeviceLabels, SeriesLines
 from .seriesfilter import SeriesFilter
 from .textformat import Counts, Family, PrefixCache, body, write
@@ -30,69 +31,7 @@ from .textformat import Counts, Family, PrefixCache, body, write
 # checks they still agree); literals, so serving does not import the client library
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-SELF = "unified_gpu_exporter_"
 log = logging.getLogger("unified_gpu_exporter")
-
-# error kinds every source can have: exported from 0 so rate() and alerts see the first one
-ALWAYS_COUNTED = ("timeout", "exception")
-
-# Self-metrics: (name, type, help).  Not part of the canonical schema.
-SELF_METRICS: dict[str, tuple[str, str]] = {
-    "build_info": ("gauge", "Version of unified-gpu-exporter, the Python running it and the canonical "
-                            "metric schema it serves (mappings/canonical.yaml version), value 1."),
-    "source_up": ("gauge", "1 when the source's last poll succeeded within its timeout, else 0."),
-    "source_enabled": ("gauge",
-                       "1 per source that is enabled, with its state (up; down: enabled and "
-                       "failing; absent: on by default but its backend is not on this node, no "
-                       "source_up series; starting) and the reason it is not up."),
-    "source_poll_duration_seconds": ("gauge", "Duration of the source's last completed poll in seconds."),
-    "source_last_success_timestamp_seconds": (
-        "gauge", "Unix time of the source's last successful poll. Values are polled at the source's "
-                 "interval, not collected at scrape time."),
-    "source_errors_total": ("counter",
-                            "Errors per source by kind (timeout, exception, malformed_value, "
-                            "not_supported, read_error, device_lost, parse_error, "
-                            "profiling_unavailable, unit_ambiguous, ...)."),
-    "source_series": ("gauge", "Canonical series produced by the source's last poll."),
-    "device_up": ("gauge", "1 while the device answers its source; 0 after it was lost, or while its source "
-                           "is down (source_up 0: nothing is known of it)."),
-    "render_duration_seconds": ("gauge", "Time spent rendering the last exposition, in seconds."),
-    "render_errors_total": ("counter",
-                            "Renders that failed; the exposition then holds only self-metrics and "
-                            "/readyz is not ready until a render succeeds."),
-    "invalid_utf8_replaced_total": ("counter",
-                                    "Label values and texts that were not valid UTF-8 and were "
-                                    "exported with U+FFFD in place of the bad code points."),
-    "config_last_reload_successful": ("gauge", "1 if the last configuration (re)load succeeded."),
-    "config_last_reload_success_timestamp_seconds": (
-        "gauge", "Unix time of the last successful configuration (re)load."),
-    "upstream_schema_info": ("gauge",
-                             "Value 1 per upstream target that answered its last poll and naming "
-                             "generation (schema) its hosts' series were recognised as (the oldest "
-                             "the evidence allows; mappings/upstream/<exporter>.yaml, schemas); e.g. "
-                             "dcgm-ambiguous when names and values contradict each other "
-                             "(source_errors_total{kind=\"unit_ambiguous\"} counts the values skipped)."),
-    "upstream_unknown_fields": ("gauge",
-                                "Metric names of an upstream target, in its last poll, that no "
-                                "mapping knows (an upgrade that added or renamed fields); the "
-                                "first ones are logged."),
-    "upstream_dropped_fields": ("gauge",
-                                "Metric names of an upstream target, in its last poll, that the "
-                                "mapping drops on purpose (not_mapped; the reason per name is in "
-                                "docs/dcgm-migration.md \"Dropped\"); logged once per change."),
-    "stage_cpu_seconds_total": ("counter",
-                                "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
-                                "fast_map per source; indicators, render), as of the last render. "
-                                "process_cpu_seconds_total minus their sum is the event loop, HTTP "
-                                "serving, the garbage collector and helper threads."),
-    **otlp_stats.HELP,  # with exporters.otlp enabled
-    **server_stats.HELP,  # with a web config / the connection guard
-    **hpc_jobs.HELP,  # with enrich.hpc_jobs
-}
-
-# self-metrics a source reports itself (PollResult.self_samples)
-SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields", "upstream_dropped_fields"})
-
 
 def _family(name: str, typ: str, doc: str, unit: str) -> Family:
     base = name[:-6] if typ == "counter" and name.endswith("_total") else name
@@ -186,16 +125,17 @@ class Renderer:
                            "schema_version": str(self.schema.version)}, 1)
         for st in store.sources.values():
             s = {"source": st.name}
-            if st.state != "absent":  # a backend this node does not have is not a failure
-                add("source_up", s, 1.0 if st.up else 0.0)
-            add("source_enabled", {**s, "state": st.state, "reason": st.reason[:200]}, 1)
-            if st.polls:
-                add("source_poll_duration_seconds", s, st.last_duration)
-            if st.last_success:
-                add("source_last_success_timestamp_seconds", s, st.last_success)
-            errors = {k: 0 for k in ALWAYS_COUNTED} | dict(st.errors)  # 0 before the first error
-            for kind, count in sorted(errors.items()):
-                add("source_errors_total", {**s, "kind": kind}, float(count))
+            if st.stats.state != "absent":  # a backend this node does not have is not a failure
+                add("source_up", s, 1.0 if st.stats.up else 0.0)
+            add("source_enabled", {**s, "state": st.stats.state, "reason": st.stats.reason[:200]}, 1)
+            if st.stats.polls:
+                add("source_poll_duration_seconds", s, st.stats.last_duration)
+            if st.stats.last_success:
+                add("source_last_success_timestamp_seconds", s, st.stats.last_success)
+            for m in SOURCE_COUNTERS:  # declared: from 0 (the `always` label values), then as counted
+                counts = dict.fromkeys(m.always, 0) | dict(st.stats.counts.get(m.name, ()))
+                for value, count in sorted(counts.items()):
+                    add(m.name, {**s, m.labels[0]: value} if m.labels else s, float(count))
             add("source_series", s, float(st.series_count()))
             for name, labels, value in st.self_samples:
                 if name in SOURCE_SELF_METRICS:  # declared ones only: a source cannot invent families
@@ -206,7 +146,7 @@ class Renderer:
                 up[ident] = up.get(ident, True) and st.device_up.get(key, True)
             for (vendor, gpu, uuid), ok in up.items():  # a down source's devices are not known up
                 add("device_up", {"source": st.name, "vendor": vendor, "gpu": gpu, "uuid": uuid},
-                    1.0 if ok and st.up else 0.0)
+                    1.0 if ok and st.stats.up else 0.0)
         add("render_duration_seconds", {}, self.render_duration)
         add("render_errors_total", {}, float(self.render_errors))
         add("invalid_utf8_replaced_total", {}, float(Counts.invalid_utf8))

@@ -5,7 +5,6 @@ GPUs still present, and per-GPU pod attribution.  The daemon renders once after 
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from ..map.store import Store
@@ -21,7 +20,7 @@ def snapshot(store: Store) -> Store:
     snap.version = store.version
     for st in store.sources.values():
         c = copy.copy(st)  # frames: replaced, never mutated, on each poll
-        c.errors = Counter(st.errors)
+        c.stats = st.stats.snapshot()  # counters: copied, the source keeps counting
         snap.add(c)
     return snap
 

@@ -25,7 +25,7 @@ import fnmatch
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..map.schema import LABEL_RE, Schema
 
@@ -45,10 +45,13 @@ PROFILE_NAMES = ("default", "minimal")
 
 class ExpositionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    profile: Literal[PROFILE_NAMES] = "default"
-    include: list[str] = []
-    exclude: list[str] = []
-    label_allowlist: list[str] | None = None
+    profile: Literal[PROFILE_NAMES] = Field("default", description=(
+        "default: every series; minimal: the series the health alerts need (README \"Series budget\")"))
+    include: list[str] = Field([], description="metric name globs: only these are served")
+    exclude: list[str] = Field([], description="metric name globs not served (self-metrics included)")
+    label_allowlist: list[str] | None = Field(None, description=(
+        "labels a GPU series may carry beyond vendor/gpu/uuid and its fixed dimensions; series with other "
+        "optional labels are not served (default: no limit)"))
 
     @field_validator("include", "exclude")
     @classmethod

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--version", action="version", version=f"unified-gpu-exporter {__version__}")
     p.add_argument("--check-config", action="store_true",
                    help="validate the configuration and mappings, then exit 0 (valid) or 1")
+    p.add_argument("--help-config", action="store_true",
+                   help="print every setting of the configuration file (type, default, description; "
+                        "docs/configuration.md) and exit")
     p.add_argument("--once", action="store_true",
                    help="poll as often as rate metrics need, print the exposition, exit "
                         "(non-zero if an explicitly enabled source failed)")

@@ -76,6 +76,7 @@ def interval_and_timeout(cconf: CollectorConfig, poll_interval: float) -> tuple[
 
 def none_up_message(states) -> str:
     """Why no GPU is read after the first polls: each source's state and reason."""
-    why = "; ".join(f"{st.name}: {st.state} {st.reason}".strip() for st in states) or "no source is enabled"
+    why = "; ".join(f"{st.name}: {st.stats.state} {st.stats.reason}".strip() for st in states) \
+        or "no source is enabled"
     return (f"no source is up ({why}): no GPU is read, /metrics serves the exporter's own series "
             "only. --list-devices shows what each source finds, --simulate serves a simulated node")

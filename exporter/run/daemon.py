@@ -36,7 +36,7 @@ from .collector_policy import collector_options, enabled_collectors, interval_an
 from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
-from .reload_carry import carry_indicator_state, carry_mapper_state
+from .reload_carry import carry_indicator_state, carry_mapper_state, carry_source_state
 from .runner import REOPEN_INTERVAL, SourceRunner, build_runner
 from .settings import Settings
 from .worker import Worker
@@ -248,7 +248,7 @@ class Daemon:
             async with asyncio.timeout(STARTUP_WAIT):
                 await self._first_polls.wait()
         await self.render()
-        if not any(st.up for st in self.store.sources.values()):  # issue 38: say why, as a warning
+        if not any(st.stats.up for st in self.store.sources.values()):  # issue 38: say why, as a warning
             log.warning(none_up_message(self.store.sources.values()))
         # after the first render: the metadata probes (cloud) and the kubelet connection do not
         # compete with the first polls for the CPU; their labels arrive with a later render
@@ -338,11 +338,7 @@ class Daemon:
             old_store, old_runtimes = self.store, self.runtimes
             self.build_runtimes()
             carry_mapper_state(old_runtimes, self.runtimes, old[2], self.mappings)
-            # keep serving what the sources had (and their error counters) until they poll again
-            for name, st in self.store.sources.items():
-                prev = old_store.sources.get(name)
-                if prev is not None and st.state == "starting":
-                    st.carry_from(prev)
+            carry_source_state(old_store, self.store)  # served until they poll again; counters kept
             self.build_feed()  # thresholds may have changed
             carry_indicator_state(old_feed, self.feed)
             self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
@@ -388,9 +384,9 @@ class Daemon:
             await asyncio.gather(*(self.poll_once(rt) for rt in self.runtimes))
             self.feed.update(time.monotonic(), self.store)
         rendered = await self.render()
-        failed = [rt.state for rt in self.runtimes if rt.state.explicit and not rt.state.up]
+        failed = [rt.state for rt in self.runtimes if rt.state.explicit and not rt.stats.up]
         for st in failed:
-            log.error("explicitly enabled source failed", extra={"source": st.name, "reason": st.reason})
+            log.error("explicitly enabled source failed", extra={"source": st.name, "reason": st.stats.reason})
         await self._close_sources(self.runtimes)
         self.otlp.flush()
         self.feed.save()

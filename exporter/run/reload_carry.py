@@ -1,8 +1,10 @@
-"""What survives a reload: mapper counter state and what the indicators learned."""
+"""What survives a reload: each source's series and stats, mapper counter state and what the
+indicators learned."""
 
 from __future__ import annotations
 
 from ..map.mapping import MappingSet
+from ..map.store import Store
 from .feed import IndicatorFeed
 from .runner import SourceRunner
 
@@ -28,3 +30,13 @@ def carry_indicator_state(old: IndicatorFeed | None, new: IndicatorFeed | None) 
     if old is None or new is None or old is new:
         return
     new.engine.carry_over(old.engine)
+
+
+def carry_source_state(old: Store, new: Store) -> None:
+    """Each source that was running before keeps serving what it had until it polls again, and
+    keeps its stats (``SourceStats.carry_from``: health and every per-source counter declared in
+    render/self_metrics.py, whatever is added there; a counter never goes back on a reload)."""
+    for name, st in new.sources.items():
+        prev = old.sources.get(name)
+        if prev is not None and st.stats.state == "starting":
+            st.carry_from(prev)

@@ -19,7 +19,7 @@ from typing import Any
 from ..map.mapper import Mapper
 from ..map.mapping import MappingSet
 from ..map.store import SourceState, Store
-from ..model import Frames
+from ..model import Frames, SourceStats
 from ..render import cpustats
 from ..sources.base import PollFailed, Source, SourceUnavailable, abilities_of
 from ..sources.context import SourceContext
@@ -76,6 +76,11 @@ class SourceRunner:
     malformed_logged: float = float("-inf")  # monotonic time of the last malformed-value line
     malformed_since: int = 0  # malformed readings counted since that line
 
+    @property
+    def stats(self) -> SourceStats:
+        """This source's health and counters (its self-metrics, render/self_metrics.py)."""
+        return self.state.stats
+
     # ------------------------------------------------------------ one poll
     def _cycle(self) -> Cycle:
         """Runs in the worker thread: poll, then map (mapper state is per source)."""
@@ -87,16 +92,16 @@ class SourceRunner:
 
     async def poll_once(self) -> bool:
         """Open if needed, poll one time; update the store.  True when the poll succeeded."""
-        st = self.state
+        st, stats = self.state, self.stats
         if self.source is None:
             return False
         if self.fast_pending is not None and not self.fast_pending.done():
             # a fast poll is using the worker: wait for it instead of queueing behind it
             await asyncio.wait({self.fast_pending}, timeout=self.timeout)
         if self.pending is not None and not self.pending.done():
-            st.errors["timeout"] += 1  # still stuck in the previous call
+            stats.errors["timeout"] += 1  # still stuck in the previous call
             st.clear()
-            st.state, st.reason = "down", f"previous call still running after {self.timeout:g}s"
+            stats.state, stats.reason = "down", f"previous call still running after {self.timeout:g}s"
             return False
         if not self.opened:
             try:
@@ -120,18 +125,18 @@ class SourceRunner:
         st.frames = result.frames
         st.fast = {}
         st.self_samples = sample.self_samples
-        st.errors.update(sample.errors)
+        stats.errors.update(sample.errors)
         if result.malformed:
-            st.errors["malformed_value"] += result.malformed
+            stats.errors["malformed_value"] += result.malformed
             self._say_malformed(result.malformed_fields)
-        st.last_duration = cycle.poll_seconds
-        st.last_success = time.time()
+        stats.last_duration = cycle.poll_seconds
+        stats.last_success = time.time()
         self.polled_at = time.monotonic()
-        st.polls += 1
-        if st.state == "down":  # the outage's end, with what it was
-            log.info("source up again", extra={"source": st.name, "reason": st.reason})
-        st.up, st.state, st.reason = True, "up", ""
-        st.was_up = True
+        stats.polls += 1
+        if stats.state == "down":  # the outage's end, with what it was
+            log.info("source up again", extra={"source": st.name, "reason": stats.reason})
+        stats.up, stats.state, stats.reason = True, "up", ""
+        stats.was_up = True
         self.backend_missing = False
         self._touch()
         return True
@@ -157,15 +162,15 @@ class SourceRunner:
 
     def _backend_missing(self, reason: str) -> None:
         """The backend is not there: ``absent`` or ``down`` by ``missing_backend_state``."""
-        st = self.state
+        st, stats = self.state, self.stats
         self.backend_missing = True
-        new_state = missing_backend_state(st.explicit, st.was_up)
-        if st.state != new_state or st.reason != reason:
+        new_state = missing_backend_state(st.explicit, stats.was_up)
+        if stats.state != new_state or stats.reason != reason:
             if new_state == "down":
                 log.error("source down: backend not found", extra={"source": st.name, "reason": reason})
             else:
                 log.info("source absent", extra={"source": st.name, "reason": reason})
-        st.state, st.reason = new_state, reason
+        stats.state, stats.reason = new_state, reason
         st.clear()
         self._touch()
 
@@ -183,17 +188,17 @@ class SourceRunner:
                 self.pending = None  # finished: its readings are not held until the next call
 
     def _failed(self, exc: BaseException, what: str) -> None:
-        st = self.state
+        st, stats = self.state, self.stats
         kinds = exc.errors if isinstance(exc, PollFailed) else None  # which errors failed the poll
         kind = "timeout" if isinstance(exc, TimeoutError) else "exception"
         if kinds:
-            st.errors.update(kinds)
+            stats.errors.update(kinds)
         else:
-            st.errors[kind] += 1
+            stats.errors[kind] += 1
         reason = f"{what} {exc}" if kind == "timeout" else f"{what} failed: {type(exc).__name__}: {exc}"
-        if st.state != "down" or st.reason != reason:
+        if stats.state != "down" or stats.reason != reason:
             log.warning("source down", extra={"source": st.name, "reason": reason})
-        st.state, st.reason = "down", reason
+        stats.state, stats.reason = "down", reason
         st.clear()
         self._touch()
 
@@ -204,7 +209,7 @@ class SourceRunner:
         while not self.stopped:
             await self.poll_once()
             polled(self.state.name)
-            if self.state.state == "absent":
+            if self.stats.state == "absent":
                 return  # on by default, backend not on this node: the source stays off
             if self.backend_missing:  # asked for (or up before): retry now and then, stay down
                 await asyncio.sleep(REOPEN_INTERVAL)
@@ -233,7 +238,7 @@ class SourceRunner:
         tick = Ticker(interval, spacing=True)
         while not self.stopped:
             await tick()
-            if not self.opened or self.worker.busy or not self.state.up:
+            if not self.opened or self.worker.busy or not self.stats.up:
                 continue
             if time.monotonic() - self.polled_at < interval:
                 continue
@@ -242,14 +247,14 @@ class SourceRunner:
                 async with asyncio.timeout(self.timeout):
                     cycle = await asyncio.shield(self.fast_pending)
             except Exception as exc:  # noqa: BLE001 - the full poll reports the source's health
-                self.state.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
+                self.stats.errors["fast_poll_" + ("timeout" if isinstance(exc, TimeoutError) else "exception")] += 1
                 continue
             finally:
                 if self.fast_pending is not None and self.fast_pending.done():
                     self.fast_pending = None
-            if not self.state.up:
+            if not self.stats.up:
                 continue  # the full poll failed meanwhile: its series stay dropped
-            self.state.errors.update(cycle.sample.errors)
+            self.stats.errors.update(cycle.sample.errors)
             # only the indicator inputs: counters and other gauges keep their full-poll values
             # (a second mapper's counter totals must never replace the full poll's)
             fast = fast_frames(cycle.result.frames, mappings.schema.fast_metrics)
@@ -274,17 +279,18 @@ def build_runner(col: Collector, explicit: bool, context: SourceContext, mapping
                  interval: float, timeout: float, store: Store) -> SourceRunner:
     """The runner of one enabled collector, its state added to ``store``.  A source that cannot
     even be created is kept, down or absent, so its reason shows in the self-metrics."""
-    state = SourceState(col.name, explicit=explicit, interval=interval)
+    stats = SourceStats()  # the runner's: it counts here, the store's state shows it
+    state = SourceState(col.name, explicit=explicit, interval=interval, stats=stats)
     source: Source | None
     try:
         source = create_source(col, context)
     except SourceUnavailable as exc:
         source = None
-        state.state, state.reason = ("down" if explicit else "absent"), str(exc)
+        stats.state, stats.reason = ("down" if explicit else "absent"), str(exc)
     except Exception as exc:  # bad options reach here: source off, reason visible
-        source, state.state, state.reason = None, "down", f"{type(exc).__name__}: {exc}"
-        state.errors["exception"] += 1
-        log.error("source cannot start", extra={"source": col.name, "reason": state.reason})
+        source, stats.state, stats.reason = None, "down", f"{type(exc).__name__}: {exc}"
+        stats.errors["exception"] += 1
+        log.error("source cannot start", extra={"source": col.name, "reason": stats.reason})
     abilities = abilities_of(source)
     if source is not None:
         state.secondary = abilities.secondary

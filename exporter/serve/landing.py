@@ -160,7 +160,7 @@ def _simulated_note(daemon: Daemon) -> str:
 def render_landing(daemon: Daemon, telemetry_path: str) -> str:
     path = _e(telemetry_path)
     sources = "".join(
-        f"<tr><td>{_e(st.name)}</td><td>{_badge(st.state, SOURCE_COLOURS)}</td><td>{_e(st.reason)}</td>"
+        f"<tr><td>{_e(st.name)}</td><td>{_badge(st.stats.state, SOURCE_COLOURS)}</td><td>{_e(st.stats.reason)}</td>"
         f"<td>{len({d.id for d in st.devices.values()})}</td></tr>" for st in list(daemon.store.sources.values())[:MAX_ROWS])
     legend = "".join(_badge(s, STATE_COLOURS) for s in STATE_COLOURS)
     return f"""<!DOCTYPE html>
