@@ -80,6 +80,9 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "Metric names of an upstream target, in its last poll, that the "
                                 "mapping drops on purpose (not_mapped; the reason per name is in "
                                 "docs/dcgm-migration.md \"Dropped\"); logged once per change."),
+    "privilege_separated": ("gauge", "1 when the source's /proc scan runs in the separate counting process "
+                                     "that alone holds CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (docs/privileges.md), "
+                                     "0 when it runs in the serving process (which then holds no capability either)."),
     "stage_cpu_seconds_total": ("counter",
                                 "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
                                 "fast_map per source; indicators, render), as of the last render. "
@@ -91,7 +94,8 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
 }
 
 # self-metrics a source reports itself (PollResult.self_samples)
-SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields", "upstream_dropped_fields"})
+SOURCE_SELF_METRICS = frozenset({"upstream_schema_info", "upstream_unknown_fields", "upstream_dropped_fields",
+                                 "privilege_separated"})
 
 
 def _family(name: str, typ: str, doc: str, unit: str) -> Family:
