@@ -213,7 +213,7 @@ def drop_all() -> None:
     """No new privileges, no bounding set where it may, and every capability set empty, in
     every thread (there must be one only); OSError when anything is left."""
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
-        raise OSError("capabilities must be dropped before any thread starts")
+        raise OSError("capabilities must be dropped before any thread starts (capabilities are per thread)")
     libc = _libc()
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})")
