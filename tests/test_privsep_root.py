@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.privsep.caps import capabilities
 from exporter.privsep.counter import COUNT_CAPS, held
-from exporter.importers.spawn import capabilities
 from tests.conftest import require_binary
 from tests.e2e_util import ProcessSet, http_get, start_exporter, wait_until
 from tests.fdinfo_trees import add_card

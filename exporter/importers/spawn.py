@@ -37,6 +37,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+from ..privsep.caps import capabilities, child_env  # shared with the counting process
+
 NOBODY = 65534
 # uids no distribution, systemd (DynamicUser 61184-65519, containers 524288-1879048191, foreign
 # 2147352576-2147418111) nor Debian policy allocates
@@ -87,25 +89,6 @@ def _runs_as(uid: int) -> bool:
             except OSError:
                 continue
     return False
-
-
-def child_env() -> dict[str, str]:
-    lib = os.environ.get("LD_LIBRARY_PATH")
-    return {"LD_LIBRARY_PATH": lib} if lib else {}
-
-
-def capabilities(pid: str = "thread-self") -> dict[str, int]:
-    """CapInh, CapPrm, CapEff, CapBnd, CapAmb of a task (``/proc/<pid>/status``)."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Cap"):
-                    key, _, value = line.partition(":")
-                    out[key] = int(value.strip() or "0", 16)
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 def _clear_ambient() -> None:

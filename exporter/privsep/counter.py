@@ -37,11 +37,11 @@ import time
 from collections import Counter as Tally
 from pathlib import Path
 
-from ..importers import spawn
 from ..sources import fdinfo_records
 from ..sources.fdinfo_parser import FdinfoRecord
 from ..sources.fdinfo_scan import ScanLimits
 from .answer import MAX_ANSWER_BYTES, BadAnswer, decode, frame, length
+from .caps import capabilities, child_env
 from .child import BOOT
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -71,7 +71,7 @@ class Counter:
             self.proc = subprocess.Popen(
                 [python, "-I", "-S", "-c", BOOT, str(os.getpid()), str(theirs.fileno()), str(self.procfs),
                  str(self.sysfs), _PACKAGE_ROOT], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), cwd="/", env=spawn.child_env())
+                pass_fds=(theirs.fileno(),), cwd="/", env=child_env())
         finally:
             theirs.close()
         self._ctl = ours
@@ -217,7 +217,7 @@ def drop_all() -> None:
     libc = _libc()
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})")
-    if spawn.capabilities().get("CapEff", 0) & (1 << 8):  # CAP_SETPCAP: the bounding set can go too
+    if capabilities().get("CapEff", 0) & (1 << 8):  # CAP_SETPCAP: the bounding set can go too
         for cap in range(64):
             libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
     libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
@@ -232,7 +232,7 @@ def held(pid: str = "self") -> dict[str, int]:
     """CapPrm | CapEff | CapAmb | CapInh of every thread of ``pid``, or-ed per set."""
     out = {"CapPrm": 0, "CapEff": 0, "CapAmb": 0, "CapInh": 0}
     for task in os.listdir(f"/proc/{pid}/task"):
-        for k, v in spawn.capabilities(f"{pid}/task/{task}").items():
+        for k, v in capabilities(f"{pid}/task/{task}").items():
             if k in out:
                 out[k] |= v
     return out
