@@ -12,8 +12,11 @@ file has no ``drm-`` keys), so reading it takes CAP_DAC_READ_SEARCH as on a real
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,60 @@ def test_the_serving_process_holds_no_capability_while_the_count_works(tmp_path,
             r = subprocess.run([setpriv, "--inh-caps=-all", "--bounding-set=-all", "cat", f"/proc/{child}/environ"],
                                capture_output=True, text=True)
             assert r.returncode != 0 and "Permission denied" in r.stderr, r
+
+
+UNIT_UID = 61235  # a uid in systemd's DynamicUser range, as the unit runs the exporter
+UNIT_CHECK = """
+import json, os, sys
+from pathlib import Path
+from exporter.privsep.caps import capabilities
+from exporter.privsep.counter import held, separate
+from exporter.sources.fdinfo_records import LocalScanner
+procfs, sysfs = Path(sys.argv[1]), Path(sys.argv[2])
+before = held()
+counter = separate(procfs, sysfs)
+remote = counter.scanner(procfs, sysfs)
+remote.scan({}, 1.0)
+local = LocalScanner(procfs, sysfs)
+local.scan({}, 1.0)
+print(json.dumps({"before": before, "after": held(), "uid": os.getuid(), "counter": capabilities(str(counter.pid)),
+                  "remote": [remote.host_pids, remote.unreadable], "local": [local.host_pids, local.unreadable],
+                  "sees_pid_2": os.path.exists(procfs / "2"), "sees_self": os.path.exists(procfs / str(os.getpid()))}))
+counter.close()
+"""
+
+
+def test_as_the_units_dynamic_user_the_ambient_capabilities_go_to_the_counter_only(tmp_path):
+    """The systemd unit's conditions, without systemd: a non-root uid with CAP_SYS_PTRACE and
+    CAP_DAC_READ_SEARCH as ambient capabilities (its bounding set those two), no_new_privs, and a
+    /proc mounted ``hidepid=ptraceable`` (``ProtectProc=ptraceable``).  The counting process keeps
+    the two through its ``execve`` and sees every process (kthreadd: the host's PID namespace, every
+    fd table readable); the serving process holds nothing and sees no other process."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it mounts a procfs and switches to another uid with setpriv")
+    from tests.readable_copy import SYSTEM_PYTHON, readable_copy
+
+    unshare = require_binary("unshare", "util-linux")
+    setpriv = require_binary("setpriv", "util-linux")
+    sysfs = tmp_path / "sys"
+    add_card(sysfs, 1, PDEV, driver="amdgpu")
+    mnt = Path(tempfile.mkdtemp(prefix="ugx-proc-"))  # where the unit's uid may reach it
+    mnt.chmod(0o755)
+    caps = "+sys_ptrace,+dac_read_search"
+    with readable_copy() as pkg, contextlib.ExitStack() as stack:
+        stack.callback(mnt.rmdir)
+        script = (f"mount -t proc -o hidepid=ptraceable proc {mnt} && exec {setpriv} --reuid={UNIT_UID} "
+                  f"--regid={UNIT_UID} --clear-groups --inh-caps=-all,{caps} --ambient-caps=-all,{caps} "
+                  f"--bounding-set=-all,{caps} --no-new-privs {SYSTEM_PYTHON} -I -c "
+                  f"\"import sys; sys.path.insert(0, '{pkg}'); exec(sys.stdin.read())\" {mnt} {sysfs}")
+        r = subprocess.run([unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+                           input=UNIT_CHECK, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["uid"] == UNIT_UID and got["before"]["CapAmb"] == COUNT_CAPS  # the unit's start
+    assert got["after"] == {"CapPrm": 0, "CapEff": 0, "CapAmb": 0, "CapInh": 0}
+    assert (got["counter"]["CapPrm"], got["counter"]["CapEff"], got["counter"]["CapAmb"]) == (COUNT_CAPS, COUNT_CAPS, 0)
+    assert got["remote"] == [True, 0]  # the counter: the host's PID namespace, every fd table read
+    # the serving process: its own processes only (kthreadd hidden, so in-process it would read
+    # pid_namespace_private)
+    assert got["sees_self"] is True and got["sees_pid_2"] is False and got["local"][0] is False

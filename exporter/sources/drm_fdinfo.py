@@ -284,7 +284,7 @@ class DrmFdinfoSource(SourceBase):
         if not self._counted:
             return
         complete, reason = visibility(self._scanner.host_pids, bool(self._scanner.unreadable), self._scanner.partial)
-        if getattr(self._scanner, "failed", False):  # the counting process gave no usable answer
+        if self._scanner.failed:  # the counting process gave no usable answer
             complete, reason = False, "read_error"
         if self._scanner.budget_hit:  # the self-metric: polls whose scan stopped at its budget
             sample.errors["scan_budget_exceeded"] += 1

@@ -32,6 +32,7 @@ Found = list[tuple[str, str, FdinfoRecord]]
 
 class Scanner(Protocol):
     separated: bool  # the scan runs in another process (the privilege-separated counter)
+    failed: bool  # the last scan got no usable answer (its count reads read_error)
     host_pids: bool
     unreadable: int
     partial: bool
@@ -48,6 +49,7 @@ class LocalScanner:
     """``FdScanner`` + ``parse_fdinfo`` in this process; ``names``: read ``comm`` of the pids found."""
 
     separated = False
+    failed = False
 
     def __init__(self, procfs: Path, sysfs: Path | None, limits: ScanLimits | None = None, *,
                  names: bool = False, max_records: int | None = None) -> None:
