@@ -72,6 +72,9 @@ class Counter:
                 [python, "-I", "-S", "-c", BOOT, str(os.getpid()), str(theirs.fileno()), str(self.procfs),
                  str(self.sysfs), _PACKAGE_ROOT], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), cwd="/", env=child_env())
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self._ctl = ours
