@@ -30,9 +30,7 @@ import signal
 import socket
 import sys
 
-from ..sources.fdinfo_records import LocalScanner
-from ..sources.fdinfo_scan import ScanLimits
-from .answer import MAX_RECORDS, MAX_REQUEST_BYTES, encode_record, frame, length
+# the supervisor imports nothing else: the scanner (forked) imports what it scans with
 
 # run by ``python -I -S -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
 BOOT = """\
@@ -139,13 +137,17 @@ def _printable(name: str) -> str:
 def serve(fd: int, procfs: str, sysfs: str) -> int:
     import ctypes
 
+    from ..sources.fdinfo_records import LocalScanner
+    from ..sources.fdinfo_scan import ScanLimits
+    from .answer import MAX_RECORDS, MAX_REQUEST_BYTES, encode_record, frame, length
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL: dies with the supervisor
     if os.getppid() == 1:
         return 0
     sock = socket.socket(fileno=fd)
-    scanner: LocalScanner | None = None
+    scanner = None
     key: tuple = ()
     while True:
         head = _read(sock, 4)
