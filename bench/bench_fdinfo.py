@@ -9,7 +9,10 @@ Cases (one JSON object per line with --json):
   busy     the tree above, an xe card bound to its driver;
   flood    the same plus one process holding FLOOD fds on /dev/null (another user's flood) that
            appears after the warm-up: the poll stays within its budget and the count is partial;
-  bmc      the same procfs, the only DRM card the BMC's VGA (``ast``): the source does not scan.
+  bmc      the same procfs, the only DRM card the BMC's VGA (``ast``): the source does not scan;
+  separated  ``busy`` with the scan in the counting process (privilege separation, issue 37): its
+           CPU is the serving process's plus the counting process's (``/proc/<pid>/stat``, clock
+           ticks), side by side with ``busy``.
 
     python bench/bench_fdinfo.py [--fds 100000] [--procs 1000] [--drm 20] [--polls 60] [--flood 200000]
 """
@@ -109,8 +112,36 @@ def vm_rss() -> int:
     return 0
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its children: the counting process and its scanner."""
+    total = 0
+    pids = [pid]
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            pids += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def separated(proc: Path, sys_root: Path, drm_files: list[Path], polls: int) -> dict:
+    """``busy`` with the scan in the counting process (exporter/privsep/)."""
+    from exporter.privsep.counter import Counter
+    from exporter.sources import fdinfo_records
+
+    counter = Counter(proc, sys_root)
+    fdinfo_records.use_factory(counter.scanner)
+    try:
+        return run_case("separated", proc, sys_root, drm_files, polls, other_cpu=lambda: tree_cpu(counter.pid))
+    finally:
+        fdinfo_records.use_factory(None)
+        counter.close()
+
+
 def run_case(name: str, proc: Path, sys_root: Path, drm_files: list[Path], polls: int,
-             on_poll=None) -> dict:
+             on_poll=None, other_cpu=None) -> dict:
     clock = Clock()
     src = DrmFdinfoSource(SourceContext(sysfs=sys_root, procfs=proc, options={"top_n": 5}), clock=clock)
     rss0 = vm_rss()
@@ -135,10 +166,11 @@ def run_case(name: str, proc: Path, sys_root: Path, drm_files: list[Path], polls
         for j, path in enumerate(drm_files):  # counters advance between polls
             path.write_text(FDINFO.format(ino=j, cid=j, cyc=i * 1000, tot=i * 4000))
         clock.t += 1.0
+        o0 = other_cpu() if other_cpu is not None else 0.0
         c0, t0 = time.process_time(), time.perf_counter()
         sample = src.poll()
         wall.append((time.perf_counter() - t0) * 1000)
-        cpu.append(time.process_time() - c0)
+        cpu.append(time.process_time() - c0 + (other_cpu() - o0 if other_cpu is not None else 0.0))
         budget_polls += sample.errors.get("scan_budget_exceeded", 0)
         ev = [dict(r.labels).get("reason") for r in sample.readings if r.field == "client.evidence"]
         partial.append(bool(ev) and any(ev))
@@ -167,7 +199,9 @@ def main() -> None:
         t0 = time.monotonic()
         drm_files = build(root, args.fds, args.procs, args.drm)
         built = time.monotonic() - t0
-        out.append(run_case("busy", root, sysfs(Path(tmp) / "sys", "xe"), drm_files, args.polls))
+        sys_xe = sysfs(Path(tmp) / "sys", "xe")
+        out.append(run_case("busy", root, sys_xe, drm_files, args.polls))
+        out.append(separated(root, sys_xe, drm_files, args.polls))
         out.append(run_case("bmc", root, sysfs(Path(tmp) / "sys_ast", "ast"), drm_files, args.polls))
         if args.flood:
             def at(i: int) -> None:

@@ -161,7 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                          f"node has phases and a simulated host name",
                          hint=f"add --simulate, e.g. --simulate {given[0][0]} {given[0][1]}")
     setup_logging(args.log_level, args.log_format)
-    daemon = Daemon(settings_from(args))
+    settings = settings_from(args)
+    if not args.check_config:  # before any thread starts: the capabilities go to the counting process
+        from .privsep.counter import separate
+
+        try:
+            separate(settings.procfs, settings.sysfs)
+        except OSError as exc:  # fail closed: no server with capabilities left
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    daemon = Daemon(settings)
     try:
         if args.state_dir is not None:
             check_state_dir(args.state_dir)  # before anything reads or writes there

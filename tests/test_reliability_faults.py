@@ -15,9 +15,10 @@ from typing import ClassVar
 
 import pytest
 
+from exporter import safefile
 from exporter.map.schema import default_mappings_dir
 from exporter.run.daemon import Daemon, Settings
-from exporter.sources import amdgpu_sysfs, drm_fdinfo, registry
+from exporter.sources import amdgpu_sysfs, registry
 from exporter.sources.base import Device, PollResult
 from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
@@ -185,7 +186,7 @@ def test_fdinfo_process_exiting_between_listdir_and_read(tmp_path, monkeypatch):
     for pid in (200, 201, 202):
         add_fd(proc, pid, 5, "/dev/dri/renderD128", AMD_FDINFO.format(cid=pid, kib=pid, ns=0), comm=f"p{pid}")
     exiting: set[str] = set()
-    real_read_at = drm_fdinfo.safefile.read_at
+    real_read_at = safefile.read_at
 
     def racing_read_at(dir_fd, name, *args, **kwargs):  # the fdinfo/ folder is held: its pid exits
         parts = os.readlink(f"/proc/self/fd/{dir_fd}").split("/")
@@ -193,7 +194,7 @@ def test_fdinfo_process_exiting_between_listdir_and_read(tmp_path, monkeypatch):
             shutil.rmtree(proc / parts[parts.index("fdinfo") - 1], ignore_errors=True)
         return real_read_at(dir_fd, name, *args, **kwargs)
 
-    monkeypatch.setattr(drm_fdinfo.safefile, "read_at", racing_read_at)
+    monkeypatch.setattr(safefile, "read_at", racing_read_at)
     some_card(sysfs)  # a node with a DRM card (else the source is absent)
     src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc, options={"processes": "series"}))
     src.open()

@@ -47,6 +47,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ..privsep.caps import capabilities, child_env  # shared with the counting process
+
 NOBODY = 65534
 # uids no distribution, systemd (DynamicUser 61184-65519, containers 524288-1879048191, foreign
 # 2147352576-2147418111) nor Debian policy allocates
@@ -142,25 +144,6 @@ def uid0_warning(python: str, why: str) -> str:
     return (f"the import worker runs as uid 0 without capabilities, not as uid {NOBODY}: {why} (grant "
             "CAP_SETUID and CAP_SETGID, install Python where every user can read it, or run the exporter as a "
             "non-root user)")
-
-
-def child_env() -> dict[str, str]:
-    lib = os.environ.get("LD_LIBRARY_PATH")
-    return {"LD_LIBRARY_PATH": lib} if lib else {}
-
-
-def capabilities(pid: str = "thread-self") -> dict[str, int]:
-    """CapInh, CapPrm, CapEff, CapBnd, CapAmb of a task (``/proc/<pid>/status``)."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Cap"):
-                    key, _, value = line.partition(":")
-                    out[key] = int(value.strip() or "0", 16)
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 def _clear_ambient() -> None:

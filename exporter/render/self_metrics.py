@@ -110,6 +110,10 @@ DECLARED: tuple[SelfMetric, ...] = (
             "Metric names of an upstream target, in its last poll, that the "
             "mapping drops on purpose (not_mapped; the reason per name is in "
             "docs/dcgm-migration.md \"Dropped\"); logged once per change.", "target", "exporter", from_poll=True),
+    _source("privilege_separated", "gauge",
+            "1 when the source's /proc scan runs in the separate counting process "
+            "that alone holds CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (docs/privileges.md), "
+            "0 when it runs in the serving process (which then holds no capability either).", from_poll=True),
     SelfMetric("stage_cpu_seconds_total", "counter",
                "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
                "fast_map per source; indicators, render), as of the last render. "

@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .. import safefile
 from .base import Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
-from .evidence import COMM_MAX_BYTES, host_pid_namespace, mark, visibility
-from .fdinfo_parser import FdinfoRecord, normalize_pdev, parse_fdinfo
-from .fdinfo_scan import FdScanner, ScanLimits
+from .evidence import mark, visibility
+from .fdinfo_parser import FdinfoRecord, normalize_pdev
+from .fdinfo_records import make_scanner
+from .fdinfo_scan import ScanLimits
 from .options import FdinfoOptions
 from .sysfs_util import read_kv
 
@@ -168,9 +168,10 @@ class DrmFdinfoSource(SourceBase):
         self.top_n = options.top_n  # < 0: every process, no "other"
         self.mode = options.processes
         self._clock = clock or (lambda: time.monotonic())
-        self._scanner = FdScanner(self.procfs, self.sysfs, ScanLimits(
+        self._scanner = make_scanner(self.procfs, self.sysfs, ScanLimits(
             max_fds=options.scan_max_fds, max_seconds=options.scan_max_seconds,
-            check_period=options.scan_check_period, verify_period=options.scan_verify_period))
+            check_period=options.scan_check_period, verify_period=options.scan_verify_period),
+            names=self.mode == "series")  # in this process, or the privilege-separated counter
         self._clients: dict[tuple[str, str], _ClientState] = {}
         self._devices: dict[str, Device] = {}
         self._cards: dict[str, str] = {}
@@ -178,7 +179,6 @@ class DrmFdinfoSource(SourceBase):
         self._drivers: dict[str, str] = {}  # pdev -> DRM driver of every card ("" unknown)
         self._maybe = False  # a card whose driver could not be read (a capture): scanned
         self._drm_names: frozenset[str] | None = None  # the entries of class/drm last read
-        self._host_pids = False  # procfs shows the host's PID namespace (decided at open)
 
     def open(self) -> None:
         if self.mode == "off":
@@ -191,7 +191,6 @@ class DrmFdinfoSource(SourceBase):
         self._refresh_counted()
         if not self._counted and not self._maybe:  # the runner opens again next poll: a card
             raise SourceUnavailable(self._uncounted_reason())
-        self._host_pids = host_pid_namespace(self.procfs)  # a process keeps its PID namespace
 
     def _refresh_counted(self) -> None:
         """The cards bound to a driver whose clients can be counted, re-read when the entries of
@@ -215,6 +214,7 @@ class DrmFdinfoSource(SourceBase):
                 f"{self.sysfs}/class/drm (drivers: {bound}): /proc is not scanned")
 
     def close(self) -> None:
+        self._scanner.close()
         self._clients.clear()
         self._devices.clear()
 
@@ -245,10 +245,7 @@ class DrmFdinfoSource(SourceBase):
             self._clients.clear()
             sample.errors["no_counted_driver"] += 1
             return sample
-        for pid, fd, text in self._scanner.scan(sample.errors, now):
-            rec = parse_fdinfo(text)
-            if rec is None:
-                continue
+        for pid, fd, rec in self._scanner.scan(sample.errors, now):
             if rec.malformed:
                 sample.errors["parse_error"] += rec.malformed
             if not rec.pdev or self._device(rec.pdev, rec.driver) is None:
@@ -272,6 +269,8 @@ class DrmFdinfoSource(SourceBase):
                 proc.memory[region] = proc.memory.get(region, 0) + nbytes
         self._clients = seen
         self._mark(sample)
+        # the self-metric: 1 when the scan ran in the privilege-separated counting process
+        sample.self_samples.append(("privilege_separated", (), 1.0 if self._scanner.separated else 0.0))
         sample.devices = list(self._devices.values())
         for pdev, by_pid in procs.items():
             if self.mode == "count":
@@ -284,7 +283,9 @@ class DrmFdinfoSource(SourceBase):
         """``client.evidence`` for every card whose driver reports engine usage."""
         if not self._counted:
             return
-        complete, reason = visibility(self._host_pids, bool(self._scanner.unreadable), self._scanner.partial)
+        complete, reason = visibility(self._scanner.host_pids, bool(self._scanner.unreadable), self._scanner.partial)
+        if self._scanner.failed:  # the counting process gave no usable answer
+            complete, reason = False, "read_error"
         if self._scanner.budget_hit:  # the self-metric: polls whose scan stopped at its budget
             sample.errors["scan_budget_exceeded"] += 1
         for pdev, driver in self._counted.items():
@@ -302,7 +303,7 @@ class DrmFdinfoSource(SourceBase):
         ranked = sorted(by_pid.values(), key=lambda p: (-p.rank()[0], -p.rank()[1], int(p.pid)))
         keep = ranked if self.top_n < 0 else ranked[: self.top_n]
         rest = [] if self.top_n < 0 else ranked[self.top_n:]
-        rows = [(p.pid, self._comm(p.pid), p.util, p.memory) for p in keep]
+        rows = [(p.pid, self._scanner.comm(p.pid), p.util, p.memory) for p in keep]
         if rest:
             util: dict[str, float] = {}
             mem: dict[str, int] = {}
@@ -319,10 +320,3 @@ class DrmFdinfoSource(SourceBase):
             for region, nbytes in sorted(mem.items()):
                 sample.add(pdev, "process.memory", nbytes,
                            (("pid", pid), ("process", comm), ("region", region)))
-
-    def _comm(self, pid: str) -> str:
-        try:
-            text = safefile.read_path(self.procfs / pid / "comm", COMM_MAX_BYTES).decode("utf-8", "strict").strip()
-        except (OSError, UnicodeDecodeError):
-            return "unknown"
-        return text or "unknown"

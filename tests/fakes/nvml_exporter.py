@@ -24,9 +24,20 @@ def install(names: str | None = None) -> None:
     module = pynvml_fake.make_module(gpus)
     sys.modules["pynvml"] = module
     # the fake's clock moves only when told; in a live process it follows the wall clock, as the
-    # driver's does (per-process utilization samples, energy and counters advance with it)
-    threading.Thread(target=_follow_wall_clock, args=(module,), name="fake-nvml-clock",
-                     daemon=True).start()
+    # driver's does (per-process utilization samples, energy and counters advance with it).  The
+    # thread starts at the first nvmlInit: the exporter drops its capabilities before any thread
+    # starts (exporter/privsep/counter.py), and a thread started earlier would keep them
+    init = module.nvmlInit
+    started: list[bool] = []
+
+    def nvml_init(*args, **kwargs):
+        if not started:
+            started.append(True)
+            threading.Thread(target=_follow_wall_clock, args=(module,), name="fake-nvml-clock",
+                             daemon=True).start()
+        return init(*args, **kwargs)
+
+    module.nvmlInit = nvml_init
 
 
 def _follow_wall_clock(module, step: float = 0.1) -> None:

@@ -1,0 +1,182 @@
+"""The counting process (never imported by the serving process itself).
+
+``counter.Counter`` starts ``python -I -S -c BOOT`` from the serving process's main thread,
+before that process drops its capabilities.  ``BOOT`` runs first, before anything is read:
+
+- ``PR_SET_PDEATHSIG`` SIGKILL (it dies with the serving process) and ignores SIGTERM, SIGINT,
+  SIGHUP (systemd signals the whole unit at stop: the serving process stops it);
+- ``PR_SET_DUMPABLE`` 0: no process without CAP_SYS_PTRACE may trace it, read its memory or
+  its ``/proc`` entries, or take its descriptors (the serving process included);
+- ``PR_SET_NO_NEW_PRIVS``; every capability but CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH dropped
+  from the bounding set (where it may: CAP_SETPCAP), from the permitted and effective sets
+  (``capset``), ambient and inheritable emptied, and checked in ``/proc/self/status``; no core
+  file.
+
+Then ``supervise`` waits on the control socket.  Each message is one byte and one descriptor:
+a fresh socket of a new session.  It kills the previous scanner, if any, and forks a new one
+(``serve``) on that socket; the serving process asks for a session at its first poll and after
+every bad answer, so a scanner that answered badly (late, oversized, malformed) or died is
+replaced, with the capabilities only this process still holds.  ``serve`` answers requests
+(``answer.py``): a ``fdinfo_records.LocalScanner`` scan, as numbers.  When the serving process
+closes the control socket (or dies), both exit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import sys
+
+# the supervisor imports nothing else: the scanner (forked) imports what it scans with
+
+# run by ``python -I -S -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
+BOOT = """\
+import ctypes, os, resource, signal, sys
+def die(why):
+    sys.stderr.write(f"the counting process cannot start: {why}\\n")
+    sys.exit(70)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+if libc.prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG SIGKILL: dies with the serving process
+    die("PR_SET_PDEATHSIG")
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)  # the serving process is gone already
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
+    die(f"PR_SET_DUMPABLE (errno {ctypes.get_errno()})")
+if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+    die(f"PR_SET_NO_NEW_PRIVS (errno {ctypes.get_errno()})")
+KEEP = (1 << 19) | (1 << 2)  # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
+for cap in range(64):
+    if not KEEP >> cap & 1:
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EPERM without CAP_SETPCAP: nothing to drop)
+libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+def caps():
+    with open("/proc/self/status") as f:
+        return {l.split(":")[0]: int(l.split()[1], 16) for l in f if l.startswith("Cap")}
+have = caps()["CapPrm"] & KEEP
+if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)(have, have, 0, 0, 0, 0)) != 0:
+    die(f"capset (errno {ctypes.get_errno()})")
+c = caps()
+if (c["CapPrm"] | c["CapEff"]) & ~KEEP or c["CapAmb"] or c["CapInh"]:
+    die(f"capabilities left: {c}")
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+sys.path.insert(0, sys.argv[5])
+from exporter.privsep.child import supervise
+sys.exit(supervise(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
+"""
+
+
+def supervise(ctl_fd: int, procfs: str, sysfs: str) -> int:
+    ctl = socket.socket(fileno=ctl_fd)
+    ctl.sendall(b"R")  # started, capabilities checked
+    worker = 0
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            msg, fds = b"", []
+        worker = _stop(worker)
+        if not msg:  # the serving process closed its end, or is gone
+            for fd in fds:
+                os.close(fd)
+            return 0
+        if msg != b"S" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ctl.close()
+                code = serve(fds[0], procfs, sysfs)
+            finally:
+                os._exit(code)
+        os.close(fds[0])
+        worker = pid
+
+
+def _stop(pid: int) -> int:
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+    return 0
+
+
+def _read(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _number(value: object, low: float, high: float) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ValueError("a finite number expected")
+    return min(max(float(value), low), high)
+
+
+def _printable(name: str) -> str:
+    """A process name as the serving process accepts it (any process may set its own)."""
+    return "".join(c if c.isprintable() else "\ufffd" for c in name[:64]) or "unknown"
+
+
+def serve(fd: int, procfs: str, sysfs: str) -> int:
+    import ctypes
+
+    from ..sources.fdinfo_records import LocalScanner
+    from ..sources.fdinfo_scan import ScanLimits
+    from .answer import MAX_RECORDS, MAX_REQUEST_BYTES, encode_record, frame, length
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL: dies with the supervisor
+    if os.getppid() == 1:
+        return 0
+    sock = socket.socket(fileno=fd)
+    scanner = None
+    key: tuple = ()
+    while True:
+        head = _read(sock, 4)
+        if head is None:
+            return 0
+        body = _read(sock, length(head, MAX_REQUEST_BYTES))
+        if body is None:
+            return 0
+        req = json.loads(body)
+        rid = req["id"]
+        try:
+            lim = req["limits"]
+            limits = ScanLimits(max_fds=int(_number(lim[0], 1, 1e7)), max_seconds=_number(lim[1], 0.001, 10.0),
+                                check_period=_number(lim[2], 0.0, 86400.0),
+                                verify_period=_number(lim[3], 0.0, 86400.0))
+            names = req["names"] is True
+            if scanner is None or key != (limits, names):
+                scanner, key = LocalScanner(procfs, sysfs, limits, max_records=MAX_RECORDS), (limits, names)
+            errors: dict = {}
+            found = scanner.scan(errors, _number(req["now"], 0.0, 1e12))
+            answer = {"id": rid, "host_pids": scanner.host_pids, "unreadable": scanner.unreadable,
+                      "partial": scanner.partial, "budget_hit": scanner.budget_hit,
+                      "errors": {k: v for k, v in errors.items() if k == "read_error"},
+                      "records": [encode_record(pid, fdn, rec) for pid, fdn, rec in found],
+                      "names": {pid: _printable(scanner.comm(pid)) for pid in {p for p, _, _ in found}} if names else {}}
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            answer = {"id": rid, "error": f"{type(exc).__name__}: {exc}"[:200]}
+        sock.sendall(frame(answer))
+
+
+if __name__ == "__main__":  # pragma: no cover - started through BOOT only
+    sys.exit(2)

@@ -1,0 +1,260 @@
+"""The serving process's side of privilege separation: start the counting process, then hold nothing.
+
+``separate(procfs, sysfs)`` runs once, in the main thread, before the daemon starts any thread
+(capabilities are per thread: a thread started earlier would keep its own).  Where this process
+holds CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (the systemd unit's ambient capabilities, the
+``client-count`` component's uid 0 with the two, root), it
+
+1. starts the counting process (``child.BOOT``: ``python -I -S``, as the import worker is
+   started, but from the main thread, so that its ``PR_SET_PDEATHSIG`` follows this process and
+   not a short-lived thread), which keeps only those two capabilities and is non-dumpable;
+2. makes every DRM fdinfo source scan through it (``fdinfo_records.use_factory``): a request
+   per poll, an answer of numbers checked field by field (``answer.decode``) within a deadline
+   (``answer_seconds``); a late, oversized or malformed answer, or a scanner that died, is
+   counted (``source_errors_total{source="fdinfo", kind="counter_<late|oversized|malformed|exited>"}``),
+   that poll's count reads ``read_error``, and the next poll gets a fresh scanner;
+3. sets ``PR_SET_NO_NEW_PRIVS`` (an ``execve`` as uid 0 would otherwise give back the
+   bounding set), drops the bounding set where it may (CAP_SETPCAP), empties its permitted,
+   effective, inheritable and ambient sets, and checks every thread in ``/proc/self/task``;
+   it fails closed (the daemon does not start) when any capability is left.
+
+A process without either capability has nothing to separate: the scan runs in it
+(``fdinfo_records.LocalScanner``), as ``unified_gpu_exporter_privilege_separated`` 0 says.  When
+the counting process cannot start, the capabilities are dropped all the same and the count
+reads what an unprivileged process can see (a warning says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter as Tally
+from pathlib import Path
+
+from ..sources import fdinfo_records
+from ..sources.fdinfo_parser import FdinfoRecord
+from ..sources.fdinfo_scan import ScanLimits
+from .answer import MAX_ANSWER_BYTES, BadAnswer, decode, frame, length
+from .caps import capabilities, child_env
+from .child import BOOT
+
+log = logging.getLogger("unified_gpu_exporter")
+COUNT_CAPS = (1 << 19) | (1 << 2)  # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
+START_SECONDS = 30.0  # the counting process says it is ready within this
+ANSWER_FLOOR_SECONDS = 2.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+def answer_seconds(limits: ScanLimits) -> float:
+    """How long an answer may take: the scan's own budget is ``max_seconds`` of fd-table work
+    (plus the reads of known clients); 20 times that, at least 2 s."""
+    return max(ANSWER_FLOOR_SECONDS, 20 * limits.max_seconds)
+
+
+class Counter:
+    """The counting process (its supervisor) and the session with its current scanner."""
+
+    def __init__(self, procfs: Path, sysfs: Path, python: str = sys.executable) -> None:
+        self.procfs, self.sysfs = Path(procfs), Path(sysfs)
+        self.bad: Tally[str] = Tally()  # bad answers by kind (tests read it)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._id = 0
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-I", "-S", "-c", BOOT, str(os.getpid()), str(theirs.fileno()), str(self.procfs),
+                 str(self.sysfs), _PACKAGE_ROOT], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), cwd="/", env=child_env())
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._ctl = ours
+        ours.settimeout(START_SECONDS)
+        try:
+            ready = ours.recv(1)
+        except OSError:
+            ready = b""
+        if ready != b"R":
+            self.close()
+            raise OSError(f"the counting process did not start (exit status {self.proc.poll()})")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def scanner(self, procfs: Path, sysfs: Path, limits: ScanLimits | None = None, *,
+                names: bool = False) -> fdinfo_records.Scanner:
+        """The factory ``fdinfo_records.use_factory`` is given: a remote scanner for the paths the
+        counter was started with (a source with other paths scans in this process)."""
+        limits = limits or ScanLimits()
+        if (Path(procfs), Path(sysfs)) != (self.procfs, self.sysfs):
+            return fdinfo_records.LocalScanner(procfs, sysfs, limits, names=names)
+        return RemoteScanner(self, limits, names)
+
+    def ask(self, request: dict, timeout: float):
+        """One request, its checked answer (``answer.Answer``); BadAnswer (counted, and the
+        scanner replaced at the next request) when there is none to use."""
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._session()
+                assert self._sock is not None
+                self._id += 1
+                deadline = time.monotonic() + timeout
+                self._sock.settimeout(timeout)
+                self._sock.sendall(frame({**request, "id": self._id}))
+                n = length(self._recv(4, deadline), MAX_ANSWER_BYTES)
+                return decode(self._recv(n, deadline), self._id)
+            except BadAnswer as exc:
+                self._drop(exc.kind)
+                raise
+            except TimeoutError:
+                self._drop("late")
+                raise BadAnswer("late", f"no answer within {timeout:g} s") from None
+            except OSError as exc:
+                self._drop("exited")
+                raise BadAnswer("exited", f"the counting process is gone ({exc})") from None
+
+    def _session(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            socket.send_fds(self._ctl, [b"S"], [theirs.fileno()])
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+
+    def _recv(self, n: int, deadline: float) -> bytes:
+        assert self._sock is not None
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self._sock.settimeout(left)
+            chunk = self._sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise BadAnswer("exited", "the scanner closed its end before answering whole")
+            buf += chunk
+        return bytes(buf)
+
+    def _drop(self, kind: str) -> None:
+        self.bad[kind] += 1
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._ctl.close()  # the supervisor sees EOF: it kills its scanner and exits
+        try:
+            self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class RemoteScanner:
+    """``fdinfo_records.Scanner`` whose scan runs in the counting process."""
+
+    separated = True
+
+    def __init__(self, counter: Counter, limits: ScanLimits, names: bool) -> None:
+        self.counter, self.limits, self.names = counter, limits, names
+        self.host_pids, self.unreadable, self.partial, self.budget_hit = False, 0, False, False
+        self.failed = False  # the last poll got no usable answer: its count reads read_error
+        self._names: dict[str, str] = {}
+
+    def scan(self, errors: dict, now: float) -> list[tuple[str, str, FdinfoRecord]]:
+        lim = self.limits
+        request = {"now": now, "names": self.names,
+                   "limits": [lim.max_fds, lim.max_seconds, lim.check_period, lim.verify_period]}
+        try:
+            got = self.counter.ask(request, answer_seconds(lim))
+        except BadAnswer as exc:
+            errors[f"counter_{exc.kind}"] = errors.get(f"counter_{exc.kind}", 0) + 1
+            log.warning("the counting process gave no usable answer: a fresh scanner answers the next poll",
+                        extra={"kind": exc.kind, "reason": str(exc)[:300]})
+            self.failed, self.partial, self._names = True, True, {}
+            return []
+        self.failed = False
+        self.host_pids, self.unreadable, self.partial, self.budget_hit = (
+            got.host_pids, got.unreadable, got.partial, got.budget_hit)
+        for kind, n in got.errors.items():
+            errors[kind] = errors.get(kind, 0) + n
+        self._names = got.names
+        return got.records
+
+    def comm(self, pid: str) -> str:
+        return self._names.get(pid, "unknown")
+
+    def close(self) -> None:
+        pass
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    return libc
+
+
+def drop_all() -> None:
+    """No new privileges, no bounding set where it may, and every capability set empty, in
+    every thread (there must be one only); OSError when anything is left."""
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        raise OSError("capabilities must be dropped before any thread starts (capabilities are per thread)")
+    libc = _libc()
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})")
+    if capabilities().get("CapEff", 0) & (1 << 8):  # CAP_SETPCAP: the bounding set can go too
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(f"capset failed (errno {ctypes.get_errno()})")
+    left = {k: v for k, v in held().items() if v}
+    if left:
+        raise OSError(f"capabilities left after dropping them: {left}")
+
+
+def held(pid: str = "self") -> dict[str, int]:
+    """CapPrm | CapEff | CapAmb | CapInh of every thread of ``pid``, or-ed per set."""
+    out = {"CapPrm": 0, "CapEff": 0, "CapAmb": 0, "CapInh": 0}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for k, v in capabilities(f"{pid}/task/{task}").items():
+            if k in out:
+                out[k] |= v
+    return out
+
+
+def separate(procfs: Path, sysfs: Path) -> Counter | None:
+    """See the module text; returns the counter (None: nothing to separate, or it did not start)."""
+    caps = held()
+    if not (caps["CapPrm"] | caps["CapEff"] | caps["CapAmb"]) & COUNT_CAPS:
+        return None  # nothing to separate: the fdinfo scan runs here, without privileges
+    counter = None
+    try:
+        counter = Counter(procfs, sysfs)
+        fdinfo_records.use_factory(counter.scanner)
+        log.info("the DRM fdinfo client count runs in a separate process holding CAP_SYS_PTRACE and "
+                 "CAP_DAC_READ_SEARCH; this process drops every capability", extra={"pid": counter.pid})
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("the counting process could not start: every capability is dropped all the same, "
+                    "and the DRM fdinfo count sees what an unprivileged process can",
+                    extra={"reason": str(exc)[:300]})
+    drop_all()
+    return counter
