@@ -6,7 +6,7 @@ bounded rate, the rest wait in the root."""
 from __future__ import annotations
 
 import gzip
-import os
+import random
 import time
 
 from exporter.importers import dropdir, spawn
@@ -31,7 +31,7 @@ def test_junk_is_rejected_without_a_worker(tmp_path, shared_fixtures, monkeypatc
     d.importer.probe()
     started = _counting_spawn(monkeypatch)
     junk = {"a.bin": b"x", "b.csv": b"just,some,columns\n1,2,3\n", "c.gz": gzip.compress(b"\x00junk" * 100),
-            "d.txt": os.urandom(4096), "e.txt": b"   \n\n"}
+            "d.txt": random.Random(35).randbytes(4096), "e.txt": b"   \n\n"}
     for name, data in junk.items():
         (tmp_path / "drop" / name).write_bytes(data)
     (tmp_path / "drop" / KINETO).write_bytes((shared_fixtures / "profilers" / KINETO).read_bytes())
