@@ -4,14 +4,16 @@ description fails here."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel, Field
 
 from exporter.config import config_model
-from exporter.run.config_reference import render, sections, undescribed
+from exporter.run.config_reference import MARKER, default_text, field_at, fill, render, sections, undescribed
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,3 +73,92 @@ def test_help_config_prints_the_reference():
                          timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout == render()
+
+
+# ------------------------------------------------- prose quotes a setting instead of restating it
+
+def _gen_setting_docs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_setting_docs", REPO / "scripts" / "gen-setting-docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quoted_settings_in_the_docs_are_up_to_date():
+    """docs/detection.md quotes the hold-over rule and the defaults from the model; `make docs`
+    fills them, and a block that differs from the model fails here."""
+    gen = _gen_setting_docs()
+    docs = gen.documents()
+    assert REPO / "docs" / "detection.md" in docs
+    for path in docs:
+        text = path.read_text(encoding="utf-8")
+        assert fill(text) == text, f"{path.relative_to(REPO)}: a quoted setting is out of date: run `make docs`"
+    detection = (REPO / "docs" / "detection.md").read_text(encoding="utf-8")
+    holdover = field_at("indicators.state.client_holdover_seconds").description
+    assert ("<!-- setting: indicators.state.client_holdover_seconds -->" + " ".join(holdover.split())
+            + "<!-- /setting -->") in detection
+    assert gen.main(["--check"]) == 0
+
+
+def test_fill_quotes_descriptions_and_defaults_from_the_model():
+    class Inner(BaseModel):
+        hold_seconds: float = Field(3.0, description="a rule  | in\n two lines")
+        long_seconds: float = Field(21600.0, description="six hours")
+        bar_percent: float = Field(85.0, description="a bar")
+        drop_fraction: float = Field(0.2, description="a fraction")
+        limit_bytes: int = Field(768 << 20, description="a size")
+        rows: int = Field(1_000_000, description="a count")
+        bare: int = 1
+
+    class Outer(BaseModel):
+        inner: Inner = Inner()
+
+    text = ("x <!-- setting: inner.hold_seconds -->stale<!-- /setting --> (<!-- default: inner.hold_seconds -->"
+            "<!-- /default -->)\n<!-- default: inner.long_seconds -->?<!-- /default -->"
+            " <!-- default: inner.bar_percent --><!-- /default --> <!-- default: inner.drop_fraction --><!-- /default -->"
+            " <!-- default: inner.limit_bytes --><!-- /default --> <!-- default: inner.rows --><!-- /default -->")
+    assert fill(text, Outer) == (
+        "x <!-- setting: inner.hold_seconds -->a rule \\| in two lines<!-- /setting --> (<!-- default: "
+        "inner.hold_seconds -->3 s<!-- /default -->)\n<!-- default: inner.long_seconds -->6 h<!-- /default -->"
+        " <!-- default: inner.bar_percent -->85 %<!-- /default --> <!-- default: inner.drop_fraction -->20 %"
+        "<!-- /default --> <!-- default: inner.limit_bytes -->768 MiB<!-- /default --> <!-- default: inner.rows -->"
+        "1,000,000<!-- /default -->")
+    for bad in ("inner.nope", "inner", "inner.bar_percent.x", "inner.bare"):
+        with pytest.raises(KeyError):
+            fill(f"<!-- setting: {bad} --><!-- /setting -->", Outer)
+    assert default_text("indicators.state.client_holdover_seconds") == "3 s"
+    assert default_text("indicators.rootcause.power_clock_drop_fraction") == "20 %"
+
+
+def _leaf_defaults() -> dict[str, object]:
+    """Every setting's name (its last key) with a static default, and the default."""
+    return {name: field.default for _, _, _, rows in sections(config_model()) for name, field in rows
+            if field.default is not None and not isinstance(field.default, (bool, str, tuple, list))}
+
+
+def test_detection_md_restates_no_setting_default_by_hand():
+    """A setting named in the prose is followed by a quoted default, never by a number written by
+    hand: `drop_confirm_seconds` (900 s) would go stale when the default changes."""
+    text = MARKER.sub("", (REPO / "docs" / "detection.md").read_text(encoding="utf-8"))
+    leaves = _leaf_defaults()
+    restated = [m[0] for m in re.finditer(r"`([\w.]+)` \(\d[^)]*\)?", text) if m[1].rsplit(".", 1)[-1] in leaves]
+    assert restated == [], "quote the default (<!-- default: PATH --><!-- /default -->, make docs): " + repr(restated)
+
+
+def test_settings_named_in_detection_md_and_help_texts_exist():
+    """A dotted setting path in docs/detection.md or a canonical HELP names a real setting, so
+    renaming one fails here instead of leaving a dangling reference on /metrics."""
+    from exporter.map.schema import load_schema
+
+    texts = [(REPO / "docs" / "detection.md").read_text(encoding="utf-8")]
+    texts += [" ".join(m.help.split()) for m in load_schema().metrics.values()]
+    named = {p.rstrip(".") for t in texts for p in re.findall(r"\bindicators\.\w+\.\w+", t)}
+    named |= {m for t in texts for m in MARKER.findall(t) for m in [m[1]]}
+    assert "indicators.state.client_holdover_seconds" in named
+    for path in sorted(named):
+        try:
+            field_at(path)
+        except KeyError as e:  # a section (indicators.cost.prices) is a fine thing to name
+            assert "is a section" in str(e), e
