@@ -162,3 +162,27 @@ def test_settings_named_in_detection_md_and_help_texts_exist():
             field_at(path)
         except KeyError as e:  # a section (indicators.cost.prices) is a fine thing to name
             assert "is a section" in str(e), e
+
+
+def test_settings_a_help_names_by_their_key_are_in_the_sections_it_names():
+    """A HELP that points at a settings section (indicators.baseline) may name its keys bare
+    (compare_seconds, deviation_sigma): each such key is a setting of a section the HELP names."""
+    from exporter.map.schema import load_schema
+
+    indicators = config_model().model_fields["indicators"].annotation
+    suffix = re.compile(r"_(seconds|percent|fraction|bins|sigma|clean|coefficient|ratio|factor|points|reasons|"
+                        r"stddev|dollars|step|slowdown|samples)$")
+    checked = 0
+    schema = load_schema()
+    for name, metric in schema.metrics.items():
+        text = " ".join(metric.help.split())
+        named = set(re.findall(r"\bindicators\.(\w+)", text))
+        if not named:
+            continue
+        keys = {k for section in named for k in indicators.model_fields[section].annotation.model_fields}
+        for token in re.findall(r"(?<![\w.])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b", text):
+            if token.startswith(("gpu_", "unified_gpu")) or token in schema.metrics or not suffix.search(token):
+                continue
+            assert token in keys, f"{name}: HELP names {token!r}, no setting of indicators.{sorted(named)}"
+            checked += 1
+    assert checked > 20
