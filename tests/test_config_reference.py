@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from exporter.config import config_model
+from exporter.sources.options import Duration as OptionDuration
 from exporter.run.config_reference import MARKER, default_text, field_at, fill, render, sections, undescribed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +58,7 @@ def test_the_reference_shows_types_defaults_and_descriptions():
         items: list[Inner] = Field([], description="a list of sections")
         bare: bool = False
         pinned: str = Field("x", alias="pin", description="as the file spells it")
+        period: OptionDuration = Field(15.0, description="a collector option's duration")
 
     text = render(Outer)
     assert "| `name` | string | required | required, no default |" in text
@@ -65,6 +67,7 @@ def test_the_reference_shows_types_defaults_and_descriptions():
     assert "| `depth` | integer | `3` | how deep \\| with a pipe |" in text
     assert "## `items[]`\n\nAn inner section.\n\nThe settings of `inner`." in text
     assert '| `pin` | string | `"x"` | as the file spells it |' in text
+    assert "| `period` | duration | `15.0` | a collector option's duration |" in text
     assert undescribed(Outer) == ["bare"]
 
 
