@@ -166,7 +166,7 @@ class StateConfig(_Strict):
         "stayed at 71 %, so the 85 %/50 % signature never matched real co-location. 100 keeps the seed's "
         "signature as the only route to \"contended\"."))
     client_holdover_seconds: float = Field(3.0, ge=0, description=(
-        "a client seen active within this many seconds (and at least two full-poll intervals of the source that "
+        "a client seen active within this many seconds (and at least two poll intervals of the source that "
         "counted it) still counts: a process list that misses a time-sliced tenant for one poll does not "
         "flip the state"))
     single_client_vetoes_drop: bool = Field(True, description=(
