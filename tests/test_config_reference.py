@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from exporter.config import config_model
-from exporter.sources.options import Duration as OptionDuration
 from exporter.run.config_reference import MARKER, default_text, field_at, fill, render, sections, undescribed
+from exporter.sources.options import Duration as OptionDuration
 
 REPO = Path(__file__).resolve().parent.parent
 
