@@ -73,6 +73,7 @@ docs:
 	$(DOCS_PY) -m exporter.run.config_reference > docs/configuration.md.tmp \
 		&& mv docs/configuration.md.tmp docs/configuration.md || { rm -f docs/configuration.md.tmp; exit 1; }
 	$(DOCS_PY) scripts/gen-alert-docs.py
+	$(DOCS_PY) scripts/gen-setting-docs.py
 
 ## make kubernetes: regenerate what deploy/kubernetes derives from other files (the
 ## PrometheusRule from deploy/prometheus/rules, dashboard ConfigMaps from deploy/grafana) and

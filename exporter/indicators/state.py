@@ -159,7 +159,7 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("3", "busy, the signature and >= 2 active clients (`min_clients`, held over "
      "`client_holdover_seconds`), whatever the throttle reasons", "contended",
      "`clients` / `clients_and_throughput_drop`"),
-    ("4", "busy, no signature, >= 2 active clients and bandwidth above `shared_bandwidth_percent` (70)",
+    ("4", "busy, no signature, >= 2 active clients and bandwidth above `shared_bandwidth_percent`",
      "contended", "`clients_sharing_bandwidth`"),
     ("5", "busy, >= 2 active clients otherwise (time-sliced tenants), whatever the throttle reasons",
      "shared", "`clients_sharing_compute`"),
@@ -170,12 +170,12 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("6", "busy, no bandwidth utilization reported", "throttled with an explaining throttle reason, "
      "else unknown", "`throttle_reason_active` / `no_bandwidth_signal`"),
     ("7", "busy and a throttle reason that explains a loss: thermal / hardware slowdown, or a power "
-     "reason with the compute clock >= `power_clock_drop_fraction` (20 %) below its maximum",
+     "reason with the compute clock >= `power_clock_drop_fraction` below its maximum",
      "throttled", "`throttle_reason_active`"),
     ("8", "no signature", "healthy", "`no_memory_bound_signature`"),
     ("9", "signature and a throughput drop, process data showing <= 1 active client", "memory_bound",
      "`single_client` (a job change, not a neighbour)"),
-    ("10", "signature and a throughput drop without process data, held `drop_confirm_seconds` (900 s)",
+    ("10", "signature and a throughput drop without process data, held `drop_confirm_seconds`",
      "unknown", "`throughput_drop_unconfirmed`"),
     ("11", "signature and a throughput drop otherwise", "contended", "`throughput_drop`"),
     ("12", "signature, process data with 0 or 1 active client", "memory_bound",

@@ -5,12 +5,19 @@ Each setting is described once, where it is validated: ``Field(description=...)`
 OTLP push, the exposition filter); a section's text is its model's docstring.  From them come
 docs/configuration.md (``make docs``, ``python -m exporter.run.config_reference``; a test fails
 when the file is out of date) and ``--help-config``.
+
+Prose that explains a setting quotes it rather than restating it: in a hand-written doc,
+``<!-- setting: indicators.state.client_holdover_seconds -->...<!-- /setting -->`` holds that
+setting's description and ``<!-- default: PATH -->...<!-- /default -->`` its default ("3 s",
+"85 %"), both filled by :func:`fill` (``scripts/gen-setting-docs.py``, run by ``make docs``; a test
+fails while a filled block is out of date).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 import sys
 import types
 import typing
@@ -41,7 +48,8 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _is_duration(metadata: Any) -> bool:
-    return any(getattr(getattr(m, "func", None), "__name__", "") == "parse_duration" for m in metadata)
+    return any(getattr(getattr(m, "func", None), "__name__", "") in ("parse_duration", "_positive_duration")
+               for m in metadata)
 
 
 def _type(annotation: Any, metadata: Any = ()) -> str:
@@ -149,6 +157,72 @@ def render(model: type[BaseModel] | None = None) -> str:
         for name, field in rows:
             out.append(f"| `{name}` | {_type(field.annotation, field.metadata)} | {_default(field)} | {_text(field.description)} |")
     return "\n".join(out) + "\n"
+
+
+MARKER = re.compile(r"<!-- (?P<kind>setting|default): (?P<path>[\w.\[\]]+) -->(?P<body>.*?)<!-- /(?P=kind) -->",
+                    re.S)
+
+
+def field_at(path: str, model: type[BaseModel] | None = None) -> FieldInfo:
+    """The setting at a dotted path (``indicators.state.min_clients``, keys as the file spells
+    them, ``[]`` for a list's entries); KeyError naming the first part that is not there."""
+    current: list[type[BaseModel]] = [model or config_model()]
+    *sections_, leaf = path.replace("[]", "").split(".")
+    for i, part in enumerate([*sections_, leaf]):
+        fields = {f.alias or n: f for m in current for n, f in m.model_fields.items()}
+        if part not in fields:
+            raise KeyError(f"no setting {'.'.join([*sections_, leaf][:i + 1])!r} (in {path!r})")
+        field = fields[part]
+        if i == len(sections_):
+            if _models(field.annotation):
+                raise KeyError(f"{path!r} is a section, not a setting")
+            return field
+        current = _models(field.annotation)
+        if not current:
+            raise KeyError(f"{'.'.join(sections_[:i + 1])!r} is a setting, not a section (in {path!r})")
+    raise AssertionError("unreachable")
+
+
+def _num(value: float) -> str:
+    """1000000 as "1,000,000", 0.05 as "0.05" (never an exponent)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def default_text(path: str, model: type[BaseModel] | None = None) -> str:
+    """A setting's default as prose writes it: by its unit (a duration or ``_seconds``: "900 s",
+    "6 h"; ``_percent``: "85 %"; ``_fraction``: 0.2 as "20 %"; ``_bytes``: "768 MiB"), else as the
+    reference shows it."""
+    field = field_at(path, model)
+    value = field.default
+    name = path.rsplit(".", 1)[-1]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name.endswith("_seconds") or _is_duration(field.metadata):
+            return f"{_num(value / 3600)} h" if value >= 3600 and value % 3600 == 0 else f"{_num(value)} s"
+        if name.endswith("_percent"):
+            return f"{_num(value)} %"
+        if name.endswith("_fraction"):
+            return f"{_num(round(value * 100, 9))} %"
+        if name.endswith("_bytes"):
+            for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+                if value >= size and value % size == 0:
+                    return f"{_num(value // size)} {unit}"
+        return _num(value)
+    return _default(field)
+
+
+def fill(text: str, model: type[BaseModel] | None = None) -> str:
+    """``text`` with every setting / default block filled from the model (KeyError for a path
+    that names no setting, and for a setting without a description)."""
+    def one(m: re.Match) -> str:
+        path = m["path"]
+        if m["kind"] == "default":
+            body = default_text(path, model)
+        else:
+            body = _text(field_at(path, model).description)
+            if not body:
+                raise KeyError(f"{path!r} has no description to quote")
+        return f"<!-- {m['kind']}: {path} -->{body}<!-- /{m['kind']} -->"
+    return MARKER.sub(one, text)
 
 
 def main() -> int:
