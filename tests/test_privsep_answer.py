@@ -78,10 +78,10 @@ def test_a_frame_above_the_limit_is_refused_before_it_is_read():
 # the stand-in supervisor: its n-th session (1-based) behaves as MODES[n-1]; past the list, "good"
 STANDIN = r'''
 import os, socket, sys, time
-sys.path.insert(0, sys.argv[9])
+sys.path.insert(0, sys.argv[10])
 from exporter.privsep.child import serve
 modes = os.environ["MODES"].split(",")
-ctl = socket.socket(fileno=int(sys.argv[6]))
+ctl = socket.socket(fileno=int(sys.argv[7]))
 ctl.sendall(b"R")
 n = 0
 while True:
@@ -94,7 +94,7 @@ while True:
         ctl.close()
         s = socket.socket(fileno=fds[0])
         if mode == "good":
-            os._exit(serve(fds[0], sys.argv[7], sys.argv[8]))
+            os._exit(serve(fds[0], sys.argv[8], sys.argv[9]))
         s.recv(65536)
         if mode == "late":
             time.sleep(60)

@@ -14,12 +14,16 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
    between two checks); due work comes from a heap, so a poll costs nothing per idle process;
-4. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
+4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
+   who dup()s one render fd half a million times must not make every poll slow, or, with the
+   counting process, late: the count is then partial, ``budget_hit``);
+5. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
    what is left waits for the next poll, new pids first: an examination cut short keeps the fd
    numbers it has left, a large table's listing goes on where it stopped.
 
 ``readlink`` of ``<pid>/fd/<n>`` (no open) decides whether an fd is a DRM device: a target under
-``/dev/dri/``, or (another ``/dev`` node) a character device of major 226, stat'ed once.  Only
+``/dev/dri/``, or (another ``/dev`` node) one whose fdinfo names a ``drm-driver`` (never a stat of
+the target: ``_is_drm`` says why).  Only
 DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
 rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
 A pid reused by a new process keeps its record until a check or verification sees the new
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import stat
 import time
 from array import array
 from collections.abc import Iterator
@@ -40,10 +43,14 @@ from pathlib import Path
 
 from .. import safefile
 
-DRM_MAJOR = 226
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed with one listdir
+# /dev targets never DRM devices (not looked at further); the subtrees among them any user can
+# write, or mount over, must never be followed (``FdScanner._is_drm``)
+NOT_DRM = ("/dev/shm/", "/dev/mqueue/", "/dev/pts/", "/dev/hugepages/", "/dev/null", "/dev/zero", "/dev/full",
+           "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/console", "/dev/kmsg", "/dev/nvidia",
+           "/dev/kfd", "/dev/fuse", "/dev/net/", "/dev/log")
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 
 
@@ -51,10 +58,17 @@ _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 class ScanLimits:
     """The per-poll budget and the re-examination periods (``FdinfoOptions``)."""
 
-    max_fds: int = 20000  # fds examined per poll (a readlink each; a stat for /dev targets outside /dev/dri)
+    max_fds: int = 20000  # fds examined per poll (a readlink each; an fdinfo read for some /dev targets)
     max_seconds: float = 0.05  # wall time of one poll's fd-table work
     check_period: float = 15.0  # every fd table listed again (new fd numbers)
     verify_period: float = 50.0  # every fd readlinked again (reused fd numbers)
+
+
+def known_seconds(limits: ScanLimits) -> float:
+    """How long one poll may read the fdinfo of known clients: well inside the counting
+    process's answer deadline (``privsep.counter.answer_seconds``: at least 4 times this), so a
+    scanner with too many clients answers partially instead of being killed as late."""
+    return max(0.5, 5 * limits.max_seconds)
 
 
 @dataclass(slots=True)
@@ -101,8 +115,13 @@ class _Budget:
 class FdScanner:
     """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply and bounded."""
 
-    def __init__(self, procfs: Path, sysfs: Path | None = None, limits: ScanLimits | None = None) -> None:
+    def __init__(self, procfs: Path, sysfs: Path | None = None, limits: ScanLimits | None = None,
+                 max_records: int | None = None) -> None:
         self.procfs = str(procfs)
+        self.max_records = max_records  # fdinfo texts one poll returns at most (then budget_hit)
+        self._left = 0
+        self._read_deadline = 0.0
+        self.cut = False  # the last poll left known clients unread (record cap or known_seconds)
         self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
@@ -121,6 +140,9 @@ class FdScanner:
         the schedule uses (the source's clock)."""
         now = time.monotonic() if now is None else now
         budget = _Budget(self.limits)
+        self._left = self.max_records if self.max_records is not None else 1 << 62
+        self._read_deadline = time.perf_counter() + known_seconds(self.limits)
+        self.cut = False
         self.readlinks = 0
         try:  # one listdir: a pid reused by a new process is the same entry until a check or
             # verification of its table (within their periods) sees the new table
@@ -136,7 +158,7 @@ class FdScanner:
         # 2. the known clients, every poll
         for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
             st = self._pids[pid]
-            yield from self._read_known(pid, st, errors)
+            yield from self._read_known(pid, st, errors, budget)
         # 3. fd tables, most urgent first
         work = self._work(entries, kfd, now)
         self.deferred = 0
@@ -152,7 +174,7 @@ class FdScanner:
             verify = st.done and (urgency == 1 or st.next_verify <= now)
             found = self._examine(pid, st, verify, budget, now)
             if found:
-                yield from self._read_known(pid, st, errors, only=found)
+                yield from self._read_known(pid, st, errors, budget, only=found)
         for _, pnum in work:  # what is still due (deferred, cut short) is due at the next poll
             st = self._pids.get(str(pnum))
             if st is not None and st.done and (min(st.next_check, st.next_verify) <= now
@@ -161,7 +183,7 @@ class FdScanner:
         self.budget_hit = budget.hit
         self.unreadable = sum(1 for st in self._pids.values() if st.unreadable)
         overdue = now - self.limits.verify_period
-        self.partial = any(not st.done or st.next_verify < overdue for st in self._pids.values())
+        self.partial = self.cut or any(not st.done or st.next_verify < overdue for st in self._pids.values())
 
     def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
@@ -255,7 +277,7 @@ class FdScanner:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
-                is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target)
+                is_drm = target.startswith("/dev/") and self._is_drm(pid, fd, target)
                 if is_drm and fd not in st.drm:
                     st.drm.add(fd)
                     found.append(fd)
@@ -325,15 +347,23 @@ class FdScanner:
                 st.next_verify = now + lim.verify_period
         heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
 
-    @staticmethod
-    def _is_drm(fd: str, dir_fd: int, target: str) -> bool:
+    def _is_drm(self, pid: str, fd: str, target: str) -> bool:
+        """Whether a ``/dev`` target is a DRM device.  Outside ``/dev/dri/`` (a container's own
+        /dev naming its node otherwise) it is decided from the fd's own fdinfo, which procfs
+        writes (``drm-driver``), never by stat'ing the target: a stat follows the link into the
+        target's filesystem, and a user may mount FUSE (which can leave the call hanging for
+        ever, and the counting process with it) on /dev/shm, or anywhere in a mount namespace of
+        their own.  Names that are never DRM, and the subtrees any user can write (shm, mqueue,
+        pts, hugepages), are not looked at further: they are most /dev fds."""
         if target.startswith("/dev/dri/"):
             return True
-        try:  # another /dev node (a container's own /dev): one stat, part of the fd's examination
-            st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
+        if target.startswith(NOT_DRM) or target.endswith(" (deleted)") or target.count("/") > 3:
+            return False
+        try:
+            text = safefile.read_path(f"{self.procfs}/{pid}/fdinfo/{fd}", FDINFO_MAX_BYTES)
         except OSError:
             return False
-        return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
+        return b"\ndrm-driver:" in text
 
     def _examine_fdinfo(self, pid: str, st: _Pid, now: float) -> list[str]:
         """A tree without fd/ links (a fixture): every fdinfo file is a candidate, read each poll."""
@@ -349,15 +379,23 @@ class FdScanner:
         return new
 
     # ------------------------------------------------------------------ fdinfo
-    def _read_known(self, pid: str, st: _Pid, errors: dict, only: list[str] | None = None
+    def _read_known(self, pid: str, st: _Pid, errors: dict, budget: _Budget, only: list[str] | None = None
                     ) -> Iterator[tuple[str, str, str]]:
+        """The fdinfo of ``pid``'s DRM fds, until the poll's record cap or ``known_seconds``
+        (then ``budget.hit``: the count is partial, never slower)."""
+        if self._left <= 0 or time.perf_counter() > self._read_deadline:
+            budget.hit = self.cut = True
+            return
         fds = sorted(only if only is not None else st.drm, key=int)
         try:
             info_fd = safefile.open_dir(f"{self.procfs}/{pid}/fdinfo")
         except OSError:
             return  # the process exited meanwhile
         try:
-            for fd in fds:
+            for i, fd in enumerate(fds):
+                if self._left <= 0 or (i & 15 == 15 and time.perf_counter() > self._read_deadline):
+                    budget.hit = self.cut = True
+                    return
                 try:
                     data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
                 except FileNotFoundError:
@@ -371,6 +409,7 @@ class FdScanner:
                 if "drm-driver" not in text:
                     self._forget(st, fd)  # its number now names another file: look again
                     continue
+                self._left -= 1
                 yield pid, fd, text
         finally:
             os.close(info_fd)
