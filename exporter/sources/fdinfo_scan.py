@@ -23,7 +23,7 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
 
 ``readlink`` of ``<pid>/fd/<n>`` (no open) decides whether an fd is a DRM device: a target under
 ``/dev/dri/``, or (another ``/dev`` node) one whose fdinfo names a ``drm-driver`` (never a stat of
-the target: ``_is_drm`` says why).  Only
+the target: ``fdinfo_tables.is_drm`` says why).  Only
 DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
 rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
 A pid reused by a new process keeps its record until a check or verification sees the new
@@ -42,15 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
+from .fdinfo_tables import FDINFO_MAX_BYTES, is_drm, list_table
 
-FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
-LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed with one listdir
-# /dev targets never DRM devices (not looked at further); the subtrees among them any user can
-# write, or mount over, must never be followed (``FdScanner._is_drm``)
-NOT_DRM = ("/dev/shm/", "/dev/mqueue/", "/dev/pts/", "/dev/hugepages/", "/dev/null", "/dev/zero", "/dev/full",
-           "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/console", "/dev/kmsg", "/dev/nvidia",
-           "/dev/kfd", "/dev/fuse", "/dev/net/", "/dev/log")
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 
 
@@ -251,7 +245,7 @@ class FdScanner:
                 if size and size == st.size and not verify and st.done and st.listing is None:
                     self._finish(st, now, False, pid)  # as many fds as at the last listing: the
                     return found  # re-verification catches a close and open between two checks
-                nums, listed_all = self._list(dir_fd, st, budget)
+                nums, listed_all = list_table(dir_fd, st, budget)
                 if not listed_all:
                     return found  # a large table: its listing goes on next poll
                 # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
@@ -277,11 +271,11 @@ class FdScanner:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
-                is_drm = target.startswith("/dev/") and self._is_drm(pid, fd, target)
-                if is_drm and fd not in st.drm:
+                drm = target.startswith("/dev/") and is_drm(self.procfs, pid, fd, target)
+                if drm and fd not in st.drm:
                     st.drm.add(fd)
                     found.append(fd)
-                elif not is_drm and fd in st.drm:
+                elif not drm and fd in st.drm:
                     st.drm.discard(fd)
             self.readlinks += done
             if done < len(todo):  # cut short: the rest next poll
@@ -299,40 +293,6 @@ class FdScanner:
         finally:
             os.close(dir_fd)
 
-    @staticmethod
-    def _list(dir_fd: int, st: _Pid, budget: _Budget) -> tuple[list[int], bool]:
-        """The fd numbers of a table, sorted, and whether the listing is whole.  A table that
-        says it is large (``st_size`` of a procfs fd directory is its number of fds since Linux
-        6.2) is listed entry by entry up to the poll's deadline and the listing goes on at the
-        next poll from where it stopped: a million fds cost each poll no more than its budget.
-        Smaller ones are listed at once."""
-        try:
-            if st.listing is None:
-                if os.fstat(dir_fd).st_size <= LIST_AT_ONCE:
-                    names = os.listdir(dir_fd)
-                    try:
-                        return sorted(map(int, names)), True
-                    except ValueError:  # not a procfs: names that are not numbers
-                        return sorted(int(n) for n in names if n.isascii() and n.isdigit()), True
-                st.listing = (os.scandir(dir_fd), [])  # its own duplicate of the directory fd
-        except OSError:
-            return [], False
-        it, nums = st.listing
-        try:
-            for i, e in enumerate(it):
-                name = e.name
-                if name.isascii() and name.isdigit():
-                    nums.append(int(name))
-                if i & 4095 == 4095 and time.perf_counter() > budget.deadline:
-                    budget.hit = True
-                    return [], False
-        except OSError:
-            nums = []
-        it.close()
-        st.listing = None
-        nums.sort()
-        return nums, True
-
     def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
         lim = self.limits
         if not st.done:  # first complete examination: spread the next ones over their periods
@@ -346,24 +306,6 @@ class FdScanner:
             if verify:
                 st.next_verify = now + lim.verify_period
         heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
-
-    def _is_drm(self, pid: str, fd: str, target: str) -> bool:
-        """Whether a ``/dev`` target is a DRM device.  Outside ``/dev/dri/`` (a container's own
-        /dev naming its node otherwise) it is decided from the fd's own fdinfo, which procfs
-        writes (``drm-driver``), never by stat'ing the target: a stat follows the link into the
-        target's filesystem, and a user may mount FUSE (which can leave the call hanging for
-        ever, and the counting process with it) on /dev/shm, or anywhere in a mount namespace of
-        their own.  Names that are never DRM, and the subtrees any user can write (shm, mqueue,
-        pts, hugepages), are not looked at further: they are most /dev fds."""
-        if target.startswith("/dev/dri/"):
-            return True
-        if target.startswith(NOT_DRM) or target.endswith(" (deleted)") or target.count("/") > 3:
-            return False
-        try:
-            text = safefile.read_path(f"{self.procfs}/{pid}/fdinfo/{fd}", FDINFO_MAX_BYTES)
-        except OSError:
-            return False
-        return b"\ndrm-driver:" in text
 
     def _examine_fdinfo(self, pid: str, st: _Pid, now: float) -> list[str]:
         """A tree without fd/ links (a fixture): every fdinfo file is a candidate, read each poll."""
