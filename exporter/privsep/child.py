@@ -1,6 +1,6 @@
 """The counting process (never imported by the serving process itself).
 
-``counter.Counter`` starts ``python -I -S -c BOOT`` from the serving process's main thread,
+``counter.Counter`` starts ``python -I -S -B -c BOOT`` from the serving process's main thread,
 before that process drops its capabilities.  ``BOOT`` runs first, before anything is read:
 
 - ``PR_SET_PDEATHSIG`` SIGKILL (it dies with the serving process) and ignores SIGTERM, SIGINT,
@@ -50,7 +50,7 @@ def preload() -> None:
     libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     _scan.update(libc=libc, LocalScanner=LocalScanner, ScanLimits=ScanLimits, answer=answer)
 
-# run by ``python -I -S -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
+# run by ``python -I -S -B -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
 BOOT = """\
 import ctypes, os, resource, signal, sys
 def die(why):

@@ -5,7 +5,7 @@
 holds CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (the systemd unit's ambient capabilities, the
 ``client-count`` component's uid 0 with the two, root), it
 
-1. starts the counting process (``child.BOOT``: ``python -I -S``, as the import worker is
+1. starts the counting process (``child.BOOT``: ``python -I -S -B``, as the import worker is
    started, but from the main thread, so that its ``PR_SET_PDEATHSIG`` follows this process and
    not a short-lived thread), which keeps only those two capabilities and is non-dumpable;
 2. makes every DRM fdinfo source scan through it (``fdinfo_records.use_factory``): a request
