@@ -18,7 +18,7 @@ from .run.daemon import Daemon
 from .yamlfile import ConfigError
 
 log = logging.getLogger("unified_gpu_exporter")
-async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
+async def _serve(args: argparse.Namespace, daemon: Daemon, counter=None) -> int:
     from .serve.aiohttp_import import import_aiohttp_web
 
     import_aiohttp_web()  # before anything imports aiohttp: its unused client CA loading skipped
@@ -85,12 +85,24 @@ async def _serve(args: argparse.Namespace, daemon: Daemon) -> int:
     loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)  # coalesced, one at a time
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    status = [0]
+    if counter is not None:  # its supervisor gone: the count cannot come back; exit 1 to be restarted
+        def dead() -> None:
+            status[0] = 1
+            stop.set()
+
+        def on_dead() -> None:  # a poll thread's
+            try:
+                loop.call_soon_threadsafe(dead)
+            except RuntimeError:  # the loop is closing: exiting already
+                pass
+        counter.on_dead = on_dead
     await stop.wait()
     log.info("shutting down")
     # the listeners close and the sources stop (baselines saved) at the same time, within one
     # second in all: a supervisor's SIGTERM is answered promptly even with a hung source
     await _bounded(asyncio.gather(runner.cleanup(), daemon.stop()), 1.0)
-    return 0
+    return status[0]
 
 
 def systemd_sockets() -> list:
@@ -162,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                          hint=f"add --simulate, e.g. --simulate {given[0][0]} {given[0][1]}")
     setup_logging(args.log_level, args.log_format)
     settings = settings_from(args)
+    counter = None
     if not args.check_config:  # before any thread starts: the capabilities go to the counting process
         from .privsep.counter import separate
 
         try:
-            separate(settings.procfs, settings.sysfs)
+            counter = separate(settings.procfs, settings.sysfs)
         except OSError as exc:  # fail closed: no server with capabilities left
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -197,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         # modules, schema, mappings and config are loaded for good: out of the cyclic
         # collector's generations, and its passes spaced out (exporter/run/gctune.py says why)
         gctune.after_load()
-        return _run(_serve(args, daemon))
+        return _run(_serve(args, daemon, counter))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -245,3 +245,102 @@ def test_fd_flood_stays_within_the_budget_and_marks_the_count_partial(tmp_path, 
         assert polls < 30
     assert partial >= 9  # 1,000 fds at 100 a poll
     assert node.seconds_until_counted(105) <= 2
+
+
+# ---------------------------------------------------------------- the security review (issue 37)
+FDINFO_DRM = "pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t" + AMD + "\ndrm-client-id:\t{c}\n"
+
+
+@pytest.fixture
+def fdinfo_reads(monkeypatch):
+    """Counts the fdinfo files read through a directory fd (the known clients' reads)."""
+    from exporter import safefile
+
+    calls = []
+    real = safefile.read_at
+
+    def counting(dir_fd, name, limit, **kw):
+        calls.append(name)
+        return real(dir_fd, name, limit, **kw)
+
+    monkeypatch.setattr(safefile, "read_at", counting)
+    return calls
+
+
+def _many_clients(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    add_fd(proc, 2, 0, "/dev/null", comm="kthreadd")
+    for p in range(n):
+        add_fd(proc, 1000 + p, 3, "/dev/dri/renderD128", FDINFO_DRM.format(c=p))
+    add_card(sysfs, 0, AMD, driver="amdgpu")
+    return proc, sysfs
+
+
+def test_known_clients_are_read_no_further_than_the_record_cap(tmp_path, fdinfo_reads):
+    """One user with many DRM fds (dup()ed render fds) must not make every poll read them all:
+    the poll stops at the record cap and says the count is partial."""
+    from exporter.sources.fdinfo_records import LocalScanner
+
+    proc, sysfs = _many_clients(tmp_path, 40)
+    scanner = LocalScanner(proc, sysfs, max_records=10)
+    scanner.scan({}, 1.0)  # finds them
+    fdinfo_reads.clear()
+    found = scanner.scan({}, 2.0)  # every one is a known client now
+    assert len(found) == 10 and len(fdinfo_reads) == 10
+    assert scanner.budget_hit and scanner.partial  # -> evidence reason scan_budget_exceeded
+
+
+def test_known_clients_are_read_within_a_deadline_shorter_than_the_answer_deadline(tmp_path, fdinfo_reads,
+                                                                                    monkeypatch):
+    from exporter.privsep.counter import answer_seconds
+    from exporter.sources import fdinfo_scan
+    from exporter.sources.fdinfo_records import LocalScanner
+    from exporter.sources.fdinfo_scan import ScanLimits, known_seconds
+
+    for lim in (ScanLimits(), ScanLimits(max_seconds=0.001), ScanLimits(max_seconds=1.0)):
+        assert 4 * known_seconds(lim) <= answer_seconds(lim)
+    proc, sysfs = _many_clients(tmp_path, 40)
+    scanner = LocalScanner(proc, sysfs)
+    assert len(scanner.scan({}, 1.0)) == 40 and not scanner.partial
+
+    class Stepped:  # every look at the clock: 0.1 s later (slow reads, without waiting for them)
+        t = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            cls.t += 0.1
+            return cls.t
+
+        monotonic = perf_counter
+
+    monkeypatch.setattr(fdinfo_scan, "time", Stepped)
+    fdinfo_reads.clear()
+    found = scanner.scan({}, 2.0)
+    assert 0 < len(fdinfo_reads) < 40 and len(found) == len(fdinfo_reads)
+    assert scanner.budget_hit and scanner.partial
+
+
+def test_a_dev_target_is_never_stated(tmp_path, monkeypatch):
+    """A stat follows the fd link into the target's filesystem (FUSE on /dev/shm can hang it):
+    /dev targets outside /dev/dri are decided from procfs's fdinfo alone."""
+    from exporter.sources.fdinfo_records import LocalScanner
+
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    add_fd(proc, 2, 0, "/dev/null", comm="kthreadd")
+    for fd, target in enumerate(("/dev/shm/fuse/x", "/dev/mqueue/q", "/dev/pts/3", "/dev/sda", "/dev/zero")):
+        add_fd(proc, 500, fd, target)
+    add_fd(proc, 500, 9, "/dev/shm/drm-looking", FDINFO_DRM.format(c=1))  # never followed, even so
+    add_fd(proc, 501, 4, "/dev/gpu-in-a-container", FDINFO_DRM.format(c=2))
+    add_card(sysfs, 0, AMD, driver="amdgpu")
+    stats = []
+    real = os.stat
+
+    def counting(path, *a, **kw):
+        if kw.get("dir_fd") is not None or str(path).startswith(str(proc)):
+            stats.append(path)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(os, "stat", counting)
+    found = LocalScanner(proc, sysfs).scan({}, 1.0)
+    assert stats == []
+    assert [(p, fd) for p, fd, _ in found] == [("501", "4")]

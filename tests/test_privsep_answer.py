@@ -78,10 +78,10 @@ def test_a_frame_above_the_limit_is_refused_before_it_is_read():
 # the stand-in supervisor: its n-th session (1-based) behaves as MODES[n-1]; past the list, "good"
 STANDIN = r'''
 import os, socket, sys, time
-sys.path.insert(0, sys.argv[9])
+sys.path.insert(0, sys.argv[10])
 from exporter.privsep.child import serve
 modes = os.environ["MODES"].split(",")
-ctl = socket.socket(fileno=int(sys.argv[6]))
+ctl = socket.socket(fileno=int(sys.argv[7]))
 ctl.sendall(b"R")
 n = 0
 while True:
@@ -94,7 +94,7 @@ while True:
         ctl.close()
         s = socket.socket(fileno=fds[0])
         if mode == "good":
-            os._exit(serve(fds[0], sys.argv[7], sys.argv[8]))
+            os._exit(serve(fds[0], sys.argv[8], sys.argv[9]))
         s.recv(65536)
         if mode == "late":
             time.sleep(60)
@@ -183,3 +183,84 @@ def test_the_real_counter_answers_and_a_source_without_it_scans_in_this_process(
     local.open()
     assert ("privilege_separated", (), 0.0) in local.poll().self_samples
     assert os.path.isdir(proc)
+
+
+# ---------------------------------------------------------------- the security review (issue 37)
+def test_a_scanner_imports_nothing_after_the_supervisor_said_ready(tmp_path, monkeypatch):
+    """The serving process handles untrusted input before a scanner is forked: were a scanner to
+    import then, whoever can write the package folder (a compromised serving process, maybe)
+    could plant code to run with the count capabilities.  The supervisor imports all a scanner
+    runs before it says ready, writes no .pyc (-B), and puts the package after the stdlib."""
+    import shutil
+
+    from exporter.privsep import counter as counter_mod
+
+    root = tmp_path / "root"
+    shutil.copytree(Path(counter_mod.__file__).resolve().parent.parent, root / "exporter",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    planted = tmp_path / "planted"
+    (root / "json.py").write_text(f"open({str(planted)!r} + '-json', 'w').close()\nraise ImportError\n")
+    monkeypatch.setattr(counter_mod, "_PACKAGE_ROOT", str(root))
+    proc, sysfs = _node(tmp_path)
+    counter = Counter(proc, sysfs)
+    try:
+        for mod in ("sources/fdinfo_records.py", "sources/fdinfo_scan.py", "privsep/answer.py"):
+            path = root / "exporter" / mod
+            path.write_text(f"open({str(planted)!r} + '-{path.stem}', 'w').close()\n" + path.read_text())
+        remote = counter.scanner(proc, sysfs, ScanLimits())
+        assert [p for p, _, _ in remote.scan({}, 1.0)] == ["300", "301"]
+    finally:
+        counter.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("planted")) == []
+    assert not list(root.rglob("__pycache__"))
+
+
+def test_a_dead_supervisor_is_reaped_logged_once_and_reported_and_the_daemon_told(tmp_path, caplog):
+    import signal
+
+    proc, sysfs = _node(tmp_path)
+    counter = Counter(proc, sysfs)
+    told = []
+    counter.on_dead = lambda: told.append(1)
+    try:
+        fdinfo_records.use_factory(counter.scanner)
+        src = DrmFdinfoSource(SourceContext(sysfs=sysfs, procfs=proc), clock=lambda: 100.0)
+        src.open()
+        assert ("privilege_separated", (), 1.0) in src.poll().self_samples
+        os.kill(counter.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, counter.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped yet
+        with caplog.at_level("ERROR", logger="unified_gpu_exporter"):
+            for _ in range(3):
+                sample = src.poll()
+                assert sample.errors == {"counter_supervisor_exited": 1}
+                assert _evidence(sample) == [(("evidence", "fdinfo"), ("reason", "read_error"))]
+                assert ("privilege_separated", (), 0.0) in sample.self_samples
+        assert counter.proc.returncode == -signal.SIGKILL  # reaped: no zombie left
+        assert told == [1] and counter.dead
+        assert [r.levelname for r in caplog.records if "supervisor exited" in r.getMessage()] == ["ERROR"]
+        src.close()
+    finally:
+        fdinfo_records.use_factory(None)
+        counter.close()
+
+
+def test_the_supervisor_never_waits_for_a_killed_scanner(monkeypatch):
+    """A scanner stuck in D state dies only when its read returns: the supervisor kills it and
+    reaps it later (WNOHANG), starting the next scanner meanwhile."""
+    from exporter.privsep import child
+
+    calls = []
+    exited: set[int] = set()
+
+    def waitpid(pid, flags):
+        calls.append(flags)
+        assert flags & os.WNOHANG, "a blocking waitpid"
+        return (pid, 9) if pid in exited else (0, 0)
+
+    monkeypatch.setattr(child.os, "kill", lambda pid, sig: None)
+    monkeypatch.setattr(child.os, "waitpid", waitpid)
+    monkeypatch.setattr(child, "_unreaped", set())
+    assert child._stop(4321) == 0 and child._unreaped == {4321}  # still in D state: left for later
+    exited.add(4321)
+    child._reap()
+    assert child._unreaped == set() and calls

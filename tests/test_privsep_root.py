@@ -183,3 +183,27 @@ def test_as_the_units_dynamic_user_the_ambient_capabilities_go_to_the_counter_on
     # the serving process: its own processes only (kthreadd hidden, so in-process it would read
     # pid_namespace_private)
     assert got["sees_self"] is True and got["sees_pid_2"] is False and got["local"][0] is False
+
+
+def test_the_daemon_exits_non_zero_when_the_counters_supervisor_dies(tmp_path):
+    """Only the supervisor can start a scanner (the serving process holds no capability left
+    to): once it is gone the count cannot come back, so the daemon logs it and exits 1 for its
+    service manager to restart it (the unit: Restart=on-failure), instead of serving read_error
+    for ever with privilege_separated still 1."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the daemon separates only when it holds the count capabilities")
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    add_card(sysfs, 1, PDEV, driver="amdgpu")
+    (proc / "2").mkdir(parents=True)
+    (proc / "2" / "comm").write_text("kthreadd\n")
+    with ProcessSet() as procs:
+        exporter = start_exporter(procs, tmp_path, ["--path.procfs", str(proc), "--path.sysfs", str(sysfs),
+                                                    "--poll.interval", "200ms"], timeout=30)
+        wait_until(lambda: _families(http_get(exporter.url + "/metrics").text).get(
+            ("unified_gpu_exporter_privilege_separated", (("source", "fdinfo"),))) == 1.0, 20)
+        (supervisor,) = _children(exporter.proc.pid)
+        os.kill(supervisor, 9)
+        wait_until(lambda: exporter.proc.poll() is not None, 20)
+        assert exporter.proc.returncode == 1
+        log = exporter.log_path.read_text()
+        assert log.count("the counting process's supervisor exited") == 1, log

@@ -1,6 +1,6 @@
 """The counting process (never imported by the serving process itself).
 
-``counter.Counter`` starts ``python -I -S -c BOOT`` from the serving process's main thread,
+``counter.Counter`` starts ``python -I -S -B -c BOOT`` from the serving process's main thread,
 before that process drops its capabilities.  ``BOOT`` runs first, before anything is read:
 
 - ``PR_SET_PDEATHSIG`` SIGKILL (it dies with the serving process) and ignores SIGTERM, SIGINT,
@@ -30,9 +30,27 @@ import signal
 import socket
 import sys
 
-# the supervisor imports nothing else: the scanner (forked) imports what it scans with
+_scan: dict = {}  # what a scanner needs, imported by the supervisor before it says it is ready
 
-# run by ``python -I -S -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
+
+def preload() -> None:
+    """Import everything a scanner runs, in the supervisor, before it reports ready.  A scanner
+    is forked after the serving process has handled untrusted input: were it to import from disk
+    then, a compromised serving process able to write the package folder (or its
+    ``__pycache__``) could plant code that runs with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+    Forks inherit these modules and import nothing (the interpreter runs with ``-B``, too: it
+    writes no ``.pyc`` anyone could later swap)."""
+    import ctypes
+
+    from ..sources.fdinfo_records import LocalScanner
+    from ..sources.fdinfo_scan import ScanLimits
+    from . import answer
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    _scan.update(libc=libc, LocalScanner=LocalScanner, ScanLimits=ScanLimits, answer=answer)
+
+# run by ``python -I -S -B -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
 BOOT = """\
 import ctypes, os, resource, signal, sys
 def die(why):
@@ -65,7 +83,7 @@ c = caps()
 if (c["CapPrm"] | c["CapEff"]) & ~KEEP or c["CapAmb"] or c["CapInh"]:
     die(f"capabilities left: {c}")
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-sys.path.insert(0, sys.argv[5])
+sys.path.append(sys.argv[5])  # after the standard library: nothing shadows it here
 from exporter.privsep.child import supervise
 sys.exit(supervise(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
 """
@@ -73,9 +91,12 @@ sys.exit(supervise(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
 
 def supervise(ctl_fd: int, procfs: str, sysfs: str) -> int:
     ctl = socket.socket(fileno=ctl_fd)
-    ctl.sendall(b"R")  # started, capabilities checked
+    preload()
+    ctl.sendall(b"R")  # started, capabilities checked, every module a scanner runs imported
     worker = 0
+    me = os.getpid()  # the scanner's parent: compared with getppid(), not with 1 (a subreaper)
     while True:
+        _reap()
         try:
             msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
         except InterruptedError:
@@ -95,6 +116,10 @@ def supervise(ctl_fd: int, procfs: str, sysfs: str) -> int:
         if pid == 0:
             code = 1
             try:
+                # first: dies with the supervisor (a race with its death is closed by the check)
+                _scan["libc"].prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL
+                if os.getppid() != me:  # the supervisor is gone already (its reaper may not be pid 1)
+                    os._exit(0)
                 ctl.close()
                 code = serve(fds[0], procfs, sysfs)
             finally:
@@ -103,14 +128,31 @@ def supervise(ctl_fd: int, procfs: str, sysfs: str) -> int:
         worker = pid
 
 
+_unreaped: set[int] = set()
+
+
 def _stop(pid: int) -> int:
+    """Kill the scanner and reap it if it is gone; never wait for it: a scanner in D state
+    (a read stuck in the kernel) dies only when that read returns, and the supervisor must go
+    on starting fresh scanners meanwhile (``_reap`` collects it later)."""
     if pid:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.waitpid(pid, 0)
+        _unreaped.add(pid)
+        _reap()
     return 0
+
+
+def _reap() -> None:
+    for pid in list(_unreaped):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _unreaped.discard(pid)
 
 
 def _read(sock: socket.socket, n: int) -> bytes | None:
@@ -135,17 +177,12 @@ def _printable(name: str) -> str:
 
 
 def serve(fd: int, procfs: str, sysfs: str) -> int:
-    import ctypes
-
-    from ..sources.fdinfo_records import LocalScanner
-    from ..sources.fdinfo_scan import ScanLimits
-    from .answer import MAX_RECORDS, MAX_REQUEST_BYTES, encode_record, frame, length
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL: dies with the supervisor
-    if os.getppid() == 1:
-        return 0
+    """Answer requests on ``fd`` with what ``preload`` imported (a scanner imports nothing)."""
+    if not _scan:
+        preload()  # a test's stand-in supervisor; the real one preloaded before it said ready
+    LocalScanner, ScanLimits, answer = _scan["LocalScanner"], _scan["ScanLimits"], _scan["answer"]
+    MAX_RECORDS, MAX_REQUEST_BYTES, encode_record, frame, length = (
+        answer.MAX_RECORDS, answer.MAX_REQUEST_BYTES, answer.encode_record, answer.frame, answer.length)
     sock = socket.socket(fileno=fd)
     scanner = None
     key: tuple = ()

@@ -5,14 +5,16 @@
 holds CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (the systemd unit's ambient capabilities, the
 ``client-count`` component's uid 0 with the two, root), it
 
-1. starts the counting process (``child.BOOT``: ``python -I -S``, as the import worker is
+1. starts the counting process (``child.BOOT``: ``python -I -S -B``, as the import worker is
    started, but from the main thread, so that its ``PR_SET_PDEATHSIG`` follows this process and
    not a short-lived thread), which keeps only those two capabilities and is non-dumpable;
 2. makes every DRM fdinfo source scan through it (``fdinfo_records.use_factory``): a request
    per poll, an answer of numbers checked field by field (``answer.decode``) within a deadline
    (``answer_seconds``); a late, oversized or malformed answer, or a scanner that died, is
    counted (``source_errors_total{source="fdinfo", kind="counter_<late|oversized|malformed|exited>"}``),
-   that poll's count reads ``read_error``, and the next poll gets a fresh scanner;
+   that poll's count reads ``read_error``, and the next poll gets a fresh scanner; when the
+   supervisor itself is gone (``counter_supervisor_exited``), ``privilege_separated`` reads 0,
+   an ERROR is logged and the daemon exits 1 (``Counter.on_dead``) to be restarted;
 3. sets ``PR_SET_NO_NEW_PRIVS`` (an ``execve`` as uid 0 would otherwise give back the
    bounding set), drops the bounding set where it may (CAP_SETPCAP), empties its permitted,
    effective, inheritable and ambient sets, and checks every thread in ``/proc/self/task``;
@@ -35,6 +37,7 @@ import sys
 import threading
 import time
 from collections import Counter as Tally
+from collections.abc import Callable
 from pathlib import Path
 
 from ..sources import fdinfo_records
@@ -66,10 +69,12 @@ class Counter:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._id = 0
+        self.dead = False  # the supervisor is gone: nothing can start a scanner again
+        self.on_dead: Callable[[], None] | None = None  # the CLI's: the daemon exits non-zero
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [python, "-I", "-S", "-c", BOOT, str(os.getpid()), str(theirs.fileno()), str(self.procfs),
+                [python, "-I", "-S", "-B", "-c", BOOT, str(os.getpid()), str(theirs.fileno()), str(self.procfs),
                  str(self.sysfs), _PACKAGE_ROOT], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), cwd="/", env=child_env())
         except BaseException:
@@ -104,27 +109,50 @@ class Counter:
         """One request, its checked answer (``answer.Answer``); BadAnswer (counted, and the
         scanner replaced at the next request) when there is none to use."""
         with self._lock:
+            if self.dead:
+                raise BadAnswer("supervisor_exited", "the counting process's supervisor is gone")
+            deadline = time.monotonic() + timeout
             try:
                 if self._sock is None:
-                    self._session()
+                    self._session(timeout)
                 assert self._sock is not None
                 self._id += 1
-                deadline = time.monotonic() + timeout
                 self._sock.settimeout(timeout)
                 self._sock.sendall(frame({**request, "id": self._id}))
                 n = length(self._recv(4, deadline), MAX_ANSWER_BYTES)
                 return decode(self._recv(n, deadline), self._id)
             except BadAnswer as exc:
-                self._drop(exc.kind)
-                raise
+                self._drop(self._supervisor_gone() or exc.kind)
+                raise BadAnswer(self._supervisor_gone() or exc.kind, str(exc)) from None
             except TimeoutError:
-                self._drop("late")
-                raise BadAnswer("late", f"no answer within {timeout:g} s") from None
+                self._drop(self._supervisor_gone() or "late")
+                raise BadAnswer(self._supervisor_gone() or "late", f"no answer within {timeout:g} s") from None
             except OSError as exc:
-                self._drop("exited")
-                raise BadAnswer("exited", f"the counting process is gone ({exc})") from None
+                self._drop(self._supervisor_gone() or "exited")
+                raise BadAnswer(self._supervisor_gone() or "exited", f"the counting process is gone ({exc})") from None
 
-    def _session(self) -> None:
+    def _supervisor_gone(self) -> str:
+        """"supervisor_exited" when the supervisor has exited (reaped here: no zombie), once
+        logged as an ERROR and handed to ``on_dead``; "" while it runs.  Only the supervisor
+        can start a scanner (this process holds no capability left to), so its death ends the
+        count for good: the CLI makes the daemon exit 1 and its supervisor (systemd
+        ``Restart=on-failure``, Kubernetes) restarts it with the capabilities it was given."""
+        if self.proc.poll() is None:
+            return ""
+        if not self.dead:
+            self.dead = True
+            log.error("the counting process's supervisor exited: no DRM fdinfo count is possible any more; "
+                      "the daemon exits (status 1) so that its service manager restarts it",
+                      extra={"pid": self.proc.pid, "status": self.proc.returncode})
+            if self.on_dead is not None:
+                self.on_dead()
+        return "supervisor_exited"
+
+    def _session(self, timeout: float) -> None:
+        """A fresh scanner: its socket handed to the supervisor, within ``timeout`` (a
+        supervisor that does not read its control socket cannot hold the poll, or the lock,
+        longer than the request's own deadline)."""
+        self._ctl.settimeout(min(timeout, START_SECONDS))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             socket.send_fds(self._ctl, [b"S"], [theirs.fileno()])
@@ -171,13 +199,16 @@ class Counter:
 class RemoteScanner:
     """``fdinfo_records.Scanner`` whose scan runs in the counting process."""
 
-    separated = True
-
     def __init__(self, counter: Counter, limits: ScanLimits, names: bool) -> None:
         self.counter, self.limits, self.names = counter, limits, names
         self.host_pids, self.unreadable, self.partial, self.budget_hit = False, 0, False, False
         self.failed = False  # the last poll got no usable answer: its count reads read_error
         self._names: dict[str, str] = {}
+
+    @property
+    def separated(self) -> bool:
+        """1 on ``privilege_separated`` while the supervisor lives; 0 once it is gone."""
+        return not self.counter.dead
 
     def scan(self, errors: dict, now: float) -> list[tuple[str, str, FdinfoRecord]]:
         lim = self.limits
@@ -187,8 +218,9 @@ class RemoteScanner:
             got = self.counter.ask(request, answer_seconds(lim))
         except BadAnswer as exc:
             errors[f"counter_{exc.kind}"] = errors.get(f"counter_{exc.kind}", 0) + 1
-            log.warning("the counting process gave no usable answer: a fresh scanner answers the next poll",
-                        extra={"kind": exc.kind, "reason": str(exc)[:300]})
+            if exc.kind != "supervisor_exited":  # that one: one ERROR (``Counter._supervisor_gone``)
+                log.warning("the counting process gave no usable answer: a fresh scanner answers the next poll",
+                            extra={"kind": exc.kind, "reason": str(exc)[:300]})
             self.failed, self.partial, self._names = True, True, {}
             return []
         self.failed = False

@@ -54,11 +54,12 @@ class LocalScanner:
     def __init__(self, procfs: Path, sysfs: Path | None, limits: ScanLimits | None = None, *,
                  names: bool = False, max_records: int | None = None) -> None:
         self.procfs = Path(procfs)
-        self.fds = FdScanner(self.procfs, sysfs, limits)
+        self.fds = FdScanner(self.procfs, sysfs, limits, max_records)
         self.names = names
         self.max_records = max_records
         self._host_pids: bool | None = None
         self.budget_hit = False
+        self._cut = False
 
     @property
     def host_pids(self) -> bool:
@@ -74,7 +75,7 @@ class LocalScanner:
 
     @property
     def partial(self) -> bool:
-        return self.fds.partial
+        return self.fds.partial or self._cut
 
     def scan(self, errors: dict, now: float) -> Found:
         out: Found = []
@@ -87,6 +88,7 @@ class LocalScanner:
                 cut = True  # the rest of this poll is not answered: a partial count
                 continue
             out.append((pid, fd, rec))
+        self._cut = cut
         self.budget_hit = self.fds.budget_hit or cut
         return out
 

@@ -14,12 +14,16 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
    between two checks); due work comes from a heap, so a poll costs nothing per idle process;
-4. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
+4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
+   who dup()s one render fd half a million times must not make every poll slow, or, with the
+   counting process, late: the count is then partial, ``budget_hit``);
+5. stop examining when the poll has spent its budget (``max_fds`` readlinks, ``max_seconds``);
    what is left waits for the next poll, new pids first: an examination cut short keeps the fd
    numbers it has left, a large table's listing goes on where it stopped.
 
 ``readlink`` of ``<pid>/fd/<n>`` (no open) decides whether an fd is a DRM device: a target under
-``/dev/dri/``, or (another ``/dev`` node) a character device of major 226, stat'ed once.  Only
+``/dev/dri/``, or (another ``/dev`` node) one whose fdinfo names a ``drm-driver`` (never a stat of
+the target: ``fdinfo_tables.is_drm`` says why).  Only
 DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
 rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
 A pid reused by a new process keeps its record until a check or verification sees the new
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import stat
 import time
 from array import array
 from collections.abc import Iterator
@@ -39,11 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
+from .fdinfo_tables import FDINFO_MAX_BYTES, is_drm, list_table
 
-DRM_MAJOR = 226
-FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
-LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed with one listdir
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 
 
@@ -51,10 +52,17 @@ _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
 class ScanLimits:
     """The per-poll budget and the re-examination periods (``FdinfoOptions``)."""
 
-    max_fds: int = 20000  # fds examined per poll (a readlink each; a stat for /dev targets outside /dev/dri)
+    max_fds: int = 20000  # fds examined per poll (a readlink each; an fdinfo read for some /dev targets)
     max_seconds: float = 0.05  # wall time of one poll's fd-table work
     check_period: float = 15.0  # every fd table listed again (new fd numbers)
     verify_period: float = 50.0  # every fd readlinked again (reused fd numbers)
+
+
+def known_seconds(limits: ScanLimits) -> float:
+    """How long one poll may read the fdinfo of known clients: well inside the counting
+    process's answer deadline (``privsep.counter.answer_seconds``: at least 4 times this), so a
+    scanner with too many clients answers partially instead of being killed as late."""
+    return max(0.5, 5 * limits.max_seconds)
 
 
 @dataclass(slots=True)
@@ -101,8 +109,13 @@ class _Budget:
 class FdScanner:
     """Finds DRM fds under a procfs root and returns their fdinfo text, cheaply and bounded."""
 
-    def __init__(self, procfs: Path, sysfs: Path | None = None, limits: ScanLimits | None = None) -> None:
+    def __init__(self, procfs: Path, sysfs: Path | None = None, limits: ScanLimits | None = None,
+                 max_records: int | None = None) -> None:
         self.procfs = str(procfs)
+        self.max_records = max_records  # fdinfo texts one poll returns at most (then budget_hit)
+        self._left = 0
+        self._read_deadline = 0.0
+        self.cut = False  # the last poll left known clients unread (record cap or known_seconds)
         self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
@@ -121,6 +134,9 @@ class FdScanner:
         the schedule uses (the source's clock)."""
         now = time.monotonic() if now is None else now
         budget = _Budget(self.limits)
+        self._left = self.max_records if self.max_records is not None else 1 << 62
+        self._read_deadline = time.perf_counter() + known_seconds(self.limits)
+        self.cut = False
         self.readlinks = 0
         try:  # one listdir: a pid reused by a new process is the same entry until a check or
             # verification of its table (within their periods) sees the new table
@@ -136,7 +152,7 @@ class FdScanner:
         # 2. the known clients, every poll
         for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
             st = self._pids[pid]
-            yield from self._read_known(pid, st, errors)
+            yield from self._read_known(pid, st, errors, budget)
         # 3. fd tables, most urgent first
         work = self._work(entries, kfd, now)
         self.deferred = 0
@@ -152,7 +168,7 @@ class FdScanner:
             verify = st.done and (urgency == 1 or st.next_verify <= now)
             found = self._examine(pid, st, verify, budget, now)
             if found:
-                yield from self._read_known(pid, st, errors, only=found)
+                yield from self._read_known(pid, st, errors, budget, only=found)
         for _, pnum in work:  # what is still due (deferred, cut short) is due at the next poll
             st = self._pids.get(str(pnum))
             if st is not None and st.done and (min(st.next_check, st.next_verify) <= now
@@ -161,7 +177,7 @@ class FdScanner:
         self.budget_hit = budget.hit
         self.unreadable = sum(1 for st in self._pids.values() if st.unreadable)
         overdue = now - self.limits.verify_period
-        self.partial = any(not st.done or st.next_verify < overdue for st in self._pids.values())
+        self.partial = self.cut or any(not st.done or st.next_verify < overdue for st in self._pids.values())
 
     def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
@@ -229,7 +245,7 @@ class FdScanner:
                 if size and size == st.size and not verify and st.done and st.listing is None:
                     self._finish(st, now, False, pid)  # as many fds as at the last listing: the
                     return found  # re-verification catches a close and open between two checks
-                nums, listed_all = self._list(dir_fd, st, budget)
+                nums, listed_all = list_table(dir_fd, st, budget)
                 if not listed_all:
                     return found  # a large table: its listing goes on next poll
                 # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
@@ -255,11 +271,11 @@ class FdScanner:
                     target = readlink(fd, dir_fd=dir_fd)
                 except OSError:
                     continue
-                is_drm = target.startswith("/dev/") and self._is_drm(fd, dir_fd, target)
-                if is_drm and fd not in st.drm:
+                drm = target.startswith("/dev/") and is_drm(self.procfs, pid, fd, target)
+                if drm and fd not in st.drm:
                     st.drm.add(fd)
                     found.append(fd)
-                elif not is_drm and fd in st.drm:
+                elif not drm and fd in st.drm:
                     st.drm.discard(fd)
             self.readlinks += done
             if done < len(todo):  # cut short: the rest next poll
@@ -277,40 +293,6 @@ class FdScanner:
         finally:
             os.close(dir_fd)
 
-    @staticmethod
-    def _list(dir_fd: int, st: _Pid, budget: _Budget) -> tuple[list[int], bool]:
-        """The fd numbers of a table, sorted, and whether the listing is whole.  A table that
-        says it is large (``st_size`` of a procfs fd directory is its number of fds since Linux
-        6.2) is listed entry by entry up to the poll's deadline and the listing goes on at the
-        next poll from where it stopped: a million fds cost each poll no more than its budget.
-        Smaller ones are listed at once."""
-        try:
-            if st.listing is None:
-                if os.fstat(dir_fd).st_size <= LIST_AT_ONCE:
-                    names = os.listdir(dir_fd)
-                    try:
-                        return sorted(map(int, names)), True
-                    except ValueError:  # not a procfs: names that are not numbers
-                        return sorted(int(n) for n in names if n.isascii() and n.isdigit()), True
-                st.listing = (os.scandir(dir_fd), [])  # its own duplicate of the directory fd
-        except OSError:
-            return [], False
-        it, nums = st.listing
-        try:
-            for i, e in enumerate(it):
-                name = e.name
-                if name.isascii() and name.isdigit():
-                    nums.append(int(name))
-                if i & 4095 == 4095 and time.perf_counter() > budget.deadline:
-                    budget.hit = True
-                    return [], False
-        except OSError:
-            nums = []
-        it.close()
-        st.listing = None
-        nums.sort()
-        return nums, True
-
     def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
         lim = self.limits
         if not st.done:  # first complete examination: spread the next ones over their periods
@@ -324,16 +306,6 @@ class FdScanner:
             if verify:
                 st.next_verify = now + lim.verify_period
         heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
-
-    @staticmethod
-    def _is_drm(fd: str, dir_fd: int, target: str) -> bool:
-        if target.startswith("/dev/dri/"):
-            return True
-        try:  # another /dev node (a container's own /dev): one stat, part of the fd's examination
-            st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the device node
-        except OSError:
-            return False
-        return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == DRM_MAJOR
 
     def _examine_fdinfo(self, pid: str, st: _Pid, now: float) -> list[str]:
         """A tree without fd/ links (a fixture): every fdinfo file is a candidate, read each poll."""
@@ -349,15 +321,23 @@ class FdScanner:
         return new
 
     # ------------------------------------------------------------------ fdinfo
-    def _read_known(self, pid: str, st: _Pid, errors: dict, only: list[str] | None = None
+    def _read_known(self, pid: str, st: _Pid, errors: dict, budget: _Budget, only: list[str] | None = None
                     ) -> Iterator[tuple[str, str, str]]:
+        """The fdinfo of ``pid``'s DRM fds, until the poll's record cap or ``known_seconds``
+        (then ``budget.hit``: the count is partial, never slower)."""
+        if self._left <= 0 or time.perf_counter() > self._read_deadline:
+            budget.hit = self.cut = True
+            return
         fds = sorted(only if only is not None else st.drm, key=int)
         try:
             info_fd = safefile.open_dir(f"{self.procfs}/{pid}/fdinfo")
         except OSError:
             return  # the process exited meanwhile
         try:
-            for fd in fds:
+            for i, fd in enumerate(fds):
+                if self._left <= 0 or (i & 15 == 15 and time.perf_counter() > self._read_deadline):
+                    budget.hit = self.cut = True
+                    return
                 try:
                     data = safefile.read_at(info_fd, fd, FDINFO_MAX_BYTES)
                 except FileNotFoundError:
@@ -371,6 +351,7 @@ class FdScanner:
                 if "drm-driver" not in text:
                     self._forget(st, fd)  # its number now names another file: look again
                     continue
+                self._left -= 1
                 yield pid, fd, text
         finally:
             os.close(info_fd)
