@@ -253,7 +253,7 @@ def test_the_milliseconds_compat_rules_pair_every_bucket_of_the_schema():
     (bucket,) = [r["expr"] for r in rules if r["record"] == "gpu_kernel_execution_time_milliseconds_bucket"]
     pairs = re.findall(r'le=~"([^"]+)"\}, "le", "([^"]+)"', bucket)
     assert [to for _, to in pairs] == [f"{b:g}" for b in ms]
-    for (matcher, _), s in zip(pairs, sec):
+    for (matcher, _), s in zip(pairs, sec, strict=True):
         regex = re.compile(matcher.replace("\\\\", "\\"))
         spellings = {f"{s:g}"} | ({f"{s:g}.0"} if float(s).is_integer() else set())
         assert all(regex.fullmatch(x) for x in spellings), (matcher, spellings)

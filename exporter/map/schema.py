@@ -175,7 +175,7 @@ class Schema(BaseModel):
                              f"{name} a {m.type}; gauges, counters and histograms only)")
         scaled = [b * m.derive.scale for b in of.buckets]  # type: ignore[union-attr]
         if m.type == "histogram" and (len(m.buckets) != len(scaled) or not all(
-                math.isclose(a, b, rel_tol=1e-9) for a, b in zip(m.buckets, scaled))):
+                math.isclose(a, b, rel_tol=1e-9) for a, b in zip(m.buckets, scaled, strict=True))):
             raise ValueError(f"{where}: a histogram's unit variant has its metric's buckets x scale ({scaled})")
         if of.derive is not None and of.derive.of is not None:
             raise ValueError(f"{where}: {m.variant_of} is a variant itself: name the metric it varies")
