@@ -82,9 +82,10 @@ SELF_METRICS: dict[str, tuple[str, str]] = {
                                 "docs/dcgm-migration.md \"Dropped\"); logged once per change."),
     "stage_cpu_seconds_total": ("counter",
                                 "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
-                                "fast_map per source; indicators, render), as of the last render. "
-                                "process_cpu_seconds_total minus their sum is the event loop, HTTP "
-                                "serving, the garbage collector and helper threads."),
+                                "fast_map per source; indicators, render), as of the last render; "
+                                "event_loop is the event loop thread outside those stages (asyncio, "
+                                "HTTP serving), other the rest of process_cpu_seconds_total (helper "
+                                "threads, hand-offs between threads): the rows add up to it."),
     **otlp_stats.HELP,  # with exporters.otlp enabled
     **server_stats.HELP,  # with a web config / the connection guard
     **hpc_jobs.HELP,  # with enrich.hpc_jobs
@@ -215,12 +216,13 @@ class Renderer:
         for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples(),
                                      *hpc_jobs.STATS.samples()):
             add(name, labels, value)
-        for stage, source, seconds in cpustats.snapshot():
+        proc = process_metrics.sample()
+        for stage, source, seconds in cpustats.snapshot(proc["process_cpu_seconds_total"]):
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},
                 seconds)
         filt = self.series_filter
         own = [f for n, f in fams.items() if f.samples and (filt is None or filt.family(SELF + n))]
-        for name, value in process_metrics.sample().items():
+        for name, value in proc.items():
             typ, doc = process_metrics.HELP[name]
             if filt is None or filt.family(name):
                 fam = _family(name, typ, doc, "")
