@@ -96,6 +96,8 @@ class HpcJobsOptions(_Strict):
     directory: str = Field(min_length=1)  # dcgm-exporter's or device-metrics-exporter's format
     vendors: list[str] = []  # which GPUs a file's index names; empty: every vendor's GPU of that index
     max_files: int = Field(256, ge=1, le=4096)  # 8 GPUs x 7 MIG instances = 56 files
+    # the directory is read this often on its own thread; renders serve the last read
+    refresh_seconds: float = Field(1.0, ge=0.1, le=600, allow_inf_nan=False)
     # dcgm-exporter's per-series hpc_job label on every series of a GPU a job holds (docs/jobs.md: its cost)
     series_label: bool = False
 
