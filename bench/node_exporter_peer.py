@@ -98,11 +98,12 @@ def stage_cpu(body: bytes) -> dict[str, float]:
 
 
 def stage_breakdown(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    """ms of CPU per second per stage over a window, and ``other`` (process minus the stages:
-    event loop, HTTP, garbage collector, pcie_bw threads)."""
+    """ms of CPU per second per stage over a window (``event_loop`` included), and ``other``
+    (process minus the rest: helper threads, hand-offs; the exporter's own ``other`` row is
+    recomputed over the same window from the process total)."""
     if not seconds or "process" not in after or "process" not in before:
         return {}
-    out = {k: (after[k] - before.get(k, 0.0)) / seconds * 1000 for k in after if k != "process"}
+    out = {k: (after[k] - before.get(k, 0.0)) / seconds * 1000 for k in after if k not in ("process", "other")}
     total = (after["process"] - before["process"]) / seconds * 1000
     out["other"] = total - sum(out.values())
     out["total"] = total

@@ -278,12 +278,13 @@ def issue17_table(r: dict) -> str | None:
     node_paced = {n: s["paced"]["node"]["cpu_s"] / s["paced"]["node"]["seconds"] for n, s in sizes.items()}
     rss = {n: s["rss_bytes"]["ours"] / MB for n, s in sizes.items()}
     per_card, node_card, rss_card = _per_card(paced), _per_card(node_paced), _per_card(rss)
-    stages = [st for st in ("poll", "map", "fast_poll", "fast_map", "indicators", "render", "other", "total")
+    stages = [st for st in ("poll", "map", "fast_poll", "fast_map", "indicators", "render", "event_loop", "other",
+                                "total")
               if any(st in s.get("stages_ms_per_s", {}) for s in sizes.values())]
     if stages:
         srows = [[st, *[_f(sizes[n].get("stages_ms_per_s", {}).get(st), ".1f") for n in cols]] for st in stages]
         out += "\n" + _table("where ours' CPU goes in the same window, ms per second (its stage_cpu_seconds_total "
-                             "self-metrics; other = event loop, HTTP, garbage collector, pcie_bw threads)",
+                             "self-metrics; event_loop = asyncio and HTTP, other = helper threads and hand-offs)",
                              ["stage", *[f"{n} cards" for n in cols]], srows)
     if per_card is not None:
         out += (f"\nper card per second of sampling (slope smallest->largest size, full poll 1 s + fast polls (default 500 ms) + "

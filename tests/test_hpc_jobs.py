@@ -1,6 +1,6 @@
 """HPC (Slurm) job mapping: both file formats, hostile files refused with a count, and the
-running exporter showing a job within one poll of the file and dropping it within one poll of
-its removal (gpu_job_info, a join).  The real Slurm run is tests/test_slurm_jobs.py."""
+running exporter showing a job within a refresh period and a poll of the file and dropping it as
+soon after its removal (gpu_job_info, a join); renders read no file (the reader's last read).  The real Slurm run is tests/test_slurm_jobs.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 import stat
 import threading
 import time
+import types
 
 import pytest
 
@@ -135,11 +136,15 @@ def _last_success(text: str) -> float:
     return min(values) if values else 0.0
 
 
-def scrape_after(server, t: float) -> str:
-    """The first /metrics rendered from a poll that ended after ``t``: the render after that
-    poll read the mapping directory after ``t`` (one poll later at most)."""
-    return wait_until(lambda: (lambda body: body if _last_success(body) > t else None)(
-        http_get(server.url + "/metrics").text), 20, what=f"a poll after {t}")
+REFRESH = 0.25  # enrich.hpc_jobs.refresh_seconds of the running exporters here
+
+
+def scrape_after(server, t: float, ok=lambda body: True) -> str:  # noqa: ANN001
+    """A /metrics rendered from a poll that ended a refresh period after ``t`` (the reader has
+    read the directory since ``t`` by then, unless this busy machine held its thread back: then
+    a later one) for which ``ok`` holds."""
+    return wait_until(lambda: (lambda body: body if _last_success(body) > t + REFRESH and ok(body) else None)(
+        http_get(server.url + "/metrics").text), 20, what=f"a poll after {t} + {REFRESH}")
 
 
 @pytest.fixture
@@ -148,7 +153,7 @@ def exporter_with_jobs(tmp_path):
     jobs.mkdir()
     cfg = tmp_path / "config.yml"
     cfg.write_text(f"enrich:\n  cloud: {{enabled: false}}\n  hpc_jobs:\n    directory: {jobs}\n"
-                   f"    vendors: [nvidia]\n")
+                   f"    vendors: [nvidia]\n    refresh_seconds: {REFRESH}\n")
     with ProcessSet() as procs:
         server = start_exporter(procs, tmp_path, ["--simulate", "--poll.interval", "250ms",
                                                   "--config.file", str(cfg)])
@@ -166,7 +171,7 @@ def test_a_job_appears_within_one_poll_and_leaves_within_one_poll(exporter_with_
     (jobs / ".0.tmp").write_text("1001\n")
     os.replace(jobs / ".0.tmp", jobs / "0")
     (jobs / "1.3").write_text(json.dumps({**DME, "SLURM_JOB_ID": "1002"}))
-    lines = _job_lines(scrape_after(server, t + 0.01))
+    lines = _job_lines(scrape_after(server, t + 0.01, lambda b: len(_job_lines(b)) == 2))
     assert len(lines) == 2, lines
     assert any('gpu="0"' in ln and 'job_id="1001"' in ln and 'vendor="nvidia"' in ln
                and "job_user" not in ln for ln in lines)
@@ -178,13 +183,13 @@ def test_a_job_appears_within_one_poll_and_leaves_within_one_poll(exporter_with_
     t = time.time()
     (jobs / "0").write_text("0\n")
     (jobs / "1.3").unlink()
-    assert _job_lines(scrape_after(server, t + 0.01)) == []
+    assert _job_lines(scrape_after(server, t + 0.01, lambda b: not _job_lines(b))) == []
 
     # a hostile file is refused and counted, the good one beside it still served
     t = time.time()
     os.mkfifo(jobs / "2")
     (jobs / "0").write_text("1003\n")
-    body = scrape_after(server, t + 0.01)
+    body = scrape_after(server, t + 0.01, lambda b: 'job_id="1003"' in b)
     assert [re.search(r'job_id="(\d+)"', ln).group(1) for ln in _job_lines(body)] == ["1003"]
     refused = re.search(r'unified_gpu_exporter_hpc_job_files_refused_total\{reason="not_regular"\} (\S+)', body)
     assert refused and float(refused.group(1)) >= 1
@@ -202,6 +207,53 @@ def test_docs_name_every_refusal_reason_and_option():
     script = (REPO / "deploy" / "slurm" / "gpu-job-map.sh").read_text()
     for line in ("PrologFlags=Alloc", "Prolog=/etc/slurm/prolog.d/*", "Epilog=/etc/slurm/epilog.d/*"):
         assert line in text and line in script, line
+
+
+# ------------------------------------------------------------------------------- the reader
+
+def _options(directory, refresh: float):  # noqa: ANN001
+    from exporter.enrich.options import HpcJobsOptions
+
+    extra = {"refresh_seconds": refresh} if "refresh_seconds" in HpcJobsOptions.model_fields else {}
+    return HpcJobsOptions(directory=str(directory), **extra)
+
+
+def test_renders_read_the_directory_at_most_once_per_refresh_period(tmp_path, monkeypatch):
+    """Renders (up to four a poll interval) serve the reader's last read, not a read each."""
+    (tmp_path / "0").write_text("11\n")
+    reads: list[str] = []
+    real = hpc_jobs.read_dir
+    monkeypatch.setattr(hpc_jobs, "read_dir", lambda d, n=256: reads.append(d) or real(d, n))
+
+    class Store:
+        def info_devices(self):
+            return [("nvml", types.SimpleNamespace(id=("nvidia", "0", "GPU-a")))]
+
+    options = _options(tmp_path, 600.0)  # no periodic read during the test
+    try:
+        for _ in range(8):
+            _, info = hpc_jobs.job_info(options, Store(), {}, {})
+        assert list(info.values()) == [{("gpu_job_info", (("job_id", "11"),)): 1.0}]
+        assert len(reads) == 1, reads
+        hpc_jobs.job_info(_options(tmp_path, 600.0), Store(), {}, {})  # a reload's options: read at once
+        assert len(reads) == 2, reads
+    finally:
+        hpc_jobs.job_info(None, Store(), {}, {})
+
+
+def test_the_reader_refreshes_on_its_own_and_stops_with_the_section(tmp_path):
+    options = _options(tmp_path, 0.1)
+    reader = hpc_jobs.JobReader()
+    try:
+        assert reader.mapping(options).jobs == {}
+        (tmp_path / "0").write_text("12\n")  # a prolog, no render asking
+        wait_until(lambda: reader._mapping.jobs, 20, what="the reader's next read")
+        assert reader.mapping(options).jobs == {("0", ""): (Job("12"),)}
+    finally:
+        reader.stop()
+    done = reader.reads
+    time.sleep(0.3)  # three refresh periods: a stopped reader reads no more
+    assert reader.reads == done
 
 
 # ----------------------------------------------------------- the optional per-series hpc_job label
@@ -227,13 +279,13 @@ def test_series_label_on_request_in_the_running_exporter(tmp_path):
     jobs.mkdir()
     cfg = tmp_path / "config.yml"
     cfg.write_text(f"enrich:\n  cloud: {{enabled: false}}\n  hpc_jobs:\n    directory: {jobs}\n"
-                   f"    vendors: [nvidia]\n    series_label: true\n")
+                   f"    vendors: [nvidia]\n    series_label: true\n    refresh_seconds: {REFRESH}\n")
     with ProcessSet() as procs:
         server = start_exporter(procs, tmp_path, ["--simulate", "--poll.interval", "250ms",
                                                   "--config.file", str(cfg)])
         t = time.time()
         (jobs / "0").write_text("777\n")
-        body = scrape_after(server, t + 0.01)
+        body = scrape_after(server, t + 0.01, lambda b: 'hpc_job="777"' in b)
         util = [ln for ln in body.splitlines() if ln.startswith("gpu_compute_utilization_percent{")]
         labelled = [ln for ln in util if 'hpc_job="777"' in ln]
         assert labelled and all('vendor="nvidia"' in ln and 'gpu="0"' in ln for ln in labelled), util

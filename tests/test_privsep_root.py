@@ -109,7 +109,8 @@ def test_the_serving_process_holds_no_capability_while_the_count_works(tmp_path,
             got.clear()
             got.update(_families(http_get(exporter.url + "/metrics").text))
             return got.get(("gpu_contention_evidence_info", (("evidence", "clients"), ("gpu", "1"), ("reason", ""),
-                                                              ("source", "fdinfo"), ("uuid", ""), ("vendor", "amd"))))
+                                                              ("source", "fdinfo"), ("uuid", f"pci-{PDEV}"),
+                                                              ("vendor", "amd"))))
         wait_until(counted, 20)
         assert got[("unified_gpu_exporter_privilege_separated", (("source", "fdinfo"),))] == 1.0
         server = exporter.proc.pid

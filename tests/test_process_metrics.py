@@ -6,9 +6,10 @@ import asyncio
 import os
 import re
 import resource
+import threading
 import time
 
-from exporter.render import process_metrics
+from exporter.render import cpustats, process_metrics
 from exporter.run.daemon import Daemon, Settings
 
 
@@ -45,7 +46,41 @@ def test_exposition_has_process_metrics_and_stage_cpu(tmp_path):
     assert any('stage="map"' in k for k in stages) and any('stage="indicators"' in k for k in stages)
     assert all(v >= 0 for v in stages.values())
     cpu = _values(text, "process_cpu_seconds_total")[""]
-    assert sum(stages.values()) <= cpu
+    assert {'{stage="event_loop"}', '{stage="other"}'} <= stages.keys(), stages
+    # the rows add up to the process's CPU (the ticks of os.times against the threads' clocks)
+    assert abs(sum(stages.values()) - cpu) <= 0.02, (stages, cpu)
+
+
+def _burn(seconds: float) -> float:
+    """Spin until this thread used ``seconds`` of CPU; the CPU it used."""
+    c0 = time.thread_time()
+    while time.thread_time() - c0 < seconds:
+        sum(range(1000))
+    return time.thread_time() - c0
+
+
+def _row(rows: list, stage: str) -> float:
+    return next(s for st, src, s in rows if st == stage and not src)
+
+
+def test_cpu_outside_the_stages_is_counted_where_it_ran():
+    """CPU on the event loop thread outside a stage is event_loop; on a helper thread, other;
+    a stage on the event loop thread is not counted twice."""
+    before = cpustats.snapshot(time.process_time())
+    _burn(0.05)  # the main thread outside any stage: the event loop's share
+    c0 = cpustats.clock()
+    _burn(0.05)
+    cpustats.add("indicators", "", cpustats.clock() - c0)
+    helper = threading.Thread(target=_burn, args=(0.05,))
+    helper.start()
+    helper.join()
+    after = cpustats.snapshot(time.process_time())
+    grew = {k: _row(after, k) - _row(before, k) for k in ("event_loop", "other", "indicators")}
+    assert grew["indicators"] >= 0.05
+    assert 0.05 <= grew["event_loop"] < 0.1, grew  # its own burn, not the stage's
+    assert grew["other"] >= 0.045, grew  # the helper thread
+    total = sum(s for _, _, s in after)
+    assert abs(total - time.process_time()) < 0.05
 
 
 def test_content_types_are_prometheus_clients():

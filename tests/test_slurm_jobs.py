@@ -1,7 +1,7 @@
 """A real Slurm on this machine (Debian's slurmctld, slurmd, munge; one node with GRES gpu on
 device nodes made for the test) runs deploy/slurm/gpu-job-map.sh as its Prolog and Epilog
 (PrologFlags=Alloc): a job's id, user, partition and cluster appear on its GPU's gpu_job_info
-within one poll of the prolog and leave within one poll of the epilog, in both file formats.
+within a refresh period and a poll of the prolog and leave as soon after the epilog, in both formats.
 
 Everything listens on 127.0.0.1 on free ports; the daemons run in the foreground in their own
 sessions and are stopped at the end."""
@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, require_binary
 from tests.e2e_util import ProcessSet, Server, free_port, http_get, start_exporter, wait_until
-from tests.test_hpc_jobs import _job_lines, scrape_after
+from tests.test_hpc_jobs import REFRESH, _job_lines, scrape_after
 
 SCRIPT = REPO / "deploy" / "slurm" / "gpu-job-map.sh"
 
@@ -110,7 +110,7 @@ def test_a_slurm_jobs_gpu_shows_its_job_from_prolog_to_epilog(slurm, tmp_path_fa
     tmp = tmp_path_factory.mktemp("exporter")
     cfg = tmp / "config.yml"
     cfg.write_text(f"enrich:\n  cloud: {{enabled: false}}\n  hpc_jobs:\n    directory: {jobs}\n"
-                   f"    vendors: [nvidia]\n")
+                   f"    vendors: [nvidia]\n    refresh_seconds: {REFRESH}\n")
     with ProcessSet() as procs:
         server = start_exporter(procs, tmp, ["--simulate", "--poll.interval", "250ms", "--config.file", str(cfg)])
         for n, fmt in enumerate(("json", "dcgm")):
@@ -123,7 +123,7 @@ def test_a_slurm_jobs_gpu_shows_its_job_from_prolog_to_epilog(slurm, tmp_path_fa
             assert job.isdigit(), job
             # the prolog wrote the mapping file of the job's GPU (Slurm gives GPU 0 first)
             wait_until(lambda: (jobs / "0").exists(), 60, interval=0.2, what=f"the prolog of job {job} ({fmt})")
-            lines = _job_lines(scrape_after(server, time.time()))
+            lines = _job_lines(scrape_after(server, time.time(), lambda b: _job_lines(b) != []))
             assert len(lines) == 1, lines
             line = lines[0]
             assert 'vendor="nvidia"' in line and 'gpu="0"' in line and f'job_id="{job}"' in line, line
@@ -135,6 +135,6 @@ def test_a_slurm_jobs_gpu_shows_its_job_from_prolog_to_epilog(slurm, tmp_path_fa
             # the job ends; the epilog clears the file
             release.touch()
             wait_until(lambda: not (jobs / "0").exists(), 60, interval=0.2, what=f"the epilog of job {job} ({fmt})")
-            assert _job_lines(scrape_after(server, time.time())) == []
+            assert _job_lines(scrape_after(server, time.time(), lambda b: _job_lines(b) == [])) == []
         body = http_get(server.url + "/metrics").text
         assert re.search(r'hpc_job_files_refused_total\{reason="malformed"\} 0', body), "a file of ours refused"

@@ -14,9 +14,10 @@ The content decides the format, file by file.  The directory is input another us
 every file is read through ``safefile`` (a symlink is never followed, a FIFO or device is
 refused, at most ``MAX_FILE_BYTES`` are read), at most ``max_files`` names are looked at, and
 a file that is refused or does not parse is skipped and counted by reason
-(``unified_gpu_exporter_hpc_job_files_refused_total``).  The directory is read again on every
-render, so a job appears within one poll of its prolog and leaves within one poll of its epilog;
-nothing is remembered between reads, so no job outlives its file.
+(``unified_gpu_exporter_hpc_job_files_refused_total``).  ``JobReader`` reads the directory every
+``refresh_seconds`` on its own thread (and at once after a load or reload) and renders serve its
+last read, so a job appears within ``refresh_seconds`` and one poll of its prolog and leaves as
+soon after its epilog; nothing is remembered between reads, so no job outlives its file by more.
 
 What is served is a join, one ``gpu_job_info`` series per GPU (or MIG instance) and job, never a
 copy of every series per job.
@@ -54,9 +55,9 @@ HELP: dict[str, tuple[str, str]] = {
                    "(never followed), not_regular (a FIFO, device, socket or directory with a GPU's name), "
                    "too_large, malformed (not a job id per line nor a JSON object with SLURM_JOB_ID), "
                    "unreadable, too_many_files (the read stopped after max_files GPU names or 8 x max_files "
-                   "entries). Counted on every read of the directory, once per render."),
+                   "entries). Counted on every read of the directory (every refresh_seconds)."),
     "hpc_job_mapping_up": (
-        "gauge", "1 when the HPC job mapping directory (enrich.hpc_jobs) was read on the last render, 0 when "
+        "gauge", "1 when the HPC job mapping directory (enrich.hpc_jobs) was read on its last read, 0 when "
                  "it is missing or cannot be opened (then no GPU shows a job)."),
 }
 
@@ -208,7 +209,7 @@ def info_series(mapping: Mapping, devices: list[DeviceId], vendors: frozenset[st
 
 
 class JobStats:
-    """What the last reads counted, for the self-metrics (one writer: the render thread)."""
+    """What the reads counted, for the self-metrics (written by ``JobReader``)."""
 
     def __init__(self) -> None:
         self.enabled = False
@@ -281,15 +282,66 @@ def series_labelers(mapping: Mapping, devices: list[DeviceId], vendors: frozense
     return out
 
 
+class JobReader:
+    """Reads the mapping directory every ``refresh_seconds`` on its own thread, so a render (up
+    to four a poll interval) reads no file: it takes the last ``Mapping``.  The options of a
+    (re)load start a fresh reader that reads once at once, so the first render has the jobs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._options = None  # the HpcJobsOptions being read
+        self._stop: threading.Event | None = None
+        self._mapping = Mapping({}, Counter(), False)
+        self.reads = 0
+
+    def mapping(self, options) -> Mapping:  # noqa: ANN001 - HpcJobsOptions
+        """The last read of ``options.directory`` (read now when ``options`` are new)."""
+        with self._lock:
+            if options is not self._options:
+                self._restart(options)
+            return self._mapping
+
+    def _restart(self, options) -> None:  # noqa: ANN001 - under the lock
+        self._halt()
+        self._options, stop = options, threading.Event()
+        self._stop = stop
+        self._keep(read_dir(options.directory, options.max_files))
+        threading.Thread(target=self._loop, args=(options, stop), name="hpc-jobs", daemon=True).start()
+
+    def _loop(self, options, stop: threading.Event) -> None:  # noqa: ANN001
+        while not stop.wait(options.refresh_seconds):
+            mapping = read_dir(options.directory, options.max_files)  # a render never waits for it
+            with self._lock:
+                if stop.is_set():
+                    return  # replaced (a reload) or stopped meanwhile: not served, not counted
+                self._keep(mapping)
+
+    def _keep(self, mapping: Mapping) -> None:
+        STATS.add(mapping)
+        self._mapping, self.reads = mapping, self.reads + 1
+
+    def _halt(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        self._options, self._stop = None, None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._halt()
+
+
+READER = JobReader()
+
+
 def job_info(options, store, per_device: dict, info: Frames) -> tuple[dict, Frames]:  # noqa: ANN001
     """Pod attribution's (labelers, gpu_pod_info series) with the ``gpu_job_info`` series of the
-    GPUs in ``store`` (``options``: HpcJobsOptions | None), read from ``options.directory`` now,
-    and with ``series_label`` the ``hpc_job`` labelers."""
+    GPUs in ``store`` (``options``: HpcJobsOptions | None), from ``READER``'s last read of
+    ``options.directory``, and with ``series_label`` the ``hpc_job`` labelers."""
     if options is None:
+        READER.stop()
         STATS.enabled = False  # no section (any more, after a reload): no self-metrics
         return per_device, info
-    mapping = read_dir(options.directory, options.max_files)
-    STATS.add(mapping)
+    mapping = READER.mapping(options)
     vendors = frozenset(options.vendors) if options.vendors else None
     devices = [dev.id for _, dev in store.info_devices()]
     if options.series_label:

@@ -116,6 +116,8 @@ class HpcJobsOptions(_Strict):
         "which GPUs a file's index names; empty: every vendor's GPU of that index"))
     max_files: int = Field(256, ge=1, le=4096, description=(
         "GPU files read at most (8 GPUs x 7 MIG instances = 56 files)"))
+    refresh_seconds: float = Field(1.0, ge=0.1, le=600, allow_inf_nan=False, description=(
+        "how often the directory is read, on its own thread; renders serve the last read"))
     series_label: bool = Field(False, description=(
         "dcgm-exporter's per-series hpc_job label on every series of a GPU a job holds (docs/jobs.md: its "
         "cost)"))

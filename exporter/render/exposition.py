@@ -155,12 +155,13 @@ class Renderer:
         for name, labels, value in (*otlp_stats.STATS.samples(), *server_stats.STATS.samples(),
                                      *hpc_jobs.STATS.samples()):
             add(name, labels, value)
-        for stage, source, seconds in cpustats.snapshot():
+        proc = process_metrics.sample()
+        for stage, source, seconds in cpustats.snapshot(proc["process_cpu_seconds_total"]):
             add("stage_cpu_seconds_total", {"stage": stage, "source": source} if source else {"stage": stage},
                 seconds)
         filt = self.series_filter
         own = [f for n, f in fams.items() if f.samples and (filt is None or filt.family(SELF + n))]
-        for name, value in process_metrics.sample().items():
+        for name, value in proc.items():
             typ, doc = process_metrics.HELP[name]
             if filt is None or filt.family(name):
                 fam = _family(name, typ, doc, "")

@@ -116,9 +116,10 @@ DECLARED: tuple[SelfMetric, ...] = (
             "0 when it runs in the serving process (which then holds no capability either).", from_poll=True),
     SelfMetric("stage_cpu_seconds_total", "counter",
                "CPU seconds spent per stage of the pipeline (poll, map, fast_poll, "
-               "fast_map per source; indicators, render), as of the last render. "
-               "process_cpu_seconds_total minus their sum is the event loop, HTTP "
-               "serving, the garbage collector and helper threads.", ("stage", "source")),
+               "fast_map per source; indicators, render), as of the last render; "
+               "event_loop is the event loop thread outside those stages (asyncio, "
+               "HTTP serving), other the rest of process_cpu_seconds_total (helper "
+               "threads, hand-offs between threads): the rows add up to it.", ("stage", "source")),
     *_optional(otlp_stats.HELP, {"otlp_exports_total": ("result",)}),  # with exporters.otlp enabled
     *_optional(server_stats.HELP, {"web_config_reloads_total": ("result",)}),  # a web config / connection guard
     *_optional(hpc_jobs.HELP, {"hpc_job_files_refused_total": ("reason",)}),  # with enrich.hpc_jobs

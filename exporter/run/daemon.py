@@ -37,7 +37,7 @@ from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
 from .reload_carry import carry_indicator_state, carry_mapper_state, carry_source_state
-from .runner import REOPEN_INTERVAL, SourceRunner, build_runner
+from .runner import REOPEN_INTERVAL, SourceRunner, build_runner, polls_settled
 from .settings import Settings
 from .worker import Worker
 
@@ -177,10 +177,10 @@ class Daemon:
 
     async def _render_loop(self) -> None:
         assert self._dirty is not None
-        last_version = -1
-        renders = 0
+        last_version, renders = -1, 0
         while not self._stopping:
             await self._dirty.wait()
+            await polls_settled(self.runtimes, min(self.poll_interval, 1.0) / 4)  # one render a round
             self._dirty.clear()
             version = self.store.version
             if version != last_version or self.rendered is None:

@@ -72,6 +72,7 @@ class SourceRunner:
     pending: asyncio.Future | None = None       # the last open/poll call
     fast_pending: asyncio.Future | None = None  # the last poll_fast call
     stopped: bool = False
+    polling: asyncio.Future | None = None  # a full poll of ``loop`` in flight (done once published)
     polled_at: float = float("-inf")  # monotonic time of the last successful full poll
     malformed_logged: float = float("-inf")  # monotonic time of the last malformed-value line
     malformed_since: int = 0  # malformed readings counted since that line
@@ -207,8 +208,12 @@ class SourceRunner:
         """Poll every ``interval``; ``polled(name)`` after each poll (the render cycle wakes)."""
         tick = Ticker(self.interval)
         while not self.stopped:
-            await self.poll_once()
-            polled(self.state.name)
+            self.polling = asyncio.get_running_loop().create_future()
+            try:
+                await self.poll_once()
+                polled(self.state.name)
+            finally:
+                self.polling.set_result(None)
             if self.stats.state == "absent":
                 return  # on by default, backend not on this node: the source stays off
             if self.backend_missing:  # asked for (or up before): retry now and then, stay down
@@ -273,6 +278,15 @@ class SourceRunner:
             except Exception as exc:  # noqa: BLE001
                 log.warning("source close failed", extra={"source": self.state.name, "reason": str(exc)})
         self.worker.stop()
+
+
+async def polls_settled(runtimes: list[SourceRunner], limit: float) -> None:
+    """Wait, at most ``limit`` seconds, for the full polls in flight to be published: sources
+    polling at one interval start together, so the render after the first of them waits for
+    the others and a round of polls is rendered once, not once per source."""
+    flying = {rt.polling for rt in runtimes if rt.polling is not None and not rt.polling.done()}
+    if flying:
+        await asyncio.wait(flying, timeout=limit)
 
 
 def build_runner(col: Collector, explicit: bool, context: SourceContext, mappings: MappingSet,

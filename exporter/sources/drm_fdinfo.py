@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from .base import Device, PollResult, SourceBase, SourceUnavailable
+from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .evidence import mark, visibility
 from .fdinfo_parser import FdinfoRecord, normalize_pdev
@@ -159,6 +159,9 @@ class DrmFdinfoSource(SourceBase):
     """Per-process engine utilization and memory from ``/proc/*/fdinfo`` (all DRM drivers)."""
 
     name: ClassVar[str] = "fdinfo"
+    # its cards are the GPUs a native source (amdgpu, intel) reads: it borrows their identity by
+    # PCI address, so its client counts land on those GPUs (docs/detection.md)
+    abilities: ClassVar[Abilities] = Abilities(provides_identity=False)
 
     def __init__(self, context: SourceContext = DEFAULT_CONTEXT, *,
                  clock: Callable[[], float] | None = None) -> None:

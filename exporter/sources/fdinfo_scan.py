@@ -249,8 +249,8 @@ class FdScanner:
                 if not listed_all:
                     return found  # a large table: its listing goes on next poll
                 # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
-                # (BOGO_DIRENT_SIZE, 20 a name: the benches' fixture procfs)
-                st.size = size if size and size in (len(nums), 20 * len(nums)) else 0
+                # (BOGO_DIRENT_SIZE, 20 a name and 40 for "." and "..": the benches' fixture procfs)
+                st.size = size if size and size in (len(nums), 20 * (len(nums) + 2)) else 0
                 if not verify and st.done and array("i", nums) == st.known:
                     self._finish(st, now, False, pid)  # the common check: the same fd numbers
                     return found
