@@ -36,11 +36,28 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as fh:
-        stat = fh.read()
-    fields = stat[stat.rindex(")") + 2:].split()  # comm may hold spaces: cut after ')'
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+    """utime + stime of the process (all threads) and of every process it runs: its live
+    descendants (the privilege-separated counting process, an import worker) and the ones it has
+    reaped (cutime + cstime), in seconds.  A process that runs part of its work in a child is
+    measured whole."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                stat = fh.read()
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue  # it exited meanwhile: its parent's cutime has it once reaped
+        fields = stat[stat.rindex(")") + 2:].split()  # comm may hold spaces: cut after ')'
+        total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (stat(5) 14-17)
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+            except OSError:
+                pass
+    return total / CLK_TCK
 
 
 def rss_bytes(pid: int) -> int:
