@@ -108,8 +108,23 @@ class PrefixCache:
         return len(self._prefix) + len(self._previous)
 
 
+_HEADERS: dict[tuple[str, str, str, str, bool], str] = {}  # built once per family, like the prefixes
+MAX_HEADERS = 10_000
+
+
 def header(fam: Family, openmetrics: bool) -> str:
-    """The ``# HELP`` / ``# TYPE`` (and OpenMetrics ``# UNIT``) lines of a family."""
+    """The ``# HELP`` / ``# TYPE`` (and OpenMetrics ``# UNIT``) lines of a family (cached: the
+    families hardly change between expositions, and their help texts are long)."""
+    key = (fam.name, fam.type, fam.help, fam.unit, openmetrics)
+    text = _HEADERS.get(key)
+    if text is None:
+        if len(_HEADERS) >= MAX_HEADERS:
+            _HEADERS.clear()
+        text = _HEADERS[key] = _header(fam, openmetrics)
+    return text
+
+
+def _header(fam: Family, openmetrics: bool) -> str:
     if openmetrics:
         head = fam.name
         text = f"# HELP {head} {_escape_help(fam.help, True)}\n# TYPE {head} {fam.type}\n"
