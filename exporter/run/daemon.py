@@ -32,7 +32,13 @@ from ..sources.context import SourceContext
 from ..sources.registry import Collector
 from ..yamlfile import ConfigError
 from . import gctune
-from .collector_policy import collector_options, enabled_collectors, interval_and_timeout, none_up_message
+from .collector_policy import (
+    collector_options,
+    counts_fdinfo,
+    enabled_collectors,
+    interval_and_timeout,
+    none_up_message,
+)
 from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
@@ -81,9 +87,10 @@ class Daemon:
         self.otlp = OtlpOutput(gctune.after_warmup)  # exporters.otlp: pushes the rendered cycles (exporter/otlp/)
 
     # ---------------------------------------------------------------- loading
-    def load(self) -> None:
-        """Load config, schema and mappings; raise ConfigError without touching running state."""
-        self._apply_loaded(self._prepare())
+    def load(self, loaded: Loaded | None = None) -> None:
+        """Load config, schema and mappings (or apply ``loaded``, read by ``loading.prepare``
+        already); raise ConfigError without touching running state."""
+        self._apply_loaded(loaded or self._prepare())
 
     def _load_once(self) -> None:
         """start() and run_once() load unless the caller already did (the CLI loads first to
@@ -348,6 +355,9 @@ class Daemon:
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()
         log.info("configuration reloaded")
+        if counts_fdinfo(self.settings, self.config):  # off at start: its capabilities are gone
+            from ..privsep.counter import warn_if_count_unprivileged
+            warn_if_count_unprivileged()
         self._start_tasks()
         return True
 
