@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import load_config
+from exporter.privsep.caps import capabilities
 from exporter.privsep.counter import held
 from exporter.run.collector_policy import counts_fdinfo
 from exporter.run.settings import Settings
@@ -88,6 +89,7 @@ def test_with_the_fdinfo_count_off_no_counting_process_starts_and_nothing_is_hel
         server = exporter.proc.pid
         assert _children(server) == []  # no counting process
         assert held(str(server)) == NONE  # dropped all the same (fail closed)
+        assert capabilities(str(server))["CapBnd"] == 0  # root: the bounding set too (CAP_SETPCAP)
         assert SEPARATED not in samples  # no fdinfo source scans
     assert "no DRM fdinfo client count is configured: no counting process starts" in exporter.log_path.read_text()
 
@@ -100,6 +102,7 @@ def test_with_the_fdinfo_count_on_the_counting_process_starts(tmp_path):
         server = exporter.proc.pid
         assert len(_children(server)) == 1  # the counting process's supervisor
         assert held(str(server)) == NONE
+        assert capabilities(str(server))["CapBnd"] == 0
 
 
 # the CLI in a process of its own with an audit hook that reports every process it starts
@@ -111,6 +114,7 @@ def hook(event, args):
 sys.addaudithook(hook)
 from exporter.cli import main
 from exporter.config import load_config
+from exporter.privsep.caps import capabilities
 from exporter.privsep.counter import held
 from exporter.run.collector_policy import counts_fdinfo
 from exporter.run.settings import Settings

@@ -271,6 +271,12 @@ def drop_all() -> None:
     libc = _libc()
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})")
+    caps = capabilities("thread-self")
+    prm, inh = caps.get("CapPrm", 0), caps.get("CapInh", 0)  # effective = permitted again (lower_effective
+    data = (ctypes.c_uint32 * 6)(prm & 0xFFFFFFFF, prm & 0xFFFFFFFF, inh & 0xFFFFFFFF,  # emptied it): a
+                                 prm >> 32, prm >> 32, inh >> 32)  # held CAP_SETPCAP drops the bounding set
+    if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), data) != 0:
+        raise OSError(f"capset failed (errno {ctypes.get_errno()})")
     if capabilities().get("CapEff", 0) & (1 << 8):  # CAP_SETPCAP: the bounding set can go too
         for cap in range(64):
             libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
