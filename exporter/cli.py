@@ -17,6 +17,7 @@ from .run.baseline_file import check_state_dir
 from .run.collector_policy import counts_fdinfo
 from .run.daemon import Daemon
 from .run.loading import Loaded, prepare
+from .run.oneshot import list_devices, run_once
 from .run.settings import Settings
 from .yamlfile import ConfigError
 
@@ -128,17 +129,6 @@ async def _bounded(coro, timeout: float) -> None:
         pass
 
 
-async def _list_devices(daemon: Daemon) -> int:
-    daemon.build_runtimes()
-    for rt in daemon.runtimes:
-        await daemon.poll_once(rt)
-    found = daemon.store.info_devices()
-    for source, dev in found:
-        print(f"{source}\t{dev.vendor}\t{dev.index}\t{dev.model}\t{dev.uuid}\t{dev.pci_bus_id}")
-    await daemon._close_sources(daemon.runtimes)
-    return 0 if found else 1
-
-
 def _run(coro) -> int:
     try:
         import uvloop  # noqa: F401
@@ -193,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         daemon = Daemon(settings)
         daemon.load(loaded)
         if args.once:
-            text, rc = _run(daemon.run_once())
+            text, rc = _run(run_once(daemon))
 
             def write() -> int:
                 sys.stdout.buffer.write(text)
@@ -201,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 return rc
             return _quiet_broken_pipe(write)
         if args.list_devices:
-            return _run(_list_devices(daemon))
+            return _run(list_devices(daemon))
         # modules, schema, mappings and config are loaded for good: out of the cyclic
         # collector's generations, and its passes spaced out (exporter/run/gctune.py says why)
         gctune.after_load()
