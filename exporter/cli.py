@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _lower_effective() -> None:
-    from .privsep.counter import lower_effective
+    from .privsep.caps import lower_effective
 
     lower_effective()
 

@@ -133,8 +133,8 @@ UNIT_UID = 61235  # a uid in systemd's DynamicUser range, as the unit runs the e
 UNIT_CHECK = """
 import json, os, sys
 from pathlib import Path
-from exporter.privsep.caps import capabilities
-from exporter.privsep.counter import held, lower_effective, separate
+from exporter.privsep.caps import capabilities, lower_effective
+from exporter.privsep.counter import held, separate
 from exporter.sources.fdinfo_records import LocalScanner
 procfs, sysfs = Path(sys.argv[1]), Path(sys.argv[2])
 before = held()

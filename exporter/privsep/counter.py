@@ -32,7 +32,6 @@ reads what an unprivileged process can see (a warning says why).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import socket
@@ -48,7 +47,7 @@ from ..sources import fdinfo_records
 from ..sources.fdinfo_parser import FdinfoRecord
 from ..sources.fdinfo_scan import ScanLimits
 from .answer import MAX_ANSWER_BYTES, BadAnswer, decode, frame, length
-from .caps import capabilities, child_env
+from .caps import capabilities, child_env, restrict
 from .child import BOOT
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -242,47 +241,12 @@ class RemoteScanner:
         pass
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    return libc
-
-
-def lower_effective() -> None:
-    """Empty this thread's effective set, keeping the permitted, inheritable and ambient ones:
-    the configuration (and everything the CLI reads before ``separate``) is read as the serving
-    process reads it at a reload, after ``drop_all``, while ``separate`` can still hand the
-    capabilities to the counting process (an ``execve`` gives them from the permitted, ambient
-    and bounding sets, not from the effective one).  OSError when the capset fails."""
-    caps = capabilities("thread-self")
-    prm, inh = caps.get("CapPrm", 0), caps.get("CapInh", 0)
-    if not caps.get("CapEff", 0):
-        return
-    data = (ctypes.c_uint32 * 6)(0, prm & 0xFFFFFFFF, inh & 0xFFFFFFFF, 0, prm >> 32, inh >> 32)
-    if _libc().capset((ctypes.c_uint32 * 2)(0x20080522, 0), data) != 0:
-        raise OSError(f"capset failed (errno {ctypes.get_errno()})")
-
-
 def drop_all() -> None:
     """No new privileges, no bounding set where it may, and every capability set empty, in
     every thread (there must be one only); OSError when anything is left."""
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         raise OSError("capabilities must be dropped before any thread starts (capabilities are per thread)")
-    libc = _libc()
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})")
-    caps = capabilities("thread-self")
-    prm, inh = caps.get("CapPrm", 0), caps.get("CapInh", 0)  # effective = permitted again (lower_effective
-    data = (ctypes.c_uint32 * 6)(prm & 0xFFFFFFFF, prm & 0xFFFFFFFF, inh & 0xFFFFFFFF,  # emptied it): a
-                                 prm >> 32, prm >> 32, inh >> 32)  # held CAP_SETPCAP drops the bounding set
-    if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), data) != 0:
-        raise OSError(f"capset failed (errno {ctypes.get_errno()})")
-    if capabilities().get("CapEff", 0) & (1 << 8):  # CAP_SETPCAP: the bounding set can go too
-        for cap in range(64):
-            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()) != 0:
-        raise OSError(f"capset failed (errno {ctypes.get_errno()})")
+    restrict(0)  # caps.SOURCE: the code the counting process and the import worker boot with
     left = {k: v for k, v in held().items() if v}
     if left:
         raise OSError(f"capabilities left after dropping them: {left}")
