@@ -14,7 +14,11 @@ from .logs import setup_logging
 from .run import gctune
 from .run.argparsing import DEFAULT_PORT, build_parser, settings_from
 from .run.baseline_file import check_state_dir
+from .run.collector_policy import counts_fdinfo
 from .run.daemon import Daemon
+from .run.loading import Loaded, prepare
+from .run.oneshot import list_devices, run_once
+from .run.settings import Settings
 from .yamlfile import ConfigError
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -125,18 +129,6 @@ async def _bounded(coro, timeout: float) -> None:
         pass
 
 
-async def _list_devices(daemon: Daemon) -> int:
-    daemon.load()
-    daemon.build_runtimes()
-    for rt in daemon.runtimes:
-        await daemon.poll_once(rt)
-    found = daemon.store.info_devices()
-    for source, dev in found:
-        print(f"{source}\t{dev.vendor}\t{dev.index}\t{dev.model}\t{dev.uuid}\t{dev.pci_bus_id}")
-    await daemon._close_sources(daemon.runtimes)
-    return 0 if found else 1
-
-
 def _run(coro) -> int:
     try:
         import uvloop  # noqa: F401
@@ -174,28 +166,24 @@ def main(argv: list[str] | None = None) -> int:
                          hint=f"add --simulate, e.g. --simulate {given[0][0]} {given[0][1]}")
     setup_logging(args.log_level, args.log_format)
     settings = settings_from(args)
-    counter = None
-    if not args.check_config:  # before any thread starts: the capabilities go to the counting process
-        from .privsep.counter import separate
-
-        try:
-            counter = separate(settings.procfs, settings.sysfs)
-        except OSError as exc:  # fail closed: no server with capabilities left
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    daemon = Daemon(settings)
     try:
+        if not args.check_config:  # read below as the serving process reads it after the drop
+            _lower_effective()
         if args.state_dir is not None:
             check_state_dir(args.state_dir)  # before anything reads or writes there
+        # configuration errors (file, line, field) are reported before any process or thread
+        # starts; nothing here starts one (capabilities are per thread: see privsep.counter)
+        loaded = prepare(settings)
+        if args.web_config is not None and not (args.once or args.list_devices):
+            _check_web_config(args.web_config)
         if args.check_config:
-            daemon.load()
-            if args.web_config is not None:
-                _check_web_config(args.web_config)
             print("configuration and mappings are valid")
             return 0
+        counter = _separate(settings, loaded, serving=not (args.once or args.list_devices))
+        daemon = Daemon(settings)
+        daemon.load(loaded)
         if args.once:
-            daemon.load()  # report config errors before any source starts
-            text, rc = _run(daemon.run_once())
+            text, rc = _run(run_once(daemon))
 
             def write() -> int:
                 sys.stdout.buffer.write(text)
@@ -203,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 return rc
             return _quiet_broken_pipe(write)
         if args.list_devices:
-            return _run(_list_devices(daemon))
-        daemon.load()
-        if args.web_config is not None:
-            _check_web_config(args.web_config)
+            return _run(list_devices(daemon))
         # modules, schema, mappings and config are loaded for good: out of the cyclic
         # collector's generations, and its passes spaced out (exporter/run/gctune.py says why)
         gctune.after_load()
@@ -221,6 +206,22 @@ def main(argv: list[str] | None = None) -> int:
                   "port with --web.listen-address=:<port> (make run ARGS=\"--web.listen-address=:<port>\")",
                   file=sys.stderr)
         return 1
+
+
+def _lower_effective() -> None:
+    from .privsep.caps import lower_effective
+
+    lower_effective()
+
+
+def _separate(settings: Settings, loaded: Loaded, serving: bool):
+    """Before any thread starts: the counting process holds the count capabilities where the
+    serving daemon counts DRM fdinfo clients; everywhere else (fdinfo off, ``processes: off``,
+    ``--once``, ``--list-devices``) nothing needs them and they are dropped, no process started.
+    OSError (fail closed, the CLI exits 1): a capability is left."""
+    from .privsep.counter import separate
+
+    return separate(settings.procfs, settings.sysfs, count=serving and counts_fdinfo(settings, loaded.config))
 
 
 def _quiet_broken_pipe(fn) -> int:

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from exporter.map.schema import default_mappings_dir
 from exporter.run.daemon import Daemon, Settings
+from exporter.run.oneshot import run_once
 from exporter.serve.server import make_app
 from exporter.sources import registry
 from tests import fault_sources
@@ -152,9 +153,9 @@ async def test_reload_keeps_running_config_when_new_one_is_invalid(mappings_dir,
 
 async def test_once_exits_nonzero_when_explicit_source_fails(mappings_dir, tmp_path, test_collectors):
     daemon = Daemon(settings(mappings_dir, tmp_path, ["good", "raising"], interval=0.05))
-    text, rc = await daemon.run_once()
+    text, rc = await run_once(daemon)
     assert rc == 1
     assert b"gpu_compute_utilization_percent" in text
     daemon = Daemon(settings(mappings_dir, tmp_path, ["good"], interval=0.05))
-    _, rc = await daemon.run_once()
+    _, rc = await run_once(daemon)
     assert rc == 0

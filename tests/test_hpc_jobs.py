@@ -229,26 +229,30 @@ def test_renders_read_the_directory_at_most_once_per_refresh_period(tmp_path, mo
         def info_devices(self):
             return [("nvml", types.SimpleNamespace(id=("nvidia", "0", "GPU-a")))]
 
-    options = _options(tmp_path, 600.0)  # no periodic read during the test
+    reader = hpc_jobs.JobReader()
+    reader.configure(_options(tmp_path, 600.0))  # no periodic read during the test
     try:
         for _ in range(8):
-            _, info = hpc_jobs.job_info(options, Store(), {}, {})
+            _, info = hpc_jobs.job_info(reader, Store(), {}, {})
         assert list(info.values()) == [{("gpu_job_info", (("job_id", "11"),)): 1.0}]
         assert len(reads) == 1, reads
-        hpc_jobs.job_info(_options(tmp_path, 600.0), Store(), {}, {})  # a reload's options: read at once
+        reader.configure(_options(tmp_path, 600.0))  # a reload's options: read at once
         assert len(reads) == 2, reads
     finally:
-        hpc_jobs.job_info(None, Store(), {}, {})
+        reader.configure(None)
+    assert hpc_jobs.job_info(reader, Store(), {}, {}) == ({}, {})  # no section: no job served
 
 
 def test_the_reader_refreshes_on_its_own_and_stops_with_the_section(tmp_path):
     options = _options(tmp_path, 0.1)
     reader = hpc_jobs.JobReader()
     try:
-        assert reader.mapping(options).jobs == {}
+        reader.configure(options)
+        assert reader.snapshot()[1].jobs == {}
         (tmp_path / "0").write_text("12\n")  # a prolog, no render asking
-        wait_until(lambda: reader._mapping.jobs, 20, what="the reader's next read")
-        assert reader.mapping(options).jobs == {("0", ""): (Job("12"),)}
+        wait_until(lambda: reader.snapshot()[1].jobs, 20, what="the reader's next read")
+        assert reader.snapshot() == (options, reader.snapshot()[1])
+        assert reader.snapshot()[1].jobs == {("0", ""): (Job("12"),)}
     finally:
         reader.stop()
     done = reader.reads
@@ -294,3 +298,60 @@ def test_series_label_on_request_in_the_running_exporter(tmp_path):
         t = time.time()
         (jobs / "0").unlink()
         assert "hpc_job=" not in scrape_after(server, t + 0.01)
+
+
+# ----------------------------------------------------------- the daemon owns the reader
+
+def _daemon_config(path, jobs, section: bool = True) -> None:
+    hpc = f"  hpc_jobs: {{directory: {jobs}, refresh_seconds: 600}}\n" if section else ""
+    path.write_text("enrich:\n  cloud: {enabled: false}\n" + hpc)
+
+
+async def test_the_daemon_starts_the_reader_restarts_it_at_a_reload_and_stops_it_at_shutdown(tmp_path):
+    """One owner: the daemon hands the reader its options before the first render (which has the
+    job), a reload's options restart it (a section removed stops it) and shutdown stops its thread."""
+    from exporter.run.daemon import Daemon, Settings
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text("11\n")
+    cfg = tmp_path / "config.yml"
+    _daemon_config(cfg, jobs)
+    daemon = Daemon(Settings(config_path=cfg, simulate="demo", poll_interval=0.2))
+    await daemon.start()
+    try:
+        first = daemon.enrichers.jobs.thread
+        assert first is not None and first.is_alive()
+        assert daemon.rendered is not None and b'gpu_job_info{' in daemon.rendered.text
+        assert await daemon.reload()  # new options (the same file): a fresh reader
+        second = daemon.enrichers.jobs.thread
+        assert second is not first and second is not None and second.is_alive()
+        wait_until(lambda: not first.is_alive(), 10, what="the replaced reader's thread to end")
+        _daemon_config(cfg, jobs, section=False)
+        assert await daemon.reload()
+        wait_until(lambda: not second.is_alive(), 10, what="the reader of a removed section to end")
+        _daemon_config(cfg, jobs)
+        assert await daemon.reload()
+        third = daemon.enrichers.jobs.thread
+        assert third is not None and third is not second and third.is_alive()
+    finally:
+        await daemon.stop()
+    wait_until(lambda: not third.is_alive(), 10, what="the reader's thread to end at shutdown")
+    assert daemon.enrichers.jobs.snapshot()[0] is None
+
+
+async def test_once_reads_the_jobs_and_leaves_no_reader_running(tmp_path):
+    from exporter.run.daemon import Daemon, Settings
+    from exporter.run.oneshot import run_once
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text("11\n")
+    cfg = tmp_path / "config.yml"
+    _daemon_config(cfg, jobs)
+    daemon = Daemon(Settings(config_path=cfg, simulate="demo", poll_interval=0.05))
+    text, _ = await run_once(daemon, cycles=1)
+    assert b'gpu_job_info{' in text and b'job_id="11"' in text
+    reader = daemon.enrichers.jobs.thread
+    assert reader is not None
+    wait_until(lambda: not reader.is_alive(), 10, what="the reader's thread to end after --once")

@@ -133,11 +133,12 @@ UNIT_UID = 61235  # a uid in systemd's DynamicUser range, as the unit runs the e
 UNIT_CHECK = """
 import json, os, sys
 from pathlib import Path
-from exporter.privsep.caps import capabilities
+from exporter.privsep.caps import capabilities, lower_effective
 from exporter.privsep.counter import held, separate
 from exporter.sources.fdinfo_records import LocalScanner
 procfs, sysfs = Path(sys.argv[1]), Path(sys.argv[2])
 before = held()
+lower_effective()  # as the CLI does before it reads its configuration
 counter = separate(procfs, sysfs)
 remote = counter.scanner(procfs, sysfs)
 remote.scan({}, 1.0)

@@ -11,6 +11,7 @@ import time
 
 from exporter.render import cpustats, process_metrics
 from exporter.run.daemon import Daemon, Settings
+from exporter.run.oneshot import run_once
 
 
 def _values(text: bytes, name: str) -> dict[str, float]:
@@ -36,7 +37,7 @@ def test_process_values_match_what_the_kernel_says():
 
 def test_exposition_has_process_metrics_and_stage_cpu(tmp_path):
     daemon = Daemon(Settings(simulate="demo", state_dir=tmp_path / "state", poll_interval=0.05))
-    text, rc = asyncio.run(daemon.run_once(cycles=3))
+    text, rc = asyncio.run(run_once(daemon, cycles=3))
     assert rc == 0
     for name in process_metrics.HELP:
         assert f"# TYPE {name} ".encode() in text, name

@@ -11,6 +11,7 @@ import pytest
 
 from exporter.map.schema import default_mappings_dir
 from exporter.run.daemon import Daemon, Settings
+from exporter.run.oneshot import run_once
 from exporter.sources import registry
 from exporter.sources.base import Device, PollResult, SourceUnavailable
 
@@ -79,7 +80,7 @@ def _lines(text: bytes, name: str) -> list[str]:
 
 async def test_on_by_default_without_backend_is_absent_without_source_up(collectors, tmp_path):
     daemon = Daemon(_settings(collectors, tmp_path))
-    text, rc = await daemon.run_once(cycles=1)
+    text, rc = await run_once(daemon, cycles=1)
     assert rc == 0
     assert _lines(text, "source_up") == ['unified_gpu_exporter_source_up{source="vanishing"} 1.0']
     enabled = [ln for ln in _lines(text, "source_enabled") if 'source="missing"' in ln]
@@ -94,7 +95,7 @@ async def test_asked_for_without_backend_is_down(collectors, tmp_path, how):
     else:
         settings = _settings(collectors, tmp_path, config="collectors:\n  missing: {enabled: true}\n")
     daemon = Daemon(settings)
-    text, rc = await daemon.run_once(cycles=1)
+    text, rc = await run_once(daemon, cycles=1)
     assert rc == 1  # an explicitly enabled source failed
     assert 'unified_gpu_exporter_source_up{source="missing"} 0.0' in _lines(text, "source_up")
     assert any('state="down"' in ln and 'source="missing"' in ln for ln in _lines(text, "source_enabled"))

@@ -15,8 +15,8 @@ every file is read through ``safefile`` (a symlink is never followed, a FIFO or 
 refused, at most ``MAX_FILE_BYTES`` are read), at most ``max_files`` names are looked at, and
 a file that is refused or does not parse is skipped and counted by reason
 (``unified_gpu_exporter_hpc_job_files_refused_total``).  ``JobReader`` reads the directory every
-``refresh_seconds`` on its own thread (and at once after a load or reload) and renders serve its
-last read, so a job appears within ``refresh_seconds`` and one poll of its prolog and leaves as
+``refresh_seconds`` on its own thread (and at once after a load or reload; the daemon owns it:
+``exporter/run/enrichers.py``) and renders serve its last read, so a job appears within ``refresh_seconds`` and one poll of its prolog and leaves as
 soon after its epilog; nothing is remembered between reads, so no job outlives its file by more.
 
 What is served is a join, one ``gpu_job_info`` series per GPU (or MIG instance) and job, never a
@@ -284,29 +284,39 @@ def series_labelers(mapping: Mapping, devices: list[DeviceId], vendors: frozense
 
 class JobReader:
     """Reads the mapping directory every ``refresh_seconds`` on its own thread, so a render (up
-    to four a poll interval) reads no file: it takes the last ``Mapping``.  The options of a
-    (re)load start a fresh reader that reads once at once, so the first render has the jobs."""
+    to four a poll interval) reads no file: it takes the last ``Mapping``.  Its owner (the
+    daemon: ``exporter/run/enrichers.py``) hands it the options of every (re)load: new options
+    start a fresh reader that reads once at once, so the first render has the jobs; None (no
+    section) or ``stop`` stops it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._options = None  # the HpcJobsOptions being read
         self._stop: threading.Event | None = None
         self._mapping = Mapping({}, Counter(), False)
+        self.thread: threading.Thread | None = None  # the running reader's
         self.reads = 0
 
-    def mapping(self, options) -> Mapping:  # noqa: ANN001 - HpcJobsOptions
-        """The last read of ``options.directory`` (read now when ``options`` are new)."""
+    def configure(self, options) -> None:  # noqa: ANN001 - HpcJobsOptions | None
+        """Read ``options.directory`` from now on (at once when ``options`` are new); None: stop,
+        and no self-metrics (no section, any more after a reload)."""
         with self._lock:
-            if options is not self._options:
-                self._restart(options)
-            return self._mapping
+            if options is self._options:
+                return
+            self._halt()
+            if options is None:
+                STATS.enabled = False
+                return
+            self._options, stop = options, threading.Event()
+            self._stop = stop
+            self._keep(read_dir(options.directory, options.max_files))
+            self.thread = threading.Thread(target=self._loop, args=(options, stop), name="hpc-jobs", daemon=True)
+            self.thread.start()
 
-    def _restart(self, options) -> None:  # noqa: ANN001 - under the lock
-        self._halt()
-        self._options, stop = options, threading.Event()
-        self._stop = stop
-        self._keep(read_dir(options.directory, options.max_files))
-        threading.Thread(target=self._loop, args=(options, stop), name="hpc-jobs", daemon=True).start()
+    def snapshot(self):  # noqa: ANN201 - (HpcJobsOptions | None, Mapping)
+        """The options being read and their last read."""
+        with self._lock:
+            return self._options, self._mapping
 
     def _loop(self, options, stop: threading.Event) -> None:  # noqa: ANN001
         while not stop.wait(options.refresh_seconds):
@@ -326,22 +336,16 @@ class JobReader:
         self._options, self._stop = None, None
 
     def stop(self) -> None:
-        with self._lock:
-            self._halt()
+        self.configure(None)
 
 
-READER = JobReader()
-
-
-def job_info(options, store, per_device: dict, info: Frames) -> tuple[dict, Frames]:  # noqa: ANN001
+def job_info(reader: JobReader, store, per_device: dict, info: Frames) -> tuple[dict, Frames]:  # noqa: ANN001
     """Pod attribution's (labelers, gpu_pod_info series) with the ``gpu_job_info`` series of the
-    GPUs in ``store`` (``options``: HpcJobsOptions | None), from ``READER``'s last read of
-    ``options.directory``, and with ``series_label`` the ``hpc_job`` labelers."""
+    GPUs in ``store``, from ``reader``'s last read (nothing while it reads nothing), and with
+    ``series_label`` the ``hpc_job`` labelers."""
+    options, mapping = reader.snapshot()
     if options is None:
-        READER.stop()
-        STATS.enabled = False  # no section (any more, after a reload): no self-metrics
         return per_device, info
-    mapping = READER.mapping(options)
     vendors = frozenset(options.vendors) if options.vendors else None
     devices = [dev.id for _, dev in store.info_devices()]
     if options.series_label:

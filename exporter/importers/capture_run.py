@@ -21,19 +21,24 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..privsep.caps import SOURCE
+
 TAIL_BYTES = 4096
 GRACE_S = 10.0  # after the timeout, how long the supervisor may take to kill and reap
 
-# argv: [-c, status fd, timeout seconds, command...]
-SUPERVISOR = r"""
-import ctypes, os, signal, sys, time
+# argv: [-c, status fd, timeout seconds, command...]; it starts with ``privsep.caps.SOURCE`` (prctl)
+SUPERVISOR = SOURCE + r"""
+import os, signal, sys, time
 status_fd, timeout, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER: orphans of descendants come here
+try:
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of descendants come here
+except OSError:
     os.write(status_fd, b"error cannot become a child subreaper")
     sys.exit(0)
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the daemon gone, this one goes too
+try:
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the daemon gone, this one goes too
+except OSError:
+    pass
 me = os.getpid()
 def children():
     kids = []

@@ -35,7 +35,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import grp
 import os
 import pwd
@@ -47,14 +46,13 @@ import sys
 import threading
 from pathlib import Path
 
-from ..privsep.caps import capabilities, child_env  # shared with the counting process
+from ..privsep.caps import PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, capabilities, child_env, prctl
 
 NOBODY = 65534
 # uids no distribution, systemd (DynamicUser 61184-65519, containers 524288-1879048191, foreign
 # 2147352576-2147418111) nor Debian policy allocates
 OWN_UIDS = range(0x7E000000, 0x7F000000)
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _NO_LIMIT = 1 << 60  # cgroup v1 writes "unlimited" as a huge page-aligned number
 MARGIN = 32 << 20  # room kept for the daemon's own growth
 
@@ -150,11 +148,10 @@ def _clear_ambient() -> None:
     """Clear this thread's ambient capabilities (before it starts the worker)."""
     if not capabilities().get("CapAmb"):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    if libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot clear the ambient capabilities: {os.strerror(err)}")
+    try:
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot clear the ambient capabilities: {os.strerror(exc.errno)}") from None
 
 
 def spawn(argv: list[str], pass_fds: tuple[int, ...], creds: dict) -> subprocess.Popen:

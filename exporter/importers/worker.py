@@ -21,6 +21,7 @@ import json
 import sys
 from typing import Any
 
+from ..privsep.caps import SOURCE
 from .convert import converted
 from .detect import import_fd, parse_failure
 from .model import CompanionFile, Profile, ProfileRejected
@@ -29,8 +30,9 @@ MAX_WARNINGS = 20
 MAX_TEXT = 500
 
 # run by ``python -I -S -c``: argv = [-c, memory bytes, CPU seconds, file size bytes, package root
-# (/proc/self/fd/N: the folder holding exporter/, handed over as an fd)]
-BOOT = """\
+# (/proc/self/fd/N: the folder holding exporter/, handed over as an fd)]; it starts with
+# ``privsep.caps.SOURCE`` (prctl, capabilities, restrict: the package is not importable yet)
+BOOT = SOURCE + """\
 import json, os, resource, signal, sys
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)  # systemd signals the whole cgroup: the parent stops this one
@@ -42,23 +44,14 @@ try:
         f.write("1000")  # under memory pressure the kernel kills this child first, never the daemon
 except OSError:
     pass
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: no process of this uid may trace it
-    refuse(f"the import worker cannot make itself non-dumpable (errno {ctypes.get_errno()})")
-def caps():  # what this process holds or hands on (an inheritable set alone grants nothing)
-    with open("/proc/self/status") as f:
-        return [int(l.split()[1], 16) for l in f if l.startswith(("CapPrm", "CapEff", "CapAmb"))]
 try:
-    if any(caps()):  # uid 0 that could not switch users: drop every capability before reading
-        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-        for cap in range(64):
-            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: an execve cannot regain them
-        libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-        libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())  # v3, all zero
-        if any(caps()):
-            raise OSError(ctypes.get_errno(), "capset failed")
+    prctl(PR_SET_DUMPABLE, 0)  # no process of this uid may trace it
+except OSError as exc:
+    refuse(f"the import worker cannot make itself non-dumpable (errno {exc.errno})")
+try:
+    held = capabilities("self")  # what it holds or hands on (an inheritable set alone grants nothing)
+    if held.get("CapPrm") or held.get("CapEff") or held.get("CapAmb"):
+        restrict(0)  # uid 0 that could not switch users: no_new_privs, every capability dropped
 except (OSError, ImportError, AttributeError) as exc:
     refuse(f"the import worker cannot drop its capabilities ({exc})")
 def lower(res, soft, hard):

@@ -30,6 +30,8 @@ import signal
 import socket
 import sys
 
+from .caps import PR_SET_PDEATHSIG, SOURCE, prctl
+
 _scan: dict = {}  # what a scanner needs, imported by the supervisor before it says it is ready
 
 
@@ -40,48 +42,35 @@ def preload() -> None:
     ``__pycache__``) could plant code that runs with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
     Forks inherit these modules and import nothing (the interpreter runs with ``-B``, too: it
     writes no ``.pyc`` anyone could later swap)."""
-    import ctypes
-
     from ..sources.fdinfo_records import LocalScanner
     from ..sources.fdinfo_scan import ScanLimits
     from . import answer
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    _scan.update(libc=libc, LocalScanner=LocalScanner, ScanLimits=ScanLimits, answer=answer)
+    _scan.update(LocalScanner=LocalScanner, ScanLimits=ScanLimits, answer=answer)
 
-# run by ``python -I -S -B -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root]
-BOOT = """\
-import ctypes, os, resource, signal, sys
+# run by ``python -I -S -B -c``: argv = [-c, serving pid, control fd, procfs, sysfs, package root];
+# it starts with ``caps.SOURCE`` (prctl, capset, restrict: the package is not importable yet)
+BOOT = SOURCE + """\
+import os, resource, signal, sys
 def die(why):
     sys.stderr.write(f"the counting process cannot start: {why}\\n")
     sys.exit(70)
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-if libc.prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG SIGKILL: dies with the serving process
+try:
+    prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: dies with the serving process
+except OSError:
     die("PR_SET_PDEATHSIG")
 if os.getppid() != int(sys.argv[1]):
     sys.exit(0)  # the serving process is gone already
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
-if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
-    die(f"PR_SET_DUMPABLE (errno {ctypes.get_errno()})")
-if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-    die(f"PR_SET_NO_NEW_PRIVS (errno {ctypes.get_errno()})")
-KEEP = (1 << 19) | (1 << 2)  # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
-for cap in range(64):
-    if not KEEP >> cap & 1:
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EPERM without CAP_SETPCAP: nothing to drop)
-libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-def caps():
-    with open("/proc/self/status") as f:
-        return {l.split(":")[0]: int(l.split()[1], 16) for l in f if l.startswith("Cap")}
-have = caps()["CapPrm"] & KEEP
-if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)(have, have, 0, 0, 0, 0)) != 0:
-    die(f"capset (errno {ctypes.get_errno()})")
-c = caps()
-if (c["CapPrm"] | c["CapEff"]) & ~KEEP or c["CapAmb"] or c["CapInh"]:
-    die(f"capabilities left: {c}")
+try:
+    prctl(PR_SET_DUMPABLE, 0)
+except OSError as exc:
+    die(f"PR_SET_DUMPABLE (errno {exc.errno})")
+try:  # no_new_privs; CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH only, bounding set included
+    restrict((1 << 19) | (1 << 2))
+except OSError as exc:
+    die(str(exc))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 sys.path.append(sys.argv[5])  # after the standard library: nothing shadows it here
 from exporter.privsep.child import supervise
@@ -117,7 +106,7 @@ def supervise(ctl_fd: int, procfs: str, sysfs: str) -> int:
             code = 1
             try:
                 # first: dies with the supervisor (a race with its death is closed by the check)
-                _scan["libc"].prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL
+                prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL (it cannot fail: a failure would end the scanner)
                 if os.getppid() != me:  # the supervisor is gone already (its reaper may not be pid 1)
                     os._exit(0)
                 ctl.close()

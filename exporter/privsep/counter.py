@@ -1,9 +1,11 @@
 """The serving process's side of privilege separation: start the counting process, then hold nothing.
 
-``separate(procfs, sysfs)`` runs once, in the main thread, before the daemon starts any thread
-(capabilities are per thread: a thread started earlier would keep its own).  Where this process
-holds CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (the systemd unit's ambient capabilities, the
-``client-count`` component's uid 0 with the two, root), it
+``separate(procfs, sysfs, count=...)`` runs once, in the main thread, after the CLI has read
+its configuration (with no effective capability: ``lower_effective``) and before the daemon
+starts any thread (capabilities are per thread: a thread started earlier would keep its own).
+Where this process holds CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (the systemd unit's ambient
+capabilities, the ``client-count`` component's uid 0 with the two, root) and ``count`` says a
+serving daemon counts DRM fdinfo clients, it
 
 1. starts the counting process (``child.BOOT``: ``python -I -S -B``, as the import worker is
    started, but from the main thread, so that its ``PR_SET_PDEATHSIG`` follows this process and
@@ -20,7 +22,9 @@ holds CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (the systemd unit's ambient capabili
    effective, inheritable and ambient sets, and checks every thread in ``/proc/self/task``;
    it fails closed (the daemon does not start) when any capability is left.
 
-A process without either capability has nothing to separate: the scan runs in it
+Where nothing counts (``count`` False: the fdinfo count off, a one-shot mode), no process starts
+and step 3 runs alone; a reload that turns the count on later finds the capabilities gone
+(``warn_if_count_unprivileged``).  A process without either capability has nothing to separate: the scan runs in it
 (``fdinfo_records.LocalScanner``), as ``unified_gpu_exporter_privilege_separated`` 0 says.  When
 the counting process cannot start, the capabilities are dropped all the same and the count
 reads what an unprivileged process can see (a warning says why).
@@ -28,7 +32,6 @@ reads what an unprivileged process can see (a warning says why).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import socket
@@ -44,7 +47,7 @@ from ..sources import fdinfo_records
 from ..sources.fdinfo_parser import FdinfoRecord
 from ..sources.fdinfo_scan import ScanLimits
 from .answer import MAX_ANSWER_BYTES, BadAnswer, decode, frame, length
-from .caps import capabilities, child_env
+from .caps import capabilities, child_env, restrict
 from .child import BOOT
 
 log = logging.getLogger("unified_gpu_exporter")
@@ -238,26 +241,12 @@ class RemoteScanner:
         pass
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    return libc
-
-
 def drop_all() -> None:
     """No new privileges, no bounding set where it may, and every capability set empty, in
     every thread (there must be one only); OSError when anything is left."""
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         raise OSError("capabilities must be dropped before any thread starts (capabilities are per thread)")
-    libc = _libc()
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})")
-    if capabilities().get("CapEff", 0) & (1 << 8):  # CAP_SETPCAP: the bounding set can go too
-        for cap in range(64):
-            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()) != 0:
-        raise OSError(f"capset failed (errno {ctypes.get_errno()})")
+    restrict(0)  # caps.SOURCE: the code the counting process and the import worker boot with
     left = {k: v for k, v in held().items() if v}
     if left:
         raise OSError(f"capabilities left after dropping them: {left}")
@@ -273,11 +262,23 @@ def held(pid: str = "self") -> dict[str, int]:
     return out
 
 
-def separate(procfs: Path, sysfs: Path) -> Counter | None:
-    """See the module text; returns the counter (None: nothing to separate, or it did not start)."""
+_dropped_unused = False  # the count capabilities were dropped with no counting process (count off)
+
+
+def separate(procfs: Path, sysfs: Path, *, count: bool = True) -> Counter | None:
+    """See the module text; returns the counter (None: nothing to separate, it did not start,
+    or ``count`` is False: no DRM fdinfo count is configured, so nothing needs the capabilities,
+    and they are dropped without starting the counting process)."""
+    global _dropped_unused
     caps = held()
     if not (caps["CapPrm"] | caps["CapEff"] | caps["CapAmb"]) & COUNT_CAPS:
         return None  # nothing to separate: the fdinfo scan runs here, without privileges
+    if not count:
+        drop_all()
+        _dropped_unused = True
+        log.info("no DRM fdinfo client count is configured: no counting process starts, and this process "
+                 "drops every capability")
+        return None
     counter = None
     try:
         counter = Counter(procfs, sysfs)
@@ -290,3 +291,14 @@ def separate(procfs: Path, sysfs: Path) -> Counter | None:
                     extra={"reason": str(exc)[:300]})
     drop_all()
     return counter
+
+
+def warn_if_count_unprivileged() -> None:
+    """A reload turned the DRM fdinfo count on in a daemon that started with it off: the
+    capabilities were dropped for good at start (no process can get them back), so the count
+    runs here, unprivileged; a restart counts with them."""
+    if _dropped_unused:
+        log.warning("the reloaded configuration turns the DRM fdinfo client count on, but it was off at start: "
+                    "the capabilities it needs (CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH) were dropped then and "
+                    "cannot come back, so it counts only what an unprivileged process can see "
+                    "(privilege_separated 0, procfs_unreadable); restart the exporter to count with them")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from ..sources.options import Options, SimulatorOptions
+from ..sources.options import FdinfoOptions, Options, SimulatorOptions
 from ..sources.registry import COLLECTORS, Collector
 
 if TYPE_CHECKING:
@@ -44,6 +44,16 @@ def enabled_collectors(settings: Settings, config: Config) -> list[tuple[Collect
         if on:
             out.append((col, explicit))
     return out
+
+
+def counts_fdinfo(settings: Settings, config: Config) -> bool:
+    """Whether the DRM fdinfo source runs and counts clients (``processes`` not ``off``): the
+    one thing the counting process (and its capabilities) is there for (exporter/privsep/)."""
+    if not any(col.name == "fdinfo" for col, _ in enabled_collectors(settings, config)):
+        return False
+    given = config.collector("fdinfo").options  # NoOptions where none were given: the defaults
+    options = given if isinstance(given, FdinfoOptions) else FdinfoOptions.model_validate(given.options_dict())
+    return options.processes != "off"
 
 
 def missing_backend_state(explicit: bool, was_up: bool) -> Literal["down", "absent"]:

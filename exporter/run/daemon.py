@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..enrich.cloud import CloudEnricher
-from ..enrich.hpc_jobs import job_info
 from ..map.mapping import MappingSet
 from ..map.schema import Schema
 from ..map.store import Store
@@ -26,13 +25,20 @@ from ..model import Frames, Labels
 from ..otlp.hook import OtlpOutput
 from ..render import cpustats
 from ..render.exposition import Rendered, Renderer
-from ..render.render_cycle import pod_labels, present_only, snapshot
+from ..render.render_cycle import present_only, snapshot
 from ..sources.base import abilities_of
 from ..sources.context import SourceContext
 from ..sources.registry import Collector
 from ..yamlfile import ConfigError
 from . import gctune
-from .collector_policy import collector_options, enabled_collectors, interval_and_timeout, none_up_message
+from .collector_policy import (
+    collector_options,
+    counts_fdinfo,
+    enabled_collectors,
+    interval_and_timeout,
+    none_up_message,
+)
+from .enrichers import Enrichers
 from .feed import IndicatorFeed
 from .loading import Loaded, prepare
 from .periodic import Ticker
@@ -73,7 +79,7 @@ class Daemon:
         self.feed: IndicatorFeed | None = None
         self.cloud: CloudEnricher | None = None
         self.k8s: PodResourcesEnricher | None = None
-        self._enrich_tasks: list[asyncio.Task] = []
+        self.enrichers = Enrichers()  # cloud and kubelet tasks, the HPC job reader's thread
         self._state_worker = Worker("state")
         self._reload_task: asyncio.Task | None = None
         self._reload_again = False
@@ -81,9 +87,10 @@ class Daemon:
         self.otlp = OtlpOutput(gctune.after_warmup)  # exporters.otlp: pushes the rendered cycles (exporter/otlp/)
 
     # ---------------------------------------------------------------- loading
-    def load(self) -> None:
-        """Load config, schema and mappings; raise ConfigError without touching running state."""
-        self._apply_loaded(self._prepare())
+    def load(self, loaded: Loaded | None = None) -> None:
+        """Load config, schema and mappings (or apply ``loaded``, read by ``loading.prepare``
+        already); raise ConfigError without touching running state."""
+        self._apply_loaded(loaded or self._prepare())
 
     def _load_once(self) -> None:
         """start() and run_once() load unless the caller already did (the CLI loads first to
@@ -198,10 +205,7 @@ class Daemon:
         c0 = cpustats.clock()
         extra = self.extra_series(snap)  # the indicators' output for the GPUs still there
         cpustats.add("indicators", "", cpustats.clock() - c0)
-        static = self._static_labels
-        if self.cloud is not None and self.cloud.labels():
-            own = {k for k, _ in static}
-            static = static + tuple(sorted((k, v) for k, v in self.cloud.labels().items() if k not in own))
+        static = self.enrichers.static_labels(self.cloud, self._static_labels)
 
         def build() -> Rendered:  # pod attribution reads only cached dicts; off the event loop
             c0 = cpustats.clock()
@@ -215,15 +219,8 @@ class Daemon:
         self.otlp.offer(self.rendered, static)  # returns at once; pushes on its own thread
         return self.rendered
 
-    def _pod_labels(self, store: Store) -> tuple[dict, Frames]:
-        labels, info = pod_labels(self.k8s, store)  # per-GPU labelers and gpu_pod_info series
-        return job_info(self.config.enrich.hpc_jobs, store, labels, info)  # + gpu_job_info, hpc_job
-
-    def _start_enrichers(self) -> None:
-        for t in self._enrich_tasks:
-            t.cancel()
-        self._enrich_tasks = [asyncio.create_task(e.run(), name=type(e).__name__)
-                              for e in (self.cloud, self.k8s) if e is not None and e.enabled]
+    def _pod_labels(self, store: Store) -> tuple[dict, Frames]:  # + gpu_job_info, hpc_job
+        return self.enrichers.labels(self.k8s, store)
 
     @property
     def ready(self) -> bool:
@@ -247,12 +244,13 @@ class Daemon:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STARTUP_WAIT):
                 await self._first_polls.wait()
+        self.enrichers.read_jobs(self.config.enrich.hpc_jobs)  # read at once: the first render has the jobs
         await self.render()
         if not any(st.stats.up for st in self.store.sources.values()):  # issue 38: say why, as a warning
             log.warning(none_up_message(self.store.sources.values()))
         # after the first render: the metadata probes (cloud) and the kubelet connection do not
         # compete with the first polls for the CPU; their labels arrive with a later render
-        self._start_enrichers()
+        self.enrichers.start_tasks(self.cloud, self.k8s)
 
     def _start_tasks(self) -> None:
         self._stopping = False
@@ -341,13 +339,17 @@ class Daemon:
             carry_source_state(old_store, self.store)  # served until they poll again; counters kept
             self.build_feed()  # thresholds may have changed
             carry_indicator_state(old_feed, self.feed)
-            self._start_enrichers()  # the reloaded enrich options, with fresh enrichers
+            self.enrichers.start_tasks(self.cloud, self.k8s)  # the reloaded enrich options, fresh enrichers
+            self.enrichers.read_jobs(self.config.enrich.hpc_jobs)
         except Exception as exc:  # noqa: BLE001
             self._start_tasks()
             return self._reload_failed(exc)
         self.renderer.reload_ok = True
         self.renderer.reload_ts = time.time()
         log.info("configuration reloaded")
+        if counts_fdinfo(self.settings, self.config):  # off at start: its capabilities are gone
+            from ..privsep.counter import warn_if_count_unprivileged
+            warn_if_count_unprivileged()
         self._start_tasks()
         return True
 
@@ -355,8 +357,7 @@ class Daemon:
         if self._reload_task is not None and not self._reload_task.done():
             self._reload_task.cancel()  # no reload restarts the sources after this
             await asyncio.gather(self._reload_task, return_exceptions=True)
-        for t in self._enrich_tasks:
-            t.cancel()
+        self.enrichers.stop()
         self.otlp.close()
         await self._stop_tasks()
         if self.feed is not None:
@@ -365,32 +366,10 @@ class Daemon:
                     await self._state_worker.submit(self.feed.save)
             except TimeoutError:
                 log.warning("saving indicator state timed out")
-        self._render_worker.stop()
-        self._state_worker.stop()
-        self._load_worker.stop()
+        self.stop_workers()
 
-    # ---------------------------------------------------------------- --once
-    async def run_once(self, cycles: int = 2) -> tuple[bytes, int]:
-        """Poll every source ``cycles`` times (rates need two), render, report failures."""
-        self._load_once()
-        self.build_runtimes()
-        self.build_feed()
-        assert self.feed is not None
-        if self.cloud is not None:
-            self.cloud.apply_static()  # the simulated node's scenario labels; nothing is asked
-        for i in range(cycles):
-            if i:
-                await asyncio.sleep(self.poll_interval)
-            await asyncio.gather(*(self.poll_once(rt) for rt in self.runtimes))
-            self.feed.update(time.monotonic(), self.store)
-        rendered = await self.render()
-        failed = [rt.state for rt in self.runtimes if rt.state.explicit and not rt.stats.up]
-        for st in failed:
-            log.error("explicitly enabled source failed", extra={"source": st.name, "reason": st.stats.reason})
-        await self._close_sources(self.runtimes)
-        self.otlp.flush()
-        self.feed.save()
+    def stop_workers(self) -> None:
+        """The render, state and reload threads end (a hung call's thread is left behind)."""
         self._render_worker.stop()
         self._state_worker.stop()
         self._load_worker.stop()
-        return rendered.text, (1 if failed else 0)

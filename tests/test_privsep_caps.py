@@ -1,0 +1,61 @@
+"""One capability helper (``exporter/privsep/caps.py``): the serving process, the counting
+process's and the import worker's boot scripts and the capture supervisor run the same source
+text; nothing else in the package calls prctl or capset through ctypes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from exporter.importers import capture_run, worker
+from exporter.privsep import caps, child
+from tests.conftest import REPO
+
+COUNT_CAPS = (1 << 19) | (1 << 2)
+
+
+def test_every_boot_script_starts_with_the_shared_source():
+    for script in (child.BOOT, worker.BOOT, capture_run.SUPERVISOR):
+        assert script.startswith(caps.SOURCE)
+        rest = script[len(caps.SOURCE):]
+        assert "CDLL" not in rest and "capset(" not in rest.replace("restrict(", "")
+
+
+def test_no_other_module_calls_prctl_or_capset_through_ctypes():
+    others = []
+    for path in (REPO / "exporter").rglob("*.py"):
+        if path.name == "caps.py" and path.parent.name == "privsep":
+            continue
+        text = path.read_text(encoding="utf-8")
+        if "CDLL(None" in text and ("prctl" in text or "capset" in text):
+            others.append(str(path.relative_to(REPO)))
+    assert others == []
+
+
+DROP = """
+import json, sys
+from exporter.privsep.caps import capabilities, lower_effective, restrict
+lower_effective()  # as the CLI does before it reads its configuration
+after_lower = capabilities("self")
+restrict(int(sys.argv[1]))
+status = {l.split(":")[0]: l.split(":")[1].strip() for l in open("/proc/self/status") if ":" in l}
+print(json.dumps({"lower": after_lower, "after": capabilities("self"), "nnp": status["NoNewPrivs"]}))
+"""
+
+
+@pytest.mark.parametrize("keep", [0, COUNT_CAPS])
+def test_restrict_after_lower_effective_keeps_only_what_it_is_told(keep):
+    r = subprocess.run([sys.executable, "-c", DROP, str(keep)], capture_output=True, text=True, timeout=60,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["lower"]["CapEff"] == 0 and got["nnp"] == "1"
+    after = got["after"]
+    held = got["lower"]["CapPrm"] & keep
+    assert (after["CapPrm"], after["CapEff"], after["CapAmb"], after["CapInh"]) == (held, held, 0, 0)
+    if os.geteuid() == 0:  # root holds CAP_SETPCAP: the bounding set goes too, though the
+        assert after["CapBnd"] == keep  # effective set was emptied before
