@@ -344,3 +344,24 @@ def test_a_dev_target_is_never_stated(tmp_path, monkeypatch):
     found = LocalScanner(proc, sysfs).scan({}, 1.0)
     assert stats == []
     assert [(p, fd) for p, fd, _ in found] == [("501", "4")]
+
+
+def test_a_kfd_process_with_a_known_client_keeps_its_checks(tmp_path, shared_fixtures, readlinks):
+    """A ROCm process amdkfd lists that already has a DRM fd stays on the check and re-verification
+    schedule while amdkfd's listing is fresh: a second client it opens later is found within the
+    bound, and its re-verification never falls overdue (which would mark the count partial)."""
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures)
+    (sysfs / "class" / "kfd" / "kfd" / "proc" / "100").mkdir(parents=True)  # pid 100: fd 3 a client
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.seconds_until_counted(100)
+    for _ in range(int(CHECK)):  # past amdkfd's fresh window: pid 100 is due for its check in it
+        node.poll()
+    readlinks.clear()
+    node.add_client(100, 40, 940)  # a second render fd, under a new number
+    for _ in range(int(BOUND_NEW_NUMBER)):
+        node.poll()
+    assert "40" in readlinks  # the check looked at the new number
+    for _ in range(int(2 * VERIFY)):
+        sample = node.poll()
+        assert _evidence(sample) == [(1.0, "")]  # never a re-verification overdue

@@ -185,10 +185,11 @@ class FdScanner:
         for ``check_period`` after amdkfd listed them), then the checks and verifications due
         (from a heap: a poll with nothing due costs nothing per process)."""
         work = [(0, int(p)) for p in (entries - self._pids.keys()) | self._undone]
-        hot = {p for p, since in kfd.items() if now - since <= self.limits.check_period}
-        for p in hot:
+        hot = set()  # examined whole this poll: not again as a check
+        for p, since in kfd.items():
             st = self._pids.get(p)
-            if st is not None and st.done and not st.drm:
+            if now - since <= self.limits.check_period and st is not None and st.done and not st.drm:
+                hot.add(p)
                 work.append((1, int(p)))
         due: set[str] = set()
         while self._due and self._due[0][0] <= now:
