@@ -36,6 +36,22 @@ def is_drm(procfs: str, pid: str, fd: str, target: str) -> bool:
     return b"\ndrm-driver:" in text
 
 
+def links(dir_fd: int, names: list[str]) -> list[str | None]:
+    """The link targets of ``names`` in an fd directory, one ``readlink`` each (None: closed
+    meanwhile).  The call is most of the cost: the loop around it does nothing else."""
+    readlink = os.readlink
+    out: list[str | None] = []
+    append = out.append
+    it = iter(names)
+    while True:
+        try:
+            for n in it:
+                append(readlink(n, dir_fd=dir_fd))
+            return out
+        except OSError:
+            append(None)
+
+
 def list_table(dir_fd: int, st, budget) -> tuple[list[int], bool]:
     """The fd numbers of a table, sorted, and whether the listing is whole.  A table that
     says it is large (``st_size`` of a procfs fd directory is its number of fds since Linux
