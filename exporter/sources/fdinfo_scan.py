@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
-from .fdinfo_tables import FDINFO_MAX_BYTES, is_drm, links, list_table
+from .fdinfo_tables import FDINFO_MAX_BYTES, drm_among, links, list_table
 
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
@@ -290,14 +290,13 @@ class FdScanner:
         while done < allowed:
             if done and budget.late():
                 break
-            names = list(map(str, todo[done:min(done + 256, allowed)]))
-            targets = links(dir_fd, names)
-            done += len(names)
-            missing = missing or None in targets
-            hits = {fd for fd, target in zip(names, targets) if target is not None and target.startswith("/dev/")
-                    and is_drm(self.procfs, pid, fd, target)}
+            chunk = todo[done:min(done + 256, allowed)]
+            names, targets, gone = links(dir_fd, list(map(str, chunk)))
+            done += len(chunk)
+            missing = missing or gone
+            hits = drm_among(self.procfs, pid, names, targets)
             if st.drm:  # numbers looked at that are no longer DRM devices
-                st.drm -= {fd for fd, target in zip(names, targets) if target is not None} - hits
+                st.drm -= set(names) - hits
             new = sorted(hits - st.drm, key=int)
             if new:
                 st.drm.update(new)

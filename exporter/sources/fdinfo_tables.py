@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from itertools import compress, repeat
 
 from .. import safefile
 
@@ -36,9 +37,10 @@ def is_drm(procfs: str, pid: str, fd: str, target: str) -> bool:
     return b"\ndrm-driver:" in text
 
 
-def links(dir_fd: int, names: list[str]) -> list[str | None]:
-    """The link targets of ``names`` in an fd directory, one ``readlink`` each (None: closed
-    meanwhile).  The call is most of the cost: the loop around it does nothing else."""
+def links(dir_fd: int, names: list[str]) -> tuple[list[str], list[str], bool]:
+    """The fds of ``names`` still open in an fd directory, their link targets (one ``readlink``
+    each: the call is most of the cost, the loop around it does nothing else), and whether one
+    was closed meanwhile."""
     readlink = os.readlink
     out: list[str | None] = []
     append = out.append
@@ -47,9 +49,20 @@ def links(dir_fd: int, names: list[str]) -> list[str | None]:
         try:
             for n in it:
                 append(readlink(n, dir_fd=dir_fd))
-            return out
+            break
         except OSError:
             append(None)
+    if None not in out:
+        return names, out, False  # type: ignore[return-value]
+    kept = [i for i, t in enumerate(out) if t is not None]
+    return [names[i] for i in kept], [out[i] for i in kept], True  # type: ignore[misc]
+
+
+def drm_among(procfs: str, pid: str, names: list[str], targets: list[str]) -> set[str]:
+    """The fds of ``names`` whose link targets are DRM devices (``is_drm``).  The ``/dev``
+    targets, a few of a table, are picked without a Python loop over the others."""
+    dev = compress(zip(names, targets, strict=True), map(str.startswith, targets, repeat("/dev/")))
+    return {fd for fd, target in dev if not target.startswith(NOT_DRM) and is_drm(procfs, pid, fd, target)}
 
 
 def list_table(dir_fd: int, st, budget) -> tuple[list[int], bool]:
