@@ -13,7 +13,8 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    the numbers not seen before; where the directory's size counts its fds, an unchanged size is
    one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
-   between two checks); due work comes from a heap, so a poll costs nothing per idle process;
+   between two checks; a table of unchanged size is not listed, its numbers known are read unless
+   one is gone); due work comes from a heap, so a poll costs nothing per idle process;
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
