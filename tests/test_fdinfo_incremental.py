@@ -40,7 +40,7 @@ def readlinks(monkeypatch):
 
     def counting(path, *, dir_fd=None):
         if dir_fd is not None:
-            calls.append(path)
+            calls.append(os.fsdecode(path))
         return real(path, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "readlink", counting)

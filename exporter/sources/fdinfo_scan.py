@@ -292,12 +292,12 @@ class FdScanner:
             if done and budget.late():
                 break
             chunk = todo[done:min(done + 256, allowed)]
-            names, targets, gone = links(dir_fd, list(map(str, chunk)))
+            names, targets, gone = links(dir_fd, [b"%d" % n for n in chunk])
             done += len(chunk)
             missing = missing or gone
             hits = drm_among(self.procfs, pid, names, targets)
             if st.drm:  # numbers looked at that are no longer DRM devices
-                st.drm -= set(names) - hits
+                st.drm -= {n.decode() for n in names} - hits
             new = sorted(hits - st.drm, key=int)
             if new:
                 st.drm.update(new)

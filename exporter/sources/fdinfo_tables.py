@@ -16,6 +16,7 @@ LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed w
 NOT_DRM = ("/dev/shm/", "/dev/mqueue/", "/dev/pts/", "/dev/hugepages/", "/dev/null", "/dev/zero", "/dev/full",
            "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/console", "/dev/kmsg", "/dev/nvidia",
            "/dev/kfd", "/dev/fuse", "/dev/net/", "/dev/log")
+_NOT_DRM = tuple(n.encode() for n in NOT_DRM)
 
 
 def is_drm(procfs: str, pid: str, fd: str, target: str) -> bool:
@@ -37,12 +38,13 @@ def is_drm(procfs: str, pid: str, fd: str, target: str) -> bool:
     return b"\ndrm-driver:" in text
 
 
-def links(dir_fd: int, names: list[str]) -> tuple[list[str], list[str], bool]:
+def links(dir_fd: int, names: list[bytes]) -> tuple[list[bytes], list[bytes], bool]:
     """The fds of ``names`` still open in an fd directory, their link targets (one ``readlink``
-    each: the call is most of the cost, the loop around it does nothing else), and whether one
-    was closed meanwhile."""
+    each, in bytes: the call is most of the cost, and bytes spare it an encoding of the name and a
+    decoding of the target; the loop around it does nothing else), and whether one was closed
+    meanwhile."""
     readlink = os.readlink
-    out: list[str | None] = []
+    out: list[bytes | None] = []
     append = out.append
     it = iter(names)
     while True:
@@ -58,11 +60,12 @@ def links(dir_fd: int, names: list[str]) -> tuple[list[str], list[str], bool]:
     return [names[i] for i in kept], [out[i] for i in kept], True  # type: ignore[misc]
 
 
-def drm_among(procfs: str, pid: str, names: list[str], targets: list[str]) -> set[str]:
+def drm_among(procfs: str, pid: str, names: list[bytes], targets: list[bytes]) -> set[str]:
     """The fds of ``names`` whose link targets are DRM devices (``is_drm``).  The ``/dev``
     targets, a few of a table, are picked without a Python loop over the others."""
-    dev = compress(zip(names, targets, strict=True), map(str.startswith, targets, repeat("/dev/")))
-    return {fd for fd, target in dev if not target.startswith(NOT_DRM) and is_drm(procfs, pid, fd, target)}
+    dev = compress(zip(names, targets, strict=True), map(bytes.startswith, targets, repeat(b"/dev/")))
+    return {fd.decode() for fd, target in dev if not target.startswith(_NOT_DRM)
+            and is_drm(procfs, pid, fd.decode(), os.fsdecode(target))}
 
 
 def list_table(dir_fd: int, st, budget) -> tuple[list[int], bool]:
