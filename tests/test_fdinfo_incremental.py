@@ -40,7 +40,7 @@ def readlinks(monkeypatch):
 
     def counting(path, *, dir_fd=None):
         if dir_fd is not None:
-            calls.append(path)
+            calls.append(os.fsdecode(path))
         return real(path, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "readlink", counting)
@@ -344,3 +344,86 @@ def test_a_dev_target_is_never_stated(tmp_path, monkeypatch):
     found = LocalScanner(proc, sysfs).scan({}, 1.0)
     assert stats == []
     assert [(p, fd) for p, fd, _ in found] == [("501", "4")]
+
+
+def test_a_kfd_process_with_a_known_client_keeps_its_checks(tmp_path, shared_fixtures, readlinks):
+    """A ROCm process amdkfd lists that already has a DRM fd stays on the check and re-verification
+    schedule while amdkfd's listing is fresh: a second client it opens later is found within the
+    bound, and its re-verification never falls overdue (which would mark the count partial)."""
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures)
+    (sysfs / "class" / "kfd" / "kfd" / "proc" / "100").mkdir(parents=True)  # pid 100: fd 3 a client
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.seconds_until_counted(100)
+    for _ in range(int(CHECK)):  # past amdkfd's fresh window: pid 100 is due for its check in it
+        node.poll()
+    readlinks.clear()
+    node.add_client(100, 40, 940)  # a second render fd, under a new number
+    for _ in range(int(BOUND_NEW_NUMBER)):
+        node.poll()
+    assert "40" in readlinks  # the check looked at the new number
+    for _ in range(int(2 * VERIFY)):
+        sample = node.poll()
+        assert _evidence(sample) == [(1.0, "")]  # never a re-verification overdue
+
+
+@pytest.fixture
+def tmpfs_path():
+    """A folder on tmpfs (``/dev/shm``): a directory's size there counts its entries, as a procfs
+    fd directory's does since Linux 6.2 (on ext4 it is a block size, and every check lists)."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="fdinfo-", dir="/dev/shm"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+@pytest.fixture
+def fd_listings(monkeypatch):
+    """Counts the listings of fd tables (``os.listdir`` of a directory fd)."""
+    calls = []
+    real = os.listdir
+
+    def counting(path="."):
+        if isinstance(path, int):
+            calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", counting)
+    return calls
+
+
+def test_a_re_verification_of_an_unchanged_table_reads_its_links_without_listing_it(tmpfs_path, shared_fixtures,
+                                                                                     readlinks, fd_listings):
+    """Where the fd directory's size counts its entries, a table as large as at its last listing
+    holds the same numbers unless one of them closed: the re-verification readlinks the numbers
+    known and lists the table only when one is gone."""
+    proc, _, src, clock = _node(tmpfs_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.poll()
+    fd_listings.clear()
+    readlinks.clear()
+    for _ in range(int(VERIFY)):
+        node.poll()
+    assert len(readlinks) >= 5 * 30 - 5  # every table re-verified ...
+    assert fd_listings == []  # ... none listed again
+
+
+def test_a_new_number_in_a_table_of_unchanged_size_is_caught_by_the_re_verification(tmpfs_path, shared_fixtures,
+                                                                                      readlinks, fd_listings):
+    """A process that closed one fd and opened the GPU under another number between two checks
+    (its fd count unchanged): the re-verification finds a known number gone, lists the table and
+    finds the client within the reuse bound."""
+    proc, _, src, clock = _node(tmpfs_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    (proc / "103" / "fd" / "5").unlink()  # fd 5 (a socket) closed ...
+    node.add_client(103, 77, 903)  # ... and the GPU opened as fd 77: still 30 fds
+    took = node.seconds_until_counted(103)
+    assert 2 < took <= BOUND_REUSED
+    assert fd_listings  # the table listed once a known number was found gone

@@ -13,7 +13,8 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    the numbers not seen before; where the directory's size counts its fds, an unchanged size is
    one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
-   between two checks); due work comes from a heap, so a poll costs nothing per idle process;
+   between two checks; a table of unchanged size is not listed, its numbers known are read unless
+   one is gone); due work comes from a heap, so a poll costs nothing per idle process;
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
-from .fdinfo_tables import FDINFO_MAX_BYTES, is_drm, list_table
+from .fdinfo_tables import FDINFO_MAX_BYTES, drm_among, links, list_table
 
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
@@ -74,7 +75,6 @@ class _Pid:
     done: bool = False  # the whole table examined once
     next_check: float = 0.0
     next_verify: float = 0.0
-    unreadable: bool = False
     size: int = 0  # st_size of the fd directory when last listed, where it counts the entries (else 0)
     pending: array | None = None  # fd numbers an examination cut short by the budget has left
     pending_verify: bool = False  # ... and whether it was a verification
@@ -122,6 +122,8 @@ class FdScanner:
         self._kfd: dict[str, float] = {}
         self._due: list[tuple[float, str]] = []  # heap of (when, pid): the next check or verification
         self._undone: set[str] = set()  # pids whose table was never examined whole
+        self._clients: set[str] = set()  # pids with a known DRM fd (or that had one: dropped when read)
+        self._unreadable: set[str] = set()  # pids whose fd table could not be read (EACCES)
         self.unreadable = 0  # fd tables that could not be read (EACCES), as last examined
         self.partial = False  # the last poll left a new process unexamined or a verification overdue
         self.budget_hit = False  # the last poll stopped at its budget
@@ -140,18 +142,24 @@ class FdScanner:
         self.readlinks = 0
         try:  # one listdir: a pid reused by a new process is the same entry until a check or
             # verification of its table (within their periods) sees the new table
-            entries = {n for n in os.listdir(self.procfs) if n.isascii() and n.isdigit()}
+            entries = set(filter(str.isdigit, os.listdir(self.procfs)))
         except OSError:
             entries = set()
+        if not all(map(str.isascii, entries)):  # other Unicode digits: never a procfs's
+            entries = {n for n in entries if n.isascii()}
         for pid in self._pids.keys() - entries:
             gone = self._pids.pop(pid)  # exited
             self._undone.discard(pid)
+            self._unreadable.discard(pid)
             if gone.listing is not None:
                 gone.listing[0].close()
         kfd = self._kfd_pids(now)
         # 2. the known clients, every poll
-        for pid in sorted((p for p, st in self._pids.items() if st.drm), key=int):
-            st = self._pids[pid]
+        for pid in sorted(self._clients, key=int):
+            st = self._pids.get(pid)
+            if st is None or not st.drm:
+                self._clients.discard(pid)
+                continue
             yield from self._read_known(pid, st, errors, budget)
         # 3. fd tables, most urgent first
         work = self._work(entries, kfd, now)
@@ -169,15 +177,18 @@ class FdScanner:
             found = self._examine(pid, st, verify, budget, now)
             if found:
                 yield from self._read_known(pid, st, errors, budget, only=found)
+        overdue = now - self.limits.verify_period
+        late = False
         for _, pnum in work:  # what is still due (deferred, cut short) is due at the next poll
             st = self._pids.get(str(pnum))
             if st is not None and st.done and (min(st.next_check, st.next_verify) <= now
                                                or st.pending is not None or st.listing is not None):
                 heapq.heappush(self._due, (now, str(pnum)))
+                late = late or st.next_verify < overdue
         self.budget_hit = budget.hit
-        self.unreadable = sum(1 for st in self._pids.values() if st.unreadable)
-        overdue = now - self.limits.verify_period
-        self.partial = self.cut or any(not st.done or st.next_verify < overdue for st in self._pids.values())
+        self.unreadable = len(self._unreadable)
+        # a verification overdue is due, so in ``work`` (every due entry leaves the heap for it)
+        self.partial = self.cut or late or bool(self._undone)
 
     def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
@@ -185,10 +196,11 @@ class FdScanner:
         for ``check_period`` after amdkfd listed them), then the checks and verifications due
         (from a heap: a poll with nothing due costs nothing per process)."""
         work = [(0, int(p)) for p in (entries - self._pids.keys()) | self._undone]
-        hot = {p for p, since in kfd.items() if now - since <= self.limits.check_period}
-        for p in hot:
+        hot = set()  # examined whole this poll: not again as a check
+        for p, since in kfd.items():
             st = self._pids.get(p)
-            if st is not None and st.done and not st.drm:
+            if now - since <= self.limits.check_period and st is not None and st.done and not st.drm:
+                hot.add(p)
                 work.append((1, int(p)))
         due: set[str] = set()
         while self._due and self._due[0][0] <= now:
@@ -222,76 +234,91 @@ class FdScanner:
     def _examine(self, pid: str, st: _Pid, verify: bool, budget: _Budget, now: float) -> list[str]:
         """Examine ``pid``'s fd table (new numbers, or all of them when ``verify``) within the
         budget; return the DRM fds found that were not known."""
-        base = f"{self.procfs}/{pid}"
         try:
-            dir_fd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
+            dir_fd = os.open(f"{self.procfs}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             st.links = False
             return self._examine_fdinfo(pid, st, now)
         except PermissionError:
-            st.unreadable = True  # other users' processes without CAP_SYS_PTRACE: no evidence
+            self._unreadable.add(pid)  # other users' processes without CAP_SYS_PTRACE: no evidence
             self._finish(st, now, verify, pid)
             return []
         except OSError:
             return []
-        st.unreadable = False
+        self._unreadable.discard(pid)
         found: list[str] = []
         try:
-            nums: list[int] | None = None
             if st.pending is not None:  # resume what the budget cut short: no listing, no set
                 todo, verify = st.pending, st.pending_verify
-            else:
-                size = os.fstat(dir_fd).st_size
-                if size and size == st.size and not verify and st.done and st.listing is None:
+                done, _ = self._look(pid, st, dir_fd, todo, budget, found)
+                return self._end(pid, st, todo, done, verify, None, now, found)
+            size = os.fstat(dir_fd).st_size
+            if size and size == st.size and st.done and st.listing is None:
+                if not verify:
                     self._finish(st, now, False, pid)  # as many fds as at the last listing: the
                     return found  # re-verification catches a close and open between two checks
-                nums, listed_all = list_table(dir_fd, st, budget)
-                if not listed_all:
-                    return found  # a large table: its listing goes on next poll
-                # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
-                # (BOGO_DIRENT_SIZE, 20 a name and 40 for "." and "..": the benches' fixture procfs)
-                st.size = size if size and size in (len(nums), 20 * (len(nums) + 2)) else 0
-                if not verify and st.done and array("i", nums) == st.known:
-                    self._finish(st, now, False, pid)  # the common check: the same fd numbers
-                    return found
-                if verify:
-                    todo = nums
-                else:
-                    known = set(st.known)
-                    todo = [n for n in nums if n not in known]
-            allowed = budget.take(len(todo))
-            done = 0
-            readlink = os.readlink
-            for n in (todo if allowed == len(todo) else todo[:allowed]):
-                if done & 255 == 255 and budget.late():
-                    break
-                done += 1
-                fd = str(n)
-                try:
-                    target = readlink(fd, dir_fd=dir_fd)
-                except OSError:
-                    continue
-                drm = target.startswith("/dev/") and is_drm(self.procfs, pid, fd, target)
-                if drm and fd not in st.drm:
-                    st.drm.add(fd)
-                    found.append(fd)
-                elif not drm and fd in st.drm:
-                    st.drm.discard(fd)
-            self.readlinks += done
-            if done < len(todo):  # cut short: the rest next poll
-                st.pending, st.pending_verify = array("i", todo[done:]), verify
-                if nums is not None:  # the numbers of this listing (examined or to be) are known
-                    st.known = array("i", nums)
+                # a verification, as many fds as at the last listing: the same numbers unless one
+                # closed (and another opened): readlink the known ones, list only if one is gone
+                done, missing = self._look(pid, st, dir_fd, st.known, budget, found)
+                if not missing:
+                    return self._end(pid, st, st.known, done, True, None, now, found)
+            nums, listed_all = list_table(dir_fd, st, budget)
+            if not listed_all:
+                return found  # a large table: its listing goes on next poll
+            # a size that counts the entries: procfs since Linux 6.2 (one per fd), tmpfs
+            # (BOGO_DIRENT_SIZE, 20 a name and 40 for "." and "..": the benches' fixture procfs)
+            st.size = size if size and size in (len(nums), 20 * (len(nums) + 2)) else 0
+            if not verify and st.done and array("i", nums) == st.known:
+                self._finish(st, now, False, pid)  # the common check: the same fd numbers
                 return found
-            st.pending = None
-            if nums is not None:  # numbers no longer listed are closed fds
-                st.known = array("i", nums)
-                if st.drm:
-                    st.drm &= set(map(str, nums))
-            self._finish(st, now, verify, pid)
-            return found
+            if verify:
+                todo = nums
+            else:
+                known = set(st.known)
+                todo = [n for n in nums if n not in known]
+            done, _ = self._look(pid, st, dir_fd, todo, budget, found)
+            return self._end(pid, st, todo, done, verify, nums, now, found)
         finally:
             os.close(dir_fd)
+
+    def _look(self, pid: str, st: _Pid, dir_fd: int, todo, budget: _Budget, found: list[str]) -> tuple[int, bool]:
+        """``readlink`` the fd numbers ``todo`` within the budget, keep ``st.drm`` up to date
+        and add the DRM fds not known before to ``found``; how many were looked at, and whether
+        one was missing (closed meanwhile)."""
+        allowed = budget.take(len(todo))
+        done = 0
+        missing = False
+        while done < allowed:
+            if done and budget.late():
+                break
+            chunk = todo[done:min(done + 256, allowed)]
+            names, targets, gone = links(dir_fd, [b"%d" % n for n in chunk])
+            done += len(chunk)
+            missing = missing or gone
+            hits = drm_among(self.procfs, pid, names, targets)
+            if st.drm:  # numbers looked at that are no longer DRM devices
+                st.drm -= {n.decode() for n in names} - hits
+            new = sorted(hits - st.drm, key=int)
+            if new:
+                st.drm.update(new)
+                found += new
+                self._clients.add(pid)
+        self.readlinks += done
+        return done, missing
+
+    def _end(self, pid: str, st: _Pid, todo, done: int, verify: bool, nums: list[int] | None, now: float,
+             found: list[str]) -> list[str]:
+        """After ``_look``: what the budget left for the next poll, or the examination done."""
+        if nums is not None:  # the numbers of this listing (examined or to be) are known
+            st.known = array("i", nums)
+        if done < len(todo):  # cut short: the rest next poll
+            st.pending, st.pending_verify = array("i", todo[done:]), verify
+            return found
+        st.pending = None
+        if nums is not None and st.drm:  # numbers no longer listed are closed fds
+            st.drm &= set(map(str, nums))
+        self._finish(st, now, verify, pid)
+        return found
 
     def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
         lim = self.limits
@@ -315,6 +342,8 @@ class FdScanner:
             names = []
         new = [n for n in names if n not in st.drm and n.isascii() and n.isdigit()]
         st.drm.update(new)
+        if new:
+            self._clients.add(pid)
         st.done, st.next_check, st.next_verify = True, now, now + self.limits.verify_period  # every poll
         self._undone.discard(pid)
         heapq.heappush(self._due, (now, pid))

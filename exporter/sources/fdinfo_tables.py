@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from itertools import compress, repeat
 
 from .. import safefile
 
@@ -15,6 +16,7 @@ LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed w
 NOT_DRM = ("/dev/shm/", "/dev/mqueue/", "/dev/pts/", "/dev/hugepages/", "/dev/null", "/dev/zero", "/dev/full",
            "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/console", "/dev/kmsg", "/dev/nvidia",
            "/dev/kfd", "/dev/fuse", "/dev/net/", "/dev/log")
+_NOT_DRM = tuple(n.encode() for n in NOT_DRM)
 
 
 def is_drm(procfs: str, pid: str, fd: str, target: str) -> bool:
@@ -34,6 +36,36 @@ def is_drm(procfs: str, pid: str, fd: str, target: str) -> bool:
     except OSError:
         return False
     return b"\ndrm-driver:" in text
+
+
+def links(dir_fd: int, names: list[bytes]) -> tuple[list[bytes], list[bytes], bool]:
+    """The fds of ``names`` still open in an fd directory, their link targets (one ``readlink``
+    each, in bytes: the call is most of the cost, and bytes spare it an encoding of the name and a
+    decoding of the target; the loop around it does nothing else), and whether one was closed
+    meanwhile."""
+    readlink = os.readlink
+    out: list[bytes | None] = []
+    append = out.append
+    it = iter(names)
+    while True:
+        try:
+            for n in it:
+                append(readlink(n, dir_fd=dir_fd))
+            break
+        except OSError:
+            append(None)
+    if None not in out:
+        return names, out, False  # type: ignore[return-value]
+    kept = [i for i, t in enumerate(out) if t is not None]
+    return [names[i] for i in kept], [out[i] for i in kept], True  # type: ignore[misc]
+
+
+def drm_among(procfs: str, pid: str, names: list[bytes], targets: list[bytes]) -> set[str]:
+    """The fds of ``names`` whose link targets are DRM devices (``is_drm``).  The ``/dev``
+    targets, a few of a table, are picked without a Python loop over the others."""
+    dev = compress(zip(names, targets, strict=True), map(bytes.startswith, targets, repeat(b"/dev/")))
+    return {fd.decode() for fd, target in dev if not target.startswith(_NOT_DRM)
+            and is_drm(procfs, pid, fd.decode(), os.fsdecode(target))}
 
 
 def list_table(dir_fd: int, st, budget) -> tuple[list[int], bool]:
