@@ -157,6 +157,20 @@ class IndicatorFeed:
             log.warning("saving indicator state failed", extra={"reason": str(exc)})
 
 
+_ARTEFACT_OF: dict[tuple, bool] = {}  # a label set -> whether it is an artefact's (few distinct sets)
+
+
+def _artefact_labels(extra: tuple) -> bool:
+    """Whether a series' labels are only an artefact's (``source``, ``trace_id``): worked out
+    once per label set, not once per series and step."""
+    hit = _ARTEFACT_OF.get(extra)
+    if hit is None:
+        if len(_ARTEFACT_OF) >= 65536:  # label churn (per-process series) never piles up
+            _ARTEFACT_OF.clear()
+        hit = _ARTEFACT_OF[extra] = {k for k, _ in extra} <= _ARTEFACT_LABELS
+    return hit
+
+
 def _select(frames: Frames) -> tuple[Frames, Imported, set[DeviceId]]:
     """The series of ``frames`` the engine reads (new dicts), the per-GPU values of profiler
     artefacts among them, and the GPUs whose clients they count."""
@@ -171,6 +185,6 @@ def _select(frames: Frames) -> tuple[Frames, Imported, set[DeviceId]]:
             for (name, extra), value in kept.items():
                 if name in (CLIENT_EVIDENCE, PROC_UTIL):
                     counting.add(dev_id)
-                elif extra and {k for k, _ in extra} <= _ARTEFACT_LABELS:
+                elif extra and _artefact_labels(extra):
                     imported.append((dev_id, name, value))
     return out, imported, counting
