@@ -196,7 +196,7 @@ def serve(fd: int, procfs: str, sysfs: str) -> int:
             found = scanner.scan(errors, _number(req["now"], 0.0, 1e12))
             answer = {"id": rid, "host_pids": scanner.host_pids, "unreadable": scanner.unreadable,
                       "partial": scanner.partial, "budget_hit": scanner.budget_hit,
-                      "errors": {k: v for k, v in errors.items() if k == "read_error"},
+                      "errors": {k: v for k, v in errors.items() if k in answer.ERROR_KINDS},
                       "records": [encode_record(pid, fdn, rec) for pid, fdn, rec in found],
                       "names": {pid: _printable(scanner.comm(pid)) for pid in {p for p, _, _ in found}} if names else {}}
         except (ValueError, TypeError, KeyError, IndexError) as exc:

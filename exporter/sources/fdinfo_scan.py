@@ -43,10 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
+from .fdinfo_debugfs import ClientList, list_due
 from .fdinfo_tables import FDINFO_MAX_BYTES, drm_among, links, list_table
 
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
+LIST_VERIFY_EVERY = 10  # with the debugfs client list: every 10th re-verification is a real one
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,10 @@ class _Pid:
     pending_verify: bool = False  # ... and whether it was a verification
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
+    vouched: int = 0  # re-verifications the debugfs client list stood in for since the last real one
+    listed: int = 0  # its drm_files in the client list when last examined for it
+    list_next: float = 0.0  # when a count above the known DRM fds is examined again (backing off)
+    list_gap: float = 0.0
 
 
 class _Budget:
@@ -117,6 +123,9 @@ class FdScanner:
         self._read_deadline = 0.0
         self.cut = False  # the last poll left known clients unread (record cap or known_seconds)
         self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
+        self.clients = ClientList(self.procfs, str(sysfs)) if sysfs is not None else None
+        self._listed: dict[str, int] | None = None  # tgid -> drm_files in the last poll's client list
+        self.list_used = False  # the last poll used the client list instead of blind re-verification
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
         self._kfd: dict[str, float] = {}
@@ -154,6 +163,10 @@ class FdScanner:
             if gone.listing is not None:
                 gone.listing[0].close()
         kfd = self._kfd_pids(now)
+        listed = self.clients.read(errors) if self.clients is not None else None
+        if listed is None and self.clients is not None and self.clients.minors() and not self.clients.absent:
+            errors["clients_list_unavailable"] = errors.get("clients_list_unavailable", 0) + 1
+        self.list_used = listed is not None
         # 2. the known clients, every poll
         for pid in sorted(self._clients, key=int):
             st = self._pids.get(pid)
@@ -162,7 +175,8 @@ class FdScanner:
                 continue
             yield from self._read_known(pid, st, errors, budget)
         # 3. fd tables, most urgent first
-        work = self._work(entries, kfd, now)
+        work = self._work(entries, kfd, now, listed)
+        self._listed = listed
         self.deferred = 0
         for i, (urgency, pnum) in enumerate(work):
             if budget.hit:
@@ -174,7 +188,10 @@ class FdScanner:
                 st = self._pids[pid] = _Pid()
                 self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now)
-            found = self._examine(pid, st, verify, budget, now)
+            vouch = verify and urgency != 1 and listed is not None and st.vouched < LIST_VERIFY_EVERY - 1
+            found = self._examine(pid, st, verify and not vouch, budget, now)
+            if st.pending is None and st.listing is None and st.done and verify:
+                self._vouched(pid, st, now, vouch)
             if found:
                 yield from self._read_known(pid, st, errors, budget, only=found)
         overdue = now - self.limits.verify_period
@@ -190,7 +207,8 @@ class FdScanner:
         # a verification overdue is due, so in ``work`` (every due entry leaves the heap for it)
         self.partial = self.cut or late or bool(self._undone)
 
-    def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
+    def _work(self, entries: set[str], kfd: dict[str, float], now: float,
+              listed: dict[str, int] | None = None) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
         ones never examined whole), KFD processes without a known DRM fd (every fd, every poll,
         for ``check_period`` after amdkfd listed them), then the checks and verifications due
@@ -202,6 +220,9 @@ class FdScanner:
             if now - since <= self.limits.check_period and st is not None and st.done and not st.drm:
                 hot.add(p)
                 work.append((1, int(p)))
+        for p in list_due(listed, self._listed, self._pids, now, self.limits.check_period) - hot:
+            hot.add(p)
+            work.append((1, int(p)))
         due: set[str] = set()
         while self._due and self._due[0][0] <= now:
             _, p = heapq.heappop(self._due)
@@ -216,6 +237,16 @@ class FdScanner:
                 work.append((3, int(p)))
         work.sort()
         return work
+
+    def _vouched(self, pid: str, st: _Pid, now: float, vouch: bool) -> None:
+        """A due re-verification done: a real one, or (``vouch``) a check the client list stands
+        in for (a DRM fd opened under a reused number shows there as a new drm_file)."""
+        if not vouch:
+            st.vouched = 0
+            return
+        st.vouched += 1
+        st.next_verify = now + self.limits.verify_period
+        heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
 
     def _kfd_pids(self, now: float) -> dict[str, float]:
         """pid -> when amdkfd first listed it (``<sysfs>/class/kfd/kfd/proc/<pid>``, named by the
