@@ -162,3 +162,12 @@ def test_no_debugfs_at_all_is_the_old_behaviour_uncounted(tmp_path, shared_fixtu
     node, _, _ = _steady(tmp_path, shared_fixtures, rows=None)
     sample = node.poll()
     assert "clients_list_unavailable" not in sample.errors and not node.src._scanner.fds.list_used
+
+
+def test_the_counted_cards_are_found_by_driver_link_or_uevent(tmp_path):
+    from tests.fdinfo_trees import add_card
+    sysfs = tmp_path / "sys"
+    add_card(sysfs, 0, "0000:08:00.0", driver="amdgpu")
+    add_card(sysfs, 1, "0000:09:00.0", driver="ast")  # the BMC's VGA: no list needed
+    add_card(sysfs, 2, "0000:0a:00.0", symlink=False)  # a capture: uevent DRIVER=i915
+    assert fdinfo_debugfs.ClientList(str(tmp_path / "proc"), str(sysfs)).minors() == ["0", "2"]

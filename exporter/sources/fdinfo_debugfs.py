@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from .. import safefile
+from .sysfs_util import read_kv
 
 COUNTED_DRIVERS = frozenset({"amdgpu", "i915", "xe"})  # their fdinfo carries engine usage
 MAX_BYTES = 1 << 21  # ~14,000 lines of ~150 bytes: beyond, the list is not used this poll
@@ -84,8 +86,8 @@ class ClientList:
         self.absent = False  # ... because there is no debugfs ``dri`` directory at all
 
     def minors(self) -> list[str]:
-        """The minor numbers of the cards bound to a counted driver (re-read when the entries of
-        ``class/drm`` change: one listdir a poll)."""
+        """The minor numbers of the cards bound to a counted driver, or to a driver that cannot
+        be read (re-read when the entries of ``class/drm`` change: one listdir a poll)."""
         drm = f"{self.sysfs}/class/drm"
         try:
             names = frozenset(os.listdir(drm))
@@ -97,9 +99,9 @@ class ClientList:
             for name in sorted(n for n in names if _CARD.match(n)):
                 try:
                     driver = os.path.basename(os.readlink(f"{drm}/{name}/device/driver"))
-                except OSError:
-                    continue
-                if driver in COUNTED_DRIVERS:
+                except OSError:  # a capture without the link: its uevent's DRIVER= (as drm_fdinfo)
+                    driver = read_kv(Path(drm, name, "device", "uevent")).get("DRIVER", "")
+                if driver in COUNTED_DRIVERS or not driver:  # unknown: it may be counted
                     out.append(name[4:])
             self._minors = out
         return self._minors
