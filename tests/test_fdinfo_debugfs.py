@@ -171,3 +171,21 @@ def test_the_counted_cards_are_found_by_driver_link_or_uevent(tmp_path):
     add_card(sysfs, 1, "0000:09:00.0", driver="ast")  # the BMC's VGA: no list needed
     add_card(sysfs, 2, "0000:0a:00.0", symlink=False)  # a capture: uevent DRIVER=i915
     assert fdinfo_debugfs.ClientList(str(tmp_path / "proc"), str(sysfs)).minors() == ["0", "2"]
+
+
+def test_before_linux_6_7_the_list_is_a_hint_and_the_re_verification_stays(tmp_path, shared_fixtures, readlinks,
+                                                                           monkeypatch):
+    """Before drm_file_update_pid (Linux 6.7) an fd handed to another process stays listed under
+    its opener: new drm_files still send their pid to be examined at once, but every table is
+    re-verified every period as without the list."""
+    assert fdinfo_debugfs.kernel_release("6.6.30-generic") < fdinfo_debugfs.HANDOVER_KERNEL
+    assert fdinfo_debugfs.kernel_release("6.8.0-45-generic") >= fdinfo_debugfs.HANDOVER_KERNEL
+    monkeypatch.setattr(fdinfo_debugfs, "kernel_release", lambda release=None: (6, 6))
+    node, sysfs, _ = _steady(tmp_path, shared_fixtures)
+    readlinks.clear()
+    for _ in range(int(VERIFY) + 10):
+        node.poll()
+    assert len(readlinks) >= 150 - 5  # every fd of every process again
+    node.add_client(103, 12, 903)
+    write_clients(sysfs, 0, LISTED + [("app", 103)])
+    assert node.seconds_until_counted(103) <= 2  # the hint still holds

@@ -33,6 +33,7 @@ from pathlib import Path
 from .. import safefile
 from .sysfs_util import read_kv
 
+HANDOVER_KERNEL = (6, 7)  # drm_file_update_pid (commit 1c7a387ffef8): an fd handed over moves its line
 COUNTED_DRIVERS = frozenset({"amdgpu", "i915", "xe"})  # their fdinfo carries engine usage
 MAX_BYTES = 1 << 21  # ~14,000 lines of ~150 bytes: beyond, the list is not used this poll
 MAX_LINES = 65536  # beyond, the list is not used this poll
@@ -73,6 +74,12 @@ def parse(text: str) -> tuple[dict[str, int], int] | None:
     return counts, malformed
 
 
+def kernel_release(release: str | None = None) -> tuple[int, int]:
+    """(major, minor) of the running kernel (``uname -r``); (0, 0) when it cannot be read."""
+    m = re.match(r"([0-9]+)\.([0-9]+)", release if release is not None else os.uname().release)
+    return (int(m[1]), int(m[2])) if m else (0, 0)
+
+
 class ClientList:
     """The counted cards' client lists under ``<sysfs>/kernel/debug/dri``, read once a poll."""
 
@@ -84,6 +91,11 @@ class ClientList:
         self._minors: list[str] = []
         self.reason = ""  # why the last read answered None ("" when it answered)
         self.absent = False  # ... because there is no debugfs ``dri`` directory at all
+        # whether a drm_file handed to another process (SCM_RIGHTS, fork) shows under the process
+        # that uses it: Linux 6.7+; before, the list is a hint only (pids examined at once) and the
+        # blind re-verification keeps its period (a distribution kernel numbered lower with the
+        # change backported is under-used, never over-trusted)
+        self.handover = kernel_release() >= HANDOVER_KERNEL
 
     def minors(self) -> list[str]:
         """The minor numbers of the cards bound to a counted driver, or to a driver that cannot

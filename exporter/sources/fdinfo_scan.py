@@ -188,7 +188,8 @@ class FdScanner:
                 st = self._pids[pid] = _Pid()
                 self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now)
-            vouch = verify and urgency != 1 and listed is not None and st.vouched < LIST_VERIFY_EVERY - 1
+            vouch = (verify and urgency != 1 and listed is not None and self.clients.handover
+                     and st.vouched < LIST_VERIFY_EVERY - 1)
             found = self._examine(pid, st, verify and not vouch, budget, now)
             if st.pending is None and st.listing is None and st.done and verify:
                 self._vouched(pid, st, now, vouch)
