@@ -13,8 +13,7 @@ import os
 import pytest
 
 from exporter.sources import fdinfo_debugfs
-from exporter.sources.fdinfo_debugfs import parse
-from exporter.sources.fdinfo_scan import LIST_VERIFY_EVERY
+from exporter.sources.fdinfo_debugfs import LIST_VERIFY_EVERY, parse
 from tests.fdinfo_trees import write_clients
 from tests.test_fdinfo_incremental import BOUND_REUSED, VERIFY, Node, _node
 
@@ -82,7 +81,7 @@ def test_a_reused_fd_number_in_a_listed_process_is_found_at_the_next_poll(tmp_pa
     node.add_client(103, 12, 903)
     write_clients(sysfs, 0, LISTED + [("app", 103)])
     assert node.seconds_until_counted(103) <= 2  # without the list: the next re-verification (<= 52 s)
-    assert node.src._scanner.fds.list_used
+    assert node.src._scanner.fds.clients.used
 
 
 def test_with_the_list_unlisted_processes_are_not_re_verified(tmp_path, shared_fixtures, readlinks):
@@ -131,7 +130,7 @@ def test_an_unreadable_list_falls_back_to_the_re_verification_and_is_counted(tmp
             break
     assert took is not None and 2 < took <= BOUND_REUSED  # today's bound, not the list's
     assert set(write_errors) == {1}  # every poll that fell back is counted
-    assert not node.src._scanner.fds.list_used
+    assert not node.src._scanner.fds.clients.used
 
 
 def test_a_counted_card_without_its_file_falls_back(tmp_path, shared_fixtures, readlinks):
@@ -139,14 +138,14 @@ def test_a_counted_card_without_its_file_falls_back(tmp_path, shared_fixtures, r
     from tests.fdinfo_trees import add_card
     add_card(sysfs, 1, "0000:09:00.0", driver="amdgpu")  # a second amdgpu card, no dri/1/clients
     sample = node.poll()
-    assert sample.errors["clients_list_unavailable"] == 1 and not node.src._scanner.fds.list_used
+    assert sample.errors["clients_list_unavailable"] == 1 and not node.src._scanner.fds.clients.used
 
 
 def test_malformed_lines_are_counted_the_rest_used(tmp_path, shared_fixtures, readlinks):
     node, sysfs, path = _steady(tmp_path, shared_fixtures)
     path.write_text(path.read_text() + "junk line\n")
     sample = node.poll()
-    assert sample.errors["clients_list_malformed"] == 1 and node.src._scanner.fds.list_used
+    assert sample.errors["clients_list_malformed"] == 1 and node.src._scanner.fds.clients.used
 
 
 def test_a_procfs_of_another_pid_namespace_does_not_use_the_list(tmp_path, shared_fixtures, readlinks):
@@ -155,13 +154,13 @@ def test_a_procfs_of_another_pid_namespace_does_not_use_the_list(tmp_path, share
     node, sysfs, _ = _steady(tmp_path, shared_fixtures)
     os.symlink(str(os.getpid() + 1), node.proc / "self")
     sample = node.poll()
-    assert sample.errors["clients_list_unavailable"] == 1 and not node.src._scanner.fds.list_used
+    assert sample.errors["clients_list_unavailable"] == 1 and not node.src._scanner.fds.clients.used
 
 
 def test_no_debugfs_at_all_is_the_old_behaviour_uncounted(tmp_path, shared_fixtures, readlinks):
     node, _, _ = _steady(tmp_path, shared_fixtures, rows=None)
     sample = node.poll()
-    assert "clients_list_unavailable" not in sample.errors and not node.src._scanner.fds.list_used
+    assert "clients_list_unavailable" not in sample.errors and not node.src._scanner.fds.clients.used
 
 
 def test_the_counted_cards_are_found_by_driver_link_or_uevent(tmp_path):

@@ -34,6 +34,7 @@ from .. import safefile
 from .sysfs_util import read_kv
 
 HANDOVER_KERNEL = (6, 7)  # drm_file_update_pid (commit 1c7a387ffef8): an fd handed over moves its line
+LIST_VERIFY_EVERY = 10  # with the list: every 10th re-verification of a table is still a real one
 COUNTED_DRIVERS = frozenset({"amdgpu", "i915", "xe"})  # their fdinfo carries engine usage
 MAX_BYTES = 1 << 21  # ~14,000 lines of ~150 bytes: beyond, the list is not used this poll
 MAX_LINES = 65536  # beyond, the list is not used this poll
@@ -96,6 +97,54 @@ class ClientList:
         # blind re-verification keeps its period (a distribution kernel numbered lower with the
         # change backported is under-used, never over-trusted)
         self.handover = kernel_release() >= HANDOVER_KERNEL
+        self.listed: dict[str, int] | None = None  # this poll's list (tgid -> drm_files), None: not used
+        self.prev: dict[str, int] | None = None  # the last poll's
+        self._seen: dict[str, tuple[int, float, float]] = {}  # tgid -> (count examined at, next, gap)
+
+    @property
+    def used(self) -> bool:
+        """Whether this poll uses the list (instead of the blind re-verification)."""
+        return self.listed is not None
+
+    def poll(self, errors: dict) -> dict[str, int] | None:
+        """Read this poll's list (``read``); a list that is there but not usable is counted in
+        ``errors["clients_list_unavailable"]``."""
+        self.prev, self.listed = self.listed, self.read(errors)
+        if self.listed is None and self._minors and not self.absent:
+            errors["clients_list_unavailable"] = errors.get("clients_list_unavailable", 0) + 1
+        return self.listed
+
+    def vouches(self, vouched: int) -> bool:
+        """Whether a due re-verification of a table may be a check this poll: the list holds, on a
+        kernel where a handed-over drm_file moves to its user, and it stood in fewer than
+        ``LIST_VERIFY_EVERY - 1`` times in a row (an fd received or inherited and never used
+        shows nowhere in the list: the real one finds it)."""
+        return self.listed is not None and self.handover and vouched < LIST_VERIFY_EVERY - 1
+
+    def due(self, pids: dict, now: float, max_gap: float) -> set[str]:
+        """The pids of ``pids`` (the scanner's records, examined whole: ``done``) to examine now,
+        every fd: one with more drm_files than in the last poll's list (a drm_file opened by it,
+        or handed to it and used), or than DRM fds known in it (``drm``).  A count that stays
+        above the known fds (a drm_file its child holds, a kernel client naming a long-gone pid
+        now reused, fds of an uncounted card) is examined again after 1, 2, 4, ... s, at most
+        ``max_gap`` apart."""
+        if not self.listed:
+            self._seen.clear()
+            return set()
+        prev = self.prev or {}
+        seen, self._seen = self._seen, {}
+        out = set()
+        for p, n in self.listed.items():
+            st = pids.get(p)
+            if st is None or not st.done:
+                continue  # not a process here (yet): new pids are examined at once anyway
+            at, nxt, gap = seen.get(p, (0, 0.0, 0.0))
+            if n > prev.get(p, n) or (n > len(st.drm) and (n != at or now >= nxt)):
+                gap = 1.0 if n != at else min(2 * gap, max_gap)
+                at, nxt = n, now + gap
+                out.add(p)
+            self._seen[p] = (at, nxt, gap)
+        return out
 
     def minors(self) -> list[str]:
         """The minor numbers of the cards bound to a counted driver, or to a driver that cannot
@@ -170,24 +219,3 @@ class ClientList:
         self.reason = ""
         return total
 
-
-def list_due(listed: dict[str, int] | None, prev: dict[str, int] | None, pids: dict, now: float,
-             max_gap: float) -> set[str]:
-    """The pids of ``pids`` (the scanner's records) the client list says to examine now, every
-    fd: one with more drm_files than DRM fds known, or more than in the last poll's list
-    (``prev``: a drm_file opened by it, or handed to it and used).  A count that stays above the
-    known fds (a drm_file its child holds, a kernel client naming a long-gone pid now reused,
-    fds of an uncounted card) is examined again after 1, 2, 4, ... s, at most ``max_gap`` apart."""
-    if not listed:
-        return set()
-    prev = prev or {}
-    out = set()
-    for p, n in listed.items():
-        st = pids.get(p)
-        if st is None or not st.done:
-            continue  # not a process here (yet): new pids are examined at once anyway
-        if n > prev.get(p, n) or (n > len(st.drm) and (n != st.listed or now >= st.list_next)):
-            st.list_gap = 1.0 if n != st.listed else min(2 * st.list_gap, max_gap)
-            st.listed, st.list_next = n, now + st.list_gap
-            out.add(p)
-    return out

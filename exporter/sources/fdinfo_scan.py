@@ -43,12 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
-from .fdinfo_debugfs import ClientList, list_due
-from .fdinfo_tables import FDINFO_MAX_BYTES, drm_among, links, list_table
+from .fdinfo_debugfs import ClientList
+from .fdinfo_tables import FDINFO_MAX_BYTES, Budget, drm_among, links, list_table
 
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
-LIST_VERIFY_EVERY = 10  # with the debugfs client list: every 10th re-verification is a real one
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,33 +82,6 @@ class _Pid:
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
     vouched: int = 0  # re-verifications the debugfs client list stood in for since the last real one
-    listed: int = 0  # its drm_files in the client list when last examined for it
-    list_next: float = 0.0  # when a count above the known DRM fds is examined again (backing off)
-    list_gap: float = 0.0
-
-
-class _Budget:
-    def __init__(self, limits: ScanLimits) -> None:
-        self.fds = limits.max_fds
-        self.deadline = time.perf_counter() + limits.max_seconds
-        self.hit = False
-
-    def take(self, n: int) -> int:
-        """Take up to ``n`` fds from the budget; how many it gave (fewer: ``hit``)."""
-        if self.hit or time.perf_counter() > self.deadline:
-            self.hit = True
-            return 0
-        given = min(n, self.fds)
-        self.fds -= given
-        self.hit = given < n
-        return given
-
-    def late(self) -> bool:
-        """Whether the poll's time is spent (then ``hit``)."""
-        if time.perf_counter() > self.deadline:
-            self.hit = True
-            return True
-        return False
 
 
 class FdScanner:
@@ -123,9 +95,7 @@ class FdScanner:
         self._read_deadline = 0.0
         self.cut = False  # the last poll left known clients unread (record cap or known_seconds)
         self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
-        self.clients = ClientList(self.procfs, str(sysfs)) if sysfs is not None else None
-        self._listed: dict[str, int] | None = None  # tgid -> drm_files in the last poll's client list
-        self.list_used = False  # the last poll used the client list instead of blind re-verification
+        self.clients = ClientList(self.procfs, str(sysfs)) if sysfs is not None else None  # debugfs
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
         self._kfd: dict[str, float] = {}
@@ -144,7 +114,7 @@ class FdScanner:
         """Yield ``(pid, fd, fdinfo text)`` for every DRM fd found; ``now``: the monotonic time
         the schedule uses (the source's clock)."""
         now = time.monotonic() if now is None else now
-        budget = _Budget(self.limits)
+        budget = Budget(self.limits)
         self._left = self.max_records if self.max_records is not None else 1 << 62
         self._read_deadline = time.perf_counter() + known_seconds(self.limits)
         self.cut = False
@@ -163,10 +133,8 @@ class FdScanner:
             if gone.listing is not None:
                 gone.listing[0].close()
         kfd = self._kfd_pids(now)
-        listed = self.clients.read(errors) if self.clients is not None else None
-        if listed is None and self.clients is not None and self.clients.minors() and not self.clients.absent:
-            errors["clients_list_unavailable"] = errors.get("clients_list_unavailable", 0) + 1
-        self.list_used = listed is not None
+        if self.clients is not None:  # DRM core's client list, where it holds (fdinfo_debugfs)
+            self.clients.poll(errors)
         # 2. the known clients, every poll
         for pid in sorted(self._clients, key=int):
             st = self._pids.get(pid)
@@ -175,8 +143,7 @@ class FdScanner:
                 continue
             yield from self._read_known(pid, st, errors, budget)
         # 3. fd tables, most urgent first
-        work = self._work(entries, kfd, now, listed)
-        self._listed = listed
+        work = self._work(entries, kfd, now)
         self.deferred = 0
         for i, (urgency, pnum) in enumerate(work):
             if budget.hit:
@@ -188,11 +155,13 @@ class FdScanner:
                 st = self._pids[pid] = _Pid()
                 self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now)
-            vouch = (verify and urgency != 1 and listed is not None and self.clients.handover
-                     and st.vouched < LIST_VERIFY_EVERY - 1)
+            vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
             found = self._examine(pid, st, verify and not vouch, budget, now)
             if st.pending is None and st.listing is None and st.done and verify:
-                self._vouched(pid, st, now, vouch)
+                st.vouched = st.vouched + 1 if vouch else 0
+                if vouch:  # the client list stood in for it (a new drm_file shows there): due in a period
+                    st.next_verify = now + self.limits.verify_period
+                    heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
             if found:
                 yield from self._read_known(pid, st, errors, budget, only=found)
         overdue = now - self.limits.verify_period
@@ -208,8 +177,7 @@ class FdScanner:
         # a verification overdue is due, so in ``work`` (every due entry leaves the heap for it)
         self.partial = self.cut or late or bool(self._undone)
 
-    def _work(self, entries: set[str], kfd: dict[str, float], now: float,
-              listed: dict[str, int] | None = None) -> list[tuple[int, int]]:
+    def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
         ones never examined whole), KFD processes without a known DRM fd (every fd, every poll,
         for ``check_period`` after amdkfd listed them), then the checks and verifications due
@@ -221,8 +189,8 @@ class FdScanner:
             if now - since <= self.limits.check_period and st is not None and st.done and not st.drm:
                 hot.add(p)
                 work.append((1, int(p)))
-        for p in list_due(listed, self._listed, self._pids, now, self.limits.check_period) - hot:
-            hot.add(p)
+        for p in (self.clients.due(self._pids, now, self.limits.check_period) if self.clients else set()) - hot:
+            hot.add(p)  # the client list names it with a new drm_file (fdinfo_debugfs.ClientList.due)
             work.append((1, int(p)))
         due: set[str] = set()
         while self._due and self._due[0][0] <= now:
@@ -239,16 +207,6 @@ class FdScanner:
         work.sort()
         return work
 
-    def _vouched(self, pid: str, st: _Pid, now: float, vouch: bool) -> None:
-        """A due re-verification done: a real one, or (``vouch``) a check the client list stands
-        in for (a DRM fd opened under a reused number shows there as a new drm_file)."""
-        if not vouch:
-            st.vouched = 0
-            return
-        st.vouched += 1
-        st.next_verify = now + self.limits.verify_period
-        heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
-
     def _kfd_pids(self, now: float) -> dict[str, float]:
         """pid -> when amdkfd first listed it (``<sysfs>/class/kfd/kfd/proc/<pid>``, named by the
         process's pid in the initial PID namespace; docs/detection.md)."""
@@ -263,7 +221,7 @@ class FdScanner:
         return self._kfd
 
     # ------------------------------------------------------------------ one fd table
-    def _examine(self, pid: str, st: _Pid, verify: bool, budget: _Budget, now: float) -> list[str]:
+    def _examine(self, pid: str, st: _Pid, verify: bool, budget: Budget, now: float) -> list[str]:
         """Examine ``pid``'s fd table (new numbers, or all of them when ``verify``) within the
         budget; return the DRM fds found that were not known."""
         try:
@@ -313,7 +271,7 @@ class FdScanner:
         finally:
             os.close(dir_fd)
 
-    def _look(self, pid: str, st: _Pid, dir_fd: int, todo, budget: _Budget, found: list[str]) -> tuple[int, bool]:
+    def _look(self, pid: str, st: _Pid, dir_fd: int, todo, budget: Budget, found: list[str]) -> tuple[int, bool]:
         """``readlink`` the fd numbers ``todo`` within the budget, keep ``st.drm`` up to date
         and add the DRM fds not known before to ``found``; how many were looked at, and whether
         one was missing (closed meanwhile)."""
@@ -382,7 +340,7 @@ class FdScanner:
         return new
 
     # ------------------------------------------------------------------ fdinfo
-    def _read_known(self, pid: str, st: _Pid, errors: dict, budget: _Budget, only: list[str] | None = None
+    def _read_known(self, pid: str, st: _Pid, errors: dict, budget: Budget, only: list[str] | None = None
                     ) -> Iterator[tuple[str, str, str]]:
         """The fdinfo of ``pid``'s DRM fds, until the poll's record cap or ``known_seconds``
         (then ``budget.hit``: the count is partial, never slower)."""
