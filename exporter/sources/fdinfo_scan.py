@@ -14,7 +14,9 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
-   one is gone); due work comes from a heap, so a poll costs nothing per idle process;
+   one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
+   DRM core's debugfs client list holds (``fdinfo_debugfs``), a process it names with a new
+   drm_file is examined at once and a due verification is a check (one real one in ten);
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
