@@ -12,7 +12,11 @@ Cases (one JSON object per line with --json):
   bmc      the same procfs, the only DRM card the BMC's VGA (``ast``): the source does not scan;
   separated  ``busy`` with the scan in the counting process (privilege separation, issue 37): its
            CPU is the serving process's plus the counting process's (``/proc/<pid>/stat``, clock
-           ticks), side by side with ``busy``.
+           ticks), side by side with ``busy``;
+  busy_list  ``busy`` with DRM core's debugfs client list readable (``<sysfs>/kernel/debug/dri/0/
+           clients`` naming the DRM clients' pids, ``clients_lists``): the blind re-verification
+           stops, but for one real one every ``LIST_VERIFY_EVERY`` periods, which a run of
+           ``--polls`` below that many periods does not reach (docs/detection.md gives its average).
 
     python bench/bench_fdinfo.py [--fds 100000] [--procs 1000] [--drm 20] [--polls 60] [--flood 200000]
 """
@@ -66,6 +70,21 @@ def build(root: Path, fds: int, procs: int, drm: int) -> list[Path]:
                 os.symlink(TARGETS[n % len(TARGETS)].format(n=n), base / "fd" / str(fd))
                 (base / "fdinfo" / str(fd)).write_text(f"pos:\t0\nflags:\t02\nmnt_id:\t9\nino:\t{n}\n")
     return drm_files
+
+
+def clients_lists(tree: Path, pids: list[str]) -> Path:
+    """``<tree>/kernel/debug/dri/<N>/clients`` for every ``class/drm/card<N>`` of a sysfs tree, in
+    the kernel's layout (drivers/gpu/drm/drm_debugfs.c ``drm_clients_info``, with the client name
+    and id columns), naming ``pids`` (one drm_file each) on the first card."""
+    head = f"{'command':>20} {'tgid':>5} {'dev':>3} master a {'uid':>5} {'magic':>10} {'name':>64} {'id':>20}\n"
+    for i, card in enumerate(sorted((tree / "class" / "drm").glob("card*"))):
+        minor = int(card.name[4:])
+        d = tree / "kernel" / "debug" / "dri" / str(minor)
+        d.mkdir(parents=True, exist_ok=True)
+        rows = [f"{'app':>20} {int(p):5d} {128 + minor:3d}   n    y {1000:5d} {0:10d} {'<unset>':>64} {n + 1:20d}\n"
+                for n, p in enumerate(pids if i == 0 else [])]
+        (d / "clients").write_text(head + "".join(rows))
+    return tree
 
 
 def flood(root: Path, pid: int, fds: int) -> None:
@@ -202,6 +221,8 @@ def main() -> None:
         sys_xe = sysfs(Path(tmp) / "sys", "xe")
         out.append(run_case("busy", root, sys_xe, drm_files, args.polls))
         out.append(separated(root, sys_xe, drm_files, args.polls))
+        sys_list = clients_lists(sysfs(Path(tmp) / "sys_list", "xe"), [f.parent.parent.name for f in drm_files])
+        out.append(run_case("busy_list", root, sys_list, drm_files, args.polls))
         out.append(run_case("bmc", root, sysfs(Path(tmp) / "sys_ast", "ast"), drm_files, args.polls))
         if args.flood:
             def at(i: int) -> None:

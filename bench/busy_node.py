@@ -6,7 +6,11 @@ default) over two procfs roots given with ``--path.procfs``:
 
   empty   a procfs with kthreadd only (what the ``peer`` section's node has);
   busy    a fixture procfs of PROCS processes holding FDS fds in all (sockets, pipes, files,
-          /dev/null), built by ``bench_fdinfo.build``: the scan's cost, without other work.
+          /dev/null), built by ``bench_fdinfo.build``: the scan's cost, without other work;
+  busy_list  the same busy procfs over a copy of the sysfs tree that also has DRM core's debugfs
+          client list (``kernel/debug/dri/<N>/clients``, ``bench_fdinfo.clients_lists``: where
+          debugfs is mounted and readable, as under the shipped systemd unit): the blind
+          re-verification stops (docs/detection.md).  Not for the BMC-only server (no counted card).
 
 All servers run at once and are scraped once a second over the same window; node_exporter
 (drm + hwmon collectors) on the same sysfs tree is the peer.  Reported: CPU % of one core, the
@@ -16,13 +20,14 @@ there costs about what one on /proc does (a path walk and a copy), the magic lin
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_fdinfo import build, fixture_dir, sysfs  # noqa: E402
+from bench.bench_fdinfo import build, clients_lists, fixture_dir, sysfs  # noqa: E402
 from bench.common import Proc, exporter_cmd, free_port, paced_scrapes  # noqa: E402
 from bench.node_exporter_peer import KEEP_OPEN, _ratio, node, node_exporter_binary  # noqa: E402
 
@@ -67,6 +72,12 @@ def _measure(tmp: Path, trees: dict[int, Path], empty: Path, busy: Path, binary:
             servers[label] = {"empty": ours(f"busy_{key}_empty", tree, empty, tmp),
                               "busy": ours(f"busy_{key}_busy", tree, busy, tmp),
                               "node": node(f"busy_{key}_node", tree, binary)}
+            if label != "bmc only":  # the same tree with the debugfs client list (no DRM client)
+                listed = tmp / f"sys-list-{key}"
+                if not listed.exists():
+                    shutil.copytree(tree, listed, symlinks=True)
+                    clients_lists(listed, [])
+                servers[label]["busy_list"] = ours(f"busy_{key}_busy_list", listed, busy, tmp)
             for p in servers[label].values():
                 p.start(tmp)
         for group in servers.values():
@@ -81,6 +92,7 @@ def _measure(tmp: Path, trees: dict[int, Path], empty: Path, busy: Path, binary:
             out["cases"][label] = {
                 "cpu_percent": pct, "rss_bytes": {k: paced[p.name]["rss_bytes"] for k, p in group.items()},
                 "ratio_empty": _ratio(pct["empty"], pct["node"]), "ratio_busy": _ratio(pct["busy"], pct["node"]),
+                "ratio_busy_list": _ratio(pct["busy_list"], pct["node"]) if "busy_list" in pct else None,
                 "busy_minus_empty_points": pct["busy"] - pct["empty"],
                 "errors": {k: paced[p.name]["errors"] for k, p in group.items()}}
         return out

@@ -211,7 +211,7 @@ def budgets(r: dict) -> dict:
         put("issue35_fdinfo_percent", round(fd["cpu_percent"], 2), 2.0, fd["cpu_percent"] <= 2.0)
     busy = r.get("busy", {}).get("cases", {})
     ratios = {f"{k} {e}": c[f"ratio_{e}"] for k, c in busy.items() if k != "bmc only"
-              for e in ("empty", "busy") if c[f"ratio_{e}"] is not None}
+              for e in ("empty", "busy", "busy_list") if c.get(f"ratio_{e}") is not None}
     if ratios:
         put("issue35_cpu_vs_node", {k: round(v, 2) for k, v in ratios.items()}, 1.0,
             all(v <= 1.0 for v in ratios.values()))
@@ -478,14 +478,16 @@ def render_table(r: dict) -> str:
     if _problem(busy):
         parts.append(f"\n== busy node: {_problem(busy)}")
     elif busy.get("cases"):
-        rows = [[k, *(_f(c["cpu_percent"][e]) for e in ("empty", "busy", "node")),
-                 f"{_f(c['ratio_empty'])}x / {_f(c['ratio_busy'])}x", _f(c["busy_minus_empty_points"]),
+        rows = [[k, *(_f(c["cpu_percent"].get(e)) for e in ("empty", "busy", "busy_list", "node")),
+                 f"{_f(c['ratio_empty'])}x / {_f(c['ratio_busy'])}x / {_f(c.get('ratio_busy_list'))}x",
+                 _f(c["busy_minus_empty_points"]),
                  " / ".join(_f(c["rss_bytes"][e] / MB, ".1f") for e in ("empty", "busy", "node"))]
                 for k, c in busy["cases"].items()]
         parts.append(_table(
             f"issue 35: daemon with the fdinfo client count (default), empty vs busy procfs ({busy['fds']} fds in "
             f"{busy['processes']} processes), 1 scrape/s over {busy['seconds']:.0f} s, vs node_exporter (drm+hwmon)",
-            ["sysfs", "ours empty %", "ours busy %", "node %", "ratio empty / busy", "busy - empty pts",
+            ["sysfs", "ours empty %", "ours busy %", "ours busy, debugfs list %", "node %",
+             "ratio empty / busy / busy+list", "busy - empty pts",
              "RSS MB empty / busy / node"], rows))
     t17 = issue17_table(r)
     if t17:

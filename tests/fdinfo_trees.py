@@ -47,3 +47,39 @@ def some_card(sysfs: Path, pci: str = "0000:ff:00.0") -> None:
     drm = Path(sysfs) / "class" / "drm"
     if not any(drm.glob("card*")) if drm.is_dir() else True:
         add_card(Path(sysfs), 99, pci)
+
+
+def write_clients(sysfs: Path, minor: int, rows: list[tuple[str, int]], *, layout: str = "id",
+                  link: bool = True) -> Path:
+    """``<sysfs>/kernel/debug/dri/<minor>/clients`` as drivers/gpu/drm/drm_debugfs.c (its printf formats)
+    ``drm_clients_info`` prints it: one line per drm_file (``rows``: (command, tgid)).
+    ``layout``: "id" (name and client id columns, Linux 6.16+), "name" (6.13+), "tgid" (6.4+),
+    "pid" (older: the opening thread).  ``link``: the device-centred layout (6.7+): ``dri/<minor>``
+    is a symlink to ``dri/<pci address>``."""
+    dri = Path(sysfs) / "kernel" / "debug" / "dri"
+    dri.mkdir(parents=True, exist_ok=True)
+    if link:
+        target = dri / f"0000:{minor:02x}:00.0"
+        target.mkdir(exist_ok=True)
+        if not (dri / str(minor)).is_symlink():
+            os.symlink(target.name, dri / str(minor))
+    else:
+        target = dri / str(minor)
+        target.mkdir(exist_ok=True)
+    pid = "pid" if layout == "pid" else "tgid"
+    head = "%20s %5s %3s master a %5s %10s" % ("command", pid, "dev", "uid", "magic")  # noqa: UP031
+    if layout in ("name", "id"):
+        head += " %*s" % (64, "name")  # noqa: UP031
+    if layout == "id":
+        head += " %20s" % "id"  # noqa: UP031
+    lines = [head]
+    for i, (comm, tgid) in enumerate(rows):
+        line = "%20s %5d %3d   %c    %c %5d %10u" % (comm, tgid, minor, "n", "y", 1000, 0)  # noqa: UP031
+        if layout in ("name", "id"):
+            line += " %*s" % (64, "<unset>")  # noqa: UP031
+        if layout == "id":
+            line += " %20d" % (i + 1)  # noqa: UP031
+        lines.append(line)
+    path = target / "clients"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -23,7 +23,7 @@ from exporter.sources import fdinfo_records
 from exporter.sources.context import SourceContext
 from exporter.sources.drm_fdinfo import DrmFdinfoSource
 from exporter.sources.fdinfo_scan import ScanLimits
-from tests.fdinfo_trees import add_card, add_fd, set_fdinfo
+from tests.fdinfo_trees import add_card, add_fd, set_fdinfo, write_clients
 
 PDEV = "0000:08:00.0"
 FDINFO = ("pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t" + PDEV + "\n"
@@ -183,6 +183,28 @@ def test_the_real_counter_answers_and_a_source_without_it_scans_in_this_process(
     local.open()
     assert ("privilege_separated", (), 0.0) in local.poll().self_samples
     assert os.path.isdir(proc)
+
+
+def test_the_counter_relays_the_debugfs_client_list_counts(tmp_path):
+    """The client list is read in the counting process (it holds CAP_DAC_READ_SEARCH): its
+    fallback and malformed-line counts come back in the answer's errors (and nothing else does)."""
+    assert decode(_with(errors={"clients_list_unavailable": 1, "clients_list_malformed": 2}), 1).errors == {
+        "clients_list_unavailable": 1, "clients_list_malformed": 2}
+    proc, sysfs = _node(tmp_path)
+    path = write_clients(sysfs, 1, [("app", 300), ("app", 301)])
+    path.write_text(path.read_text() + "junk\n")
+    counter = Counter(proc, sysfs)
+    try:
+        remote = counter.scanner(proc, sysfs, ScanLimits())
+        errors: dict = {}
+        remote.scan(errors, 1.0)
+        assert errors == {"clients_list_malformed": 1}
+        path.write_text("not the kernel's header\n")
+        errors = {}
+        remote.scan(errors, 2.0)
+        assert errors == {"clients_list_unavailable": 1}
+    finally:
+        counter.close()
 
 
 # ---------------------------------------------------------------- the security review (issue 37)

@@ -172,6 +172,7 @@ def serve(fd: int, procfs: str, sysfs: str) -> int:
     LocalScanner, ScanLimits, answer = _scan["LocalScanner"], _scan["ScanLimits"], _scan["answer"]
     MAX_RECORDS, MAX_REQUEST_BYTES, encode_record, frame, length = (
         answer.MAX_RECORDS, answer.MAX_REQUEST_BYTES, answer.encode_record, answer.frame, answer.length)
+    ERROR_KINDS = answer.ERROR_KINDS  # (``answer`` names each reply below)
     sock = socket.socket(fileno=fd)
     scanner = None
     key: tuple = ()
@@ -196,7 +197,7 @@ def serve(fd: int, procfs: str, sysfs: str) -> int:
             found = scanner.scan(errors, _number(req["now"], 0.0, 1e12))
             answer = {"id": rid, "host_pids": scanner.host_pids, "unreadable": scanner.unreadable,
                       "partial": scanner.partial, "budget_hit": scanner.budget_hit,
-                      "errors": {k: v for k, v in errors.items() if k == "read_error"},
+                      "errors": {k: v for k, v in errors.items() if k in ERROR_KINDS},
                       "records": [encode_record(pid, fdn, rec) for pid, fdn, rec in found],
                       "names": {pid: _printable(scanner.comm(pid)) for pid in {p for p, _, _ in found}} if names else {}}
         except (ValueError, TypeError, KeyError, IndexError) as exc:

@@ -44,6 +44,7 @@ from typing import ClassVar
 from .base import Abilities, Device, PollResult, SourceBase, SourceUnavailable
 from .context import DEFAULT_CONTEXT, SourceContext
 from .evidence import mark, visibility
+from .fdinfo_debugfs import COUNTED_DRIVERS
 from .fdinfo_parser import FdinfoRecord, normalize_pdev
 from .fdinfo_records import make_scanner
 from .fdinfo_scan import ScanLimits
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 DRIVER_VENDOR = {"i915": "intel", "xe": "intel", "amdgpu": "amd", "nvidia-drm": "nvidia", "nvidia": "nvidia"}
 _CARD_RE = re.compile(r"^card(\d+)$")
 # drivers whose fdinfo carries engine usage (drm-engine-*, drm-cycles-*): their clients can be counted
-EVIDENCE_DRIVERS = frozenset({"amdgpu", "i915", "xe"})
+EVIDENCE_DRIVERS = COUNTED_DRIVERS
 MAX_CLIENTS = 64  # internal client readings per GPU and poll (the count needs two)
 
 

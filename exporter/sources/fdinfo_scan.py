@@ -14,7 +14,9 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
-   one is gone); due work comes from a heap, so a poll costs nothing per idle process;
+   one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
+   DRM core's debugfs client list holds (``fdinfo_debugfs``), a process it names with a new
+   drm_file is examined at once and a due verification is a check (one real one in ten);
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
@@ -43,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
-from .fdinfo_tables import FDINFO_MAX_BYTES, drm_among, links, list_table
+from .fdinfo_debugfs import ClientList
+from .fdinfo_tables import FDINFO_MAX_BYTES, Budget, drm_among, links, list_table
 
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
@@ -80,30 +83,7 @@ class _Pid:
     pending_verify: bool = False  # ... and whether it was a verification
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
-
-
-class _Budget:
-    def __init__(self, limits: ScanLimits) -> None:
-        self.fds = limits.max_fds
-        self.deadline = time.perf_counter() + limits.max_seconds
-        self.hit = False
-
-    def take(self, n: int) -> int:
-        """Take up to ``n`` fds from the budget; how many it gave (fewer: ``hit``)."""
-        if self.hit or time.perf_counter() > self.deadline:
-            self.hit = True
-            return 0
-        given = min(n, self.fds)
-        self.fds -= given
-        self.hit = given < n
-        return given
-
-    def late(self) -> bool:
-        """Whether the poll's time is spent (then ``hit``)."""
-        if time.perf_counter() > self.deadline:
-            self.hit = True
-            return True
-        return False
+    vouched: int = 0  # re-verifications the debugfs client list stood in for since the last real one
 
 
 class FdScanner:
@@ -117,6 +97,7 @@ class FdScanner:
         self._read_deadline = 0.0
         self.cut = False  # the last poll left known clients unread (record cap or known_seconds)
         self.kfd = f"{sysfs}/{KFD_PROC}" if sysfs is not None else None
+        self.clients = ClientList(self.procfs, str(sysfs)) if sysfs is not None else None  # debugfs
         self.limits = limits or ScanLimits()
         self._pids: dict[str, _Pid] = {}
         self._kfd: dict[str, float] = {}
@@ -135,7 +116,7 @@ class FdScanner:
         """Yield ``(pid, fd, fdinfo text)`` for every DRM fd found; ``now``: the monotonic time
         the schedule uses (the source's clock)."""
         now = time.monotonic() if now is None else now
-        budget = _Budget(self.limits)
+        budget = Budget(self.limits)
         self._left = self.max_records if self.max_records is not None else 1 << 62
         self._read_deadline = time.perf_counter() + known_seconds(self.limits)
         self.cut = False
@@ -154,6 +135,8 @@ class FdScanner:
             if gone.listing is not None:
                 gone.listing[0].close()
         kfd = self._kfd_pids(now)
+        if self.clients is not None:  # DRM core's client list, where it holds (fdinfo_debugfs)
+            self.clients.poll(errors)
         # 2. the known clients, every poll
         for pid in sorted(self._clients, key=int):
             st = self._pids.get(pid)
@@ -174,7 +157,13 @@ class FdScanner:
                 st = self._pids[pid] = _Pid()
                 self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now)
-            found = self._examine(pid, st, verify, budget, now)
+            vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
+            found = self._examine(pid, st, verify and not vouch, budget, now)
+            if st.pending is None and st.listing is None and st.done and verify:
+                st.vouched = st.vouched + 1 if vouch else 0
+                if vouch:  # the client list stood in for it (a new drm_file shows there): due in a period
+                    st.next_verify = now + self.limits.verify_period
+                    heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
             if found:
                 yield from self._read_known(pid, st, errors, budget, only=found)
         overdue = now - self.limits.verify_period
@@ -202,6 +191,9 @@ class FdScanner:
             if now - since <= self.limits.check_period and st is not None and st.done and not st.drm:
                 hot.add(p)
                 work.append((1, int(p)))
+        for p in (self.clients.due(self._pids, now, self.limits.check_period) if self.clients else set()) - hot:
+            hot.add(p)  # the client list names it with a new drm_file (fdinfo_debugfs.ClientList.due)
+            work.append((1, int(p)))
         due: set[str] = set()
         while self._due and self._due[0][0] <= now:
             _, p = heapq.heappop(self._due)
@@ -231,7 +223,7 @@ class FdScanner:
         return self._kfd
 
     # ------------------------------------------------------------------ one fd table
-    def _examine(self, pid: str, st: _Pid, verify: bool, budget: _Budget, now: float) -> list[str]:
+    def _examine(self, pid: str, st: _Pid, verify: bool, budget: Budget, now: float) -> list[str]:
         """Examine ``pid``'s fd table (new numbers, or all of them when ``verify``) within the
         budget; return the DRM fds found that were not known."""
         try:
@@ -281,7 +273,7 @@ class FdScanner:
         finally:
             os.close(dir_fd)
 
-    def _look(self, pid: str, st: _Pid, dir_fd: int, todo, budget: _Budget, found: list[str]) -> tuple[int, bool]:
+    def _look(self, pid: str, st: _Pid, dir_fd: int, todo, budget: Budget, found: list[str]) -> tuple[int, bool]:
         """``readlink`` the fd numbers ``todo`` within the budget, keep ``st.drm`` up to date
         and add the DRM fds not known before to ``found``; how many were looked at, and whether
         one was missing (closed meanwhile)."""
@@ -350,7 +342,7 @@ class FdScanner:
         return new
 
     # ------------------------------------------------------------------ fdinfo
-    def _read_known(self, pid: str, st: _Pid, errors: dict, budget: _Budget, only: list[str] | None = None
+    def _read_known(self, pid: str, st: _Pid, errors: dict, budget: Budget, only: list[str] | None = None
                     ) -> Iterator[tuple[str, str, str]]:
         """The fdinfo of ``pid``'s DRM fds, until the poll's record cap or ``known_seconds``
         (then ``budget.hit``: the count is partial, never slower)."""

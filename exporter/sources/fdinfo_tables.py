@@ -100,3 +100,29 @@ def list_table(dir_fd: int, st, budget) -> tuple[list[int], bool]:
     st.listing = None
     nums.sort()
     return nums, True
+
+
+class Budget:
+    """One poll's fd-table budget (``fdinfo_scan.ScanLimits``: ``max_fds``, ``max_seconds``)."""
+
+    def __init__(self, limits) -> None:
+        self.fds = limits.max_fds
+        self.deadline = time.perf_counter() + limits.max_seconds
+        self.hit = False
+
+    def take(self, n: int) -> int:
+        """Take up to ``n`` fds from the budget; how many it gave (fewer: ``hit``)."""
+        if self.hit or time.perf_counter() > self.deadline:
+            self.hit = True
+            return 0
+        given = min(n, self.fds)
+        self.fds -= given
+        self.hit = given < n
+        return given
+
+    def late(self) -> bool:
+        """Whether the poll's time is spent (then ``hit``)."""
+        if time.perf_counter() > self.deadline:
+            self.hit = True
+            return True
+        return False
