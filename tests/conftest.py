@@ -192,3 +192,19 @@ def pytest_sessionfinish(session, exitstatus):
     refused, _ = netguard_refusals()
     if refused and session.exitstatus == 0:  # one after the last test's teardown, say
         session.exitstatus = 1
+
+
+@pytest.fixture
+def readlinks(monkeypatch):
+    """Counts readlink calls on fd tables (relative to a directory fd): the fdinfo scan tests
+    measure its work in calls, never in time."""
+    calls = []
+    real = os.readlink
+
+    def counting(path, *, dir_fd=None):
+        if dir_fd is not None:
+            calls.append(os.fsdecode(path))
+        return real(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "readlink", counting)
+    return calls

@@ -10,28 +10,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from exporter.sources import fdinfo_debugfs
 from exporter.sources.fdinfo_debugfs import LIST_VERIFY_EVERY, parse
 from tests.fdinfo_trees import write_clients
 from tests.test_fdinfo_incremental import BOUND_REUSED, VERIFY, Node, _node
-
-
-@pytest.fixture
-def readlinks(monkeypatch):
-    """Counts readlink calls on fd tables (relative to a directory fd)."""
-    calls = []
-    real = os.readlink
-
-    def counting(path, *, dir_fd=None):
-        if dir_fd is not None:
-            calls.append(path)
-        return real(path, dir_fd=dir_fd)
-
-    monkeypatch.setattr(os, "readlink", counting)
-    return calls
-
 
 LISTED = [("Xorg", 2), ("app", 100)]  # pid 100 holds the node's one amdgpu client (fd 3)
 

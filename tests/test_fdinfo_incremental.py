@@ -32,21 +32,6 @@ class Clock:
         return self.t
 
 
-@pytest.fixture
-def readlinks(monkeypatch):
-    """Counts readlink calls on fd tables (relative to a directory fd)."""
-    calls = []
-    real = os.readlink
-
-    def counting(path, *, dir_fd=None):
-        if dir_fd is not None:
-            calls.append(os.fsdecode(path))
-        return real(path, dir_fd=dir_fd)
-
-    monkeypatch.setattr(os, "readlink", counting)
-    return calls
-
-
 def _text(shared_fixtures: Path, busy_ns: int = 0, client: int = 217) -> str:
     text = (shared_fixtures / "intel" / "fdinfo-amdgpu-1.txt").read_text()
     text = re.sub(r"drm-client-id:\s*\d+", f"drm-client-id:\t{client}", text)
