@@ -307,9 +307,9 @@ def _daemon_config(path, jobs, section: bool = True) -> None:
     path.write_text("enrich:\n  cloud: {enabled: false}\n" + hpc)
 
 
-async def test_the_daemon_starts_the_reader_restarts_it_at_a_reload_and_stops_it_at_shutdown(tmp_path):
-    """One owner: the daemon hands the reader its options before the first render (which has the
-    job), a reload's options restart it (a section removed stops it) and shutdown stops its thread."""
+def _jobs_daemon(tmp_path, interval: float):
+    """A simulated daemon whose configuration maps GPU 0 to job 11 (the daemon, its config file,
+    the job directory)."""
     from exporter.run.daemon import Daemon, Settings
 
     jobs = tmp_path / "jobs"
@@ -317,7 +317,13 @@ async def test_the_daemon_starts_the_reader_restarts_it_at_a_reload_and_stops_it
     (jobs / "0").write_text("11\n")
     cfg = tmp_path / "config.yml"
     _daemon_config(cfg, jobs)
-    daemon = Daemon(Settings(config_path=cfg, simulate="demo", poll_interval=0.2))
+    return Daemon(Settings(config_path=cfg, simulate="demo", poll_interval=interval)), cfg, jobs
+
+
+async def test_the_daemon_starts_the_reader_restarts_it_at_a_reload_and_stops_it_at_shutdown(tmp_path):
+    """One owner: the daemon hands the reader its options before the first render (which has the
+    job), a reload's options restart it (a section removed stops it) and shutdown stops its thread."""
+    daemon, cfg, jobs = _jobs_daemon(tmp_path, 0.2)
     await daemon.start()
     try:
         first = daemon.enrichers.jobs.thread
@@ -341,15 +347,9 @@ async def test_the_daemon_starts_the_reader_restarts_it_at_a_reload_and_stops_it
 
 
 async def test_once_reads_the_jobs_and_leaves_no_reader_running(tmp_path):
-    from exporter.run.daemon import Daemon, Settings
     from exporter.run.oneshot import run_once
 
-    jobs = tmp_path / "jobs"
-    jobs.mkdir()
-    (jobs / "0").write_text("11\n")
-    cfg = tmp_path / "config.yml"
-    _daemon_config(cfg, jobs)
-    daemon = Daemon(Settings(config_path=cfg, simulate="demo", poll_interval=0.05))
+    daemon, cfg, jobs = _jobs_daemon(tmp_path, 0.05)
     text, _ = await run_once(daemon, cycles=1)
     assert b'gpu_job_info{' in text and b'job_id="11"' in text
     reader = daemon.enrichers.jobs.thread
