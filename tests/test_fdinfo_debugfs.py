@@ -12,8 +12,8 @@ import os
 
 from exporter.sources import fdinfo_debugfs
 from exporter.sources.fdinfo_debugfs import LIST_VERIFY_EVERY, parse
-from tests.fdinfo_trees import write_clients
-from tests.test_fdinfo_incremental import BOUND_REUSED, VERIFY, Node, _node
+from tests.fdinfo_trees import add_fd, write_clients
+from tests.test_fdinfo_incremental import BOUND_NEW_NUMBER, BOUND_REUSED, VERIFY, Node, _node
 
 LISTED = [("Xorg", 2), ("app", 100)]  # pid 100 holds the node's one amdgpu client (fd 3)
 
@@ -170,3 +170,48 @@ def test_before_linux_6_7_the_list_is_a_hint_and_the_re_verification_stays(tmp_p
     node.add_client(103, 12, 903)
     write_clients(sysfs, 0, LISTED + [("app", 103)])
     assert node.seconds_until_counted(103) <= 2  # the hint still holds
+
+
+def test_a_pid_new_to_the_list_is_examined_though_it_holds_another_drm_fd(tmp_path, shared_fixtures, readlinks):
+    """pid 103 holds a DRM fd of an uncounted card (its count of DRM fds is 1), then opens the
+    amdgpu render node under a reused number: its first line in the list is a rise from 0."""
+    node, sysfs, _ = _steady(tmp_path, shared_fixtures)
+    add_fd(node.proc, 103, 40, "/dev/dri/card1", "pos:\t0\nflags:\t02\ndrm-driver:\tast\n")
+    for _ in range(int(BOUND_NEW_NUMBER)):  # found by a check: a known DRM fd of pid 103
+        node.poll()
+    node.add_client(103, 12, 903)  # fd 12 (a socket) reused for the GPU
+    write_clients(sysfs, 0, LISTED + [("app", 103)])
+    assert node.seconds_until_counted(103) <= 2
+
+
+def test_a_line_that_comes_and_goes_backs_off(tmp_path, shared_fixtures, readlinks):
+    """A line every other poll (a user opening and closing a drm_file, or one a forged comm
+    adds) naming a pid with no client: examined at once, then ever more rarely."""
+    node, sysfs, _ = _steady(tmp_path, shared_fixtures)
+    readlinks.clear()
+    for i in range(60):
+        write_clients(sysfs, 0, LISTED + ([("app", 104)] if i % 2 == 0 else []))
+        node.poll()
+    assert 2 <= len(readlinks) / 30 <= 12  # 1, 2, 4, 8, 15, 15, ... s apart (not 30 times)
+
+
+def test_a_list_too_large_is_not_read_every_poll(tmp_path, shared_fixtures, monkeypatch):
+    """The kernel builds the whole file under the device's file-list lock before the first byte:
+    a list over the bound is read again after 1, 2, 4, ... polls, not at every one."""
+    node, sysfs, _ = _steady(tmp_path, shared_fixtures)
+    from exporter import safefile
+
+    reads = []
+    real = safefile.read_at
+
+    def counting(dir_fd, name, limit, **kw):
+        if name == "clients":
+            reads.append(node.tick)
+        return real(dir_fd, name, limit, **kw)
+
+    monkeypatch.setattr(safefile, "read_at", counting)
+    monkeypatch.setattr(fdinfo_debugfs, "MAX_BYTES", 64)  # the list of _steady is larger
+    for _ in range(16):
+        sample = node.poll()
+        assert sample.errors.get("clients_list_unavailable") == 1  # every poll says so
+    assert [r - reads[0] for r in reads] == [0, 2, 5, 10]  # then 1, 2, 4 polls skipped

@@ -412,3 +412,33 @@ def test_a_new_number_in_a_table_of_unchanged_size_is_caught_by_the_re_verificat
     took = node.seconds_until_counted(103)
     assert 2 < took <= BOUND_REUSED
     assert fd_listings  # the table listed once a known number was found gone
+
+
+def test_a_client_that_reopens_its_gpu_under_a_new_number_is_found_by_the_next_check(tmpfs_path, shared_fixtures):
+    """pid 100 opens the render node again as fd 77, then closes its client fd 3: as many fds as
+    before.  Forgetting fd 3 leaves the known numbers short of the table, so the table's size
+    no longer vouches for them: the next check lists it (it was never listed again)."""
+    proc, _, src, clock = _node(tmpfs_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    node.add_client(100, 77, 217)
+    del node.clients[(100, 3)]
+    for sub in ("fd", "fdinfo"):
+        (proc / "100" / sub / "3").unlink()
+    assert node.seconds_until_counted(100) <= BOUND_NEW_NUMBER
+
+
+def test_a_known_number_gone_in_the_part_of_a_verification_the_budget_left_is_still_caught(tmpfs_path,
+                                                                                           shared_fixtures):
+    """Tables larger than the poll's fd budget are verified over two polls: a known number found
+    closed in the second part makes the next check list the table, as in the first."""
+    proc, _, src, clock = _node(tmpfs_path, shared_fixtures, procs=2, fds=150, scan_max_fds=100)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    (proc / "101" / "fd" / "149").unlink()  # a known number past the first 100 closed ...
+    node.add_client(101, 500, 901)  # ... and the GPU opened under a new one: still 150 fds
+    assert node.seconds_until_counted(101) <= BOUND_REUSED + BOUND_NEW_NUMBER

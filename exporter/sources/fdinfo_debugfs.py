@@ -99,7 +99,9 @@ class ClientList:
         self.handover = kernel_release() >= HANDOVER_KERNEL
         self.listed: dict[str, int] | None = None  # this poll's list (tgid -> drm_files), None: not used
         self.prev: dict[str, int] | None = None  # the last poll's
-        self._seen: dict[str, tuple[int, float, float]] = {}  # tgid -> (count examined at, next, gap)
+        self._seen: dict[str, tuple[float, float]] = {}  # tgid -> (next examination, back-off gap)
+        self._pruned = 0.0
+        self._skip, self._cool = 0, 0  # polls the list is not read after a too large one, and their next number
 
     @property
     def used(self) -> bool:
@@ -121,30 +123,39 @@ class ClientList:
         shows nowhere in the list: the real one finds it)."""
         return self.listed is not None and self.handover and vouched < LIST_VERIFY_EVERY - 1
 
-    def due(self, pids: dict, now: float, max_gap: float) -> set[str]:
+    def due(self, pids: dict, now: float) -> set[str]:
         """The pids of ``pids`` (the scanner's records, examined whole: ``done``) to examine now,
-        every fd: one with more drm_files than in the last poll's list (a drm_file opened by it,
-        or handed to it and used), or than DRM fds known in it (``drm``).  A count that stays
-        above the known fds (a drm_file its child holds, a kernel client naming a long-gone pid
-        now reused, fds of an uncounted card) is examined again after 1, 2, 4, ... s, at most
-        ``max_gap`` apart."""
+        every fd: one listed with more drm_files than in the last poll's list (absent there
+        counts 0: a drm_file opened by it, or handed to it and used), or than DRM fds known in it
+        (``drm``), unless it is backing off (``examined``)."""
         if not self.listed:
-            self._seen.clear()
             return set()
-        prev = self.prev or {}
-        seen, self._seen = self._seen, {}
+        prev, seen = self.prev, self._seen
         out = set()
         for p, n in self.listed.items():
             st = pids.get(p)
             if st is None or not st.done:
                 continue  # not a process here (yet): new pids are examined at once anyway
-            at, nxt, gap = seen.get(p, (0, 0.0, 0.0))
-            if n > prev.get(p, n) or (n > len(st.drm) and (n != at or now >= nxt)):
-                gap = 1.0 if n != at else min(2 * gap, max_gap)
-                at, nxt = n, now + gap
+            if (n > len(st.drm) or (prev is not None and n > prev.get(p, 0))) and now >= seen.get(p, (0.0, 0.0))[0]:
                 out.add(p)
-            self._seen[p] = (at, nxt, gap)
         return out
+
+    def examined(self, pid: str, found: bool, now: float, max_gap: float) -> None:
+        """After an examination ``due`` asked for: one that found a new DRM fd ends the pid's
+        back-off; one that found none (a drm_file its child holds, a kernel client naming a pid
+        since reused, a line that comes and goes, one a forged ``comm`` adds) puts the next one
+        1, 2, 4, ... s later, at most ``max_gap``: a listed pid never costs a whole table every
+        poll.  Entries end ``max_gap`` after their last back-off (a line that left the list and
+        comes back within it keeps backing off)."""
+        seen = self._seen
+        if found:
+            seen.pop(pid, None)
+        else:
+            gap = min(max(2 * seen.get(pid, (0.0, 0.0))[1], 1.0), max_gap)
+            seen[pid] = (now + gap, gap)
+        if len(seen) > 64 and now >= self._pruned:  # bounded by the lines of the last max_gap
+            self._pruned = now + max_gap
+            self._seen = {p: v for p, v in seen.items() if v[0] + max_gap > now}
 
     def minors(self) -> list[str]:
         """The minor numbers of the cards bound to a counted driver, or to a driver that cannot
@@ -196,6 +207,10 @@ class ClientList:
         if not self.same_pid_namespace():
             self.reason = "another PID namespace than the procfs"
             return None
+        if self._skip:  # the kernel builds the whole file before the first byte: not every poll
+            self._skip -= 1
+            self.reason = f"a {self.root}/<minor>/clients above {MAX_BYTES} bytes: read again in {self._skip + 1} polls"
+            return None
         total: dict[str, int] = {}
         for minor in minors:
             try:
@@ -205,6 +220,9 @@ class ClientList:
                 finally:
                     os.close(dir_fd)
             except OSError as exc:  # not mounted, no permission, lockdown, too large, ...
+                if isinstance(exc, safefile.TooLarge):  # 1, 2, 4, ... 64 polls before the next read
+                    self._cool = min(max(2 * self._cool, 1), 64)
+                    self._skip = self._cool
                 self.reason = f"{self.root}/{minor}/clients: {exc.strerror or exc}"
                 return None
             got = parse(data.decode("utf-8", "replace"))
@@ -216,6 +234,6 @@ class ClientList:
                 errors["clients_list_malformed"] = errors.get("clients_list_malformed", 0) + malformed
             for pid, n in counts.items():
                 total[pid] = total.get(pid, 0) + n
-        self.reason = ""
+        self.reason, self._cool = "", 0
         return total
 

@@ -103,6 +103,7 @@ class FdScanner:
         self._kfd: dict[str, float] = {}
         self._due: list[tuple[float, str]] = []  # heap of (when, pid): the next check or verification
         self._undone: set[str] = set()  # pids whose table was never examined whole
+        self._listed_due: set[str] = set()  # pids the client list has examined this poll
         self._clients: set[str] = set()  # pids with a known DRM fd (or that had one: dropped when read)
         self._unreadable: set[str] = set()  # pids whose fd table could not be read (EACCES)
         self.unreadable = 0  # fd tables that could not be read (EACCES), as last examined
@@ -159,6 +160,8 @@ class FdScanner:
             verify = st.done and (urgency == 1 or st.next_verify <= now)
             vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
             found = self._examine(pid, st, verify and not vouch, budget, now)
+            if pid in self._listed_due:  # asked for by the client list: backs off while it finds nothing
+                self.clients.examined(pid, bool(found), now, self.limits.check_period)  # type: ignore[union-attr]
             if st.pending is None and st.listing is None and st.done and verify:
                 st.vouched = st.vouched + 1 if vouch else 0
                 if vouch:  # the client list stood in for it (a new drm_file shows there): due in a period
@@ -191,7 +194,8 @@ class FdScanner:
             if now - since <= self.limits.check_period and st is not None and st.done and not st.drm:
                 hot.add(p)
                 work.append((1, int(p)))
-        for p in (self.clients.due(self._pids, now, self.limits.check_period) if self.clients else set()) - hot:
+        self._listed_due = (self.clients.due(self._pids, now) if self.clients else set()) - hot
+        for p in self._listed_due:
             hot.add(p)  # the client list names it with a new drm_file (fdinfo_debugfs.ClientList.due)
             work.append((1, int(p)))
         due: set[str] = set()
@@ -286,7 +290,8 @@ class FdScanner:
             chunk = todo[done:min(done + 256, allowed)]
             names, targets, gone = links(dir_fd, [b"%d" % n for n in chunk])
             done += len(chunk)
-            missing = missing or gone
+            if gone:  # a known number closed: the next check lists the table (its size may not change)
+                missing, st.size = True, 0
             hits = drm_among(self.procfs, pid, names, targets)
             if st.drm:  # numbers looked at that are no longer DRM devices
                 st.drm -= {n.decode() for n in names} - hits
@@ -383,3 +388,4 @@ class FdScanner:
         if st.links:
             n = int(fd)
             st.known = array("i", (k for k in st.known if k != n))
+            st.size = 0  # the numbers known are no longer the table's: the next check lists it
