@@ -49,9 +49,10 @@ try:
 except OSError as exc:
     refuse(f"the import worker cannot make itself non-dumpable (errno {exc.errno})")
 try:
-    # whatever it holds (uid 0 that could not switch users) or not: no_new_privs, every
-    # capability dropped, and checked in /proc/self/status (OSError when it cannot be read)
-    restrict(0)
+    held = capabilities("self")  # what it holds or hands on (an inheritable set alone grants nothing);
+    # OSError when /proc/self/status cannot be read: it refuses (never "unreadable, so nothing held")
+    if held["CapPrm"] or held["CapEff"] or held.get("CapAmb"):
+        restrict(0)  # uid 0 that could not switch users: no_new_privs, every capability dropped
 except (OSError, ImportError, AttributeError) as exc:
     refuse(f"the import worker cannot drop its capabilities ({exc})")
 def lower(res, soft, hard):
