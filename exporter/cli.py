@@ -167,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     settings = settings_from(args)
     try:
-        if not args.check_config:  # read below as the serving process reads it after the drop
-            _lower_effective()
+        # read below as the serving process reads it after the drop (--check-config too: a
+        # file only a capability could read would pass the check and fail at start)
+        _lower_effective()
         if args.state_dir is not None:
             check_state_dir(args.state_dir)  # before anything reads or writes there
         # configuration errors (file, line, field) are reported before any process or thread

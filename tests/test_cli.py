@@ -9,6 +9,7 @@ SIGHUP reloads, SIGTERM, bad flags and --list-devices.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import shutil
 import signal
@@ -124,6 +125,21 @@ def test_check_config_accepts_a_valid_config(tmp_path):
     assert result.returncode == 0, result.stderr
     result = run_cli("--check-config", "--simulate", "--config.file", str(cfg))
     assert result.returncode == 0, result.stderr
+
+
+def test_check_config_reads_the_file_as_the_daemon_does_without_capabilities(tmp_path):
+    """The daemon reads its configuration with its effective set emptied; --check-config does
+    too, so a file only CAP_DAC_READ_SEARCH (or CAP_DAC_OVERRIDE) could read fails both."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a file only a capability can read")
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("poll_interval: 500ms\n")
+    os.chown(cfg, 4242, 4242)
+    cfg.chmod(0o600)
+    result = run_cli("--check-config", "--config.file", str(cfg))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "configuration and mappings are valid" not in result.stdout
+    assert str(cfg) in result.stderr and "ermission denied" in result.stderr, result.stderr
 
 
 def _error_line(result: subprocess.CompletedProcess, path: Path) -> str:

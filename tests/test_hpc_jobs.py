@@ -4,6 +4,7 @@ soon after its removal (gpu_job_info, a join); renders read no file (the reader'
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -344,6 +345,41 @@ async def test_the_daemon_starts_the_reader_restarts_it_at_a_reload_and_stops_it
         await daemon.stop()
     wait_until(lambda: not third.is_alive(), 10, what="the reader's thread to end at shutdown")
     assert daemon.enrichers.jobs.snapshot()[0] is None
+
+
+@pytest.mark.parametrize("fails", ["build_runtimes", "build_feed"])
+async def test_a_reload_that_fails_after_the_sources_stopped_keeps_the_running_configuration(tmp_path, fails):
+    """The new configuration is valid but the daemon cannot be rebuilt from it: the running
+    configuration comes back whole (the job reader included), as when applying it fails."""
+    daemon, cfg, jobs = _jobs_daemon(tmp_path, 0.2)
+    await daemon.start()
+    try:
+        running, options = daemon.config, daemon.enrichers.jobs.snapshot()[0]
+        assert options is running.enrich.hpc_jobs
+        other = tmp_path / "other-jobs"
+        other.mkdir()
+        _daemon_config(cfg, other)  # other options for the reader
+        real, calls = getattr(daemon, fails), []
+
+        def once() -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise MemoryError("no room for the new sources")
+            real()
+        setattr(daemon, fails, once)
+        assert not await daemon.reload()
+        assert daemon.renderer is not None and daemon.renderer.reload_ok is False
+        assert daemon.config is running  # kept, as the reader's options are
+        assert daemon.enrichers.jobs.snapshot()[0] is daemon.config.enrich.hpc_jobs
+        assert daemon.enrichers.jobs.snapshot()[0].directory == str(jobs)
+        before = daemon.rendered
+        for _ in range(200):  # the event loop runs the rebuilt sources meanwhile
+            if daemon.rendered is not before:
+                break
+            await asyncio.sleep(0.05)
+        assert b'job_id="11"' in daemon.rendered.text  # the running reader's job
+    finally:
+        await daemon.stop()
 
 
 async def test_once_reads_the_jobs_and_leaves_no_reader_running(tmp_path):

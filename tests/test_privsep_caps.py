@@ -13,7 +13,7 @@ import pytest
 
 from exporter.importers import capture_run, worker
 from exporter.privsep import caps, child
-from tests.conftest import REPO
+from tests.conftest import REPO, require_binary
 
 COUNT_CAPS = (1 << 19) | (1 << 2)
 
@@ -59,3 +59,27 @@ def test_restrict_after_lower_effective_keeps_only_what_it_is_told(keep):
     assert (after["CapPrm"], after["CapEff"], after["CapAmb"], after["CapInh"]) == (held, held, 0, 0)
     if os.geteuid() == 0:  # root holds CAP_SETPCAP: the bounding set goes too, though the
         assert after["CapBnd"] == keep  # effective set was emptied before
+
+
+def test_capabilities_that_cannot_be_read_raise():
+    """Fail closed: an unreadable /proc/<pid>/status is never read as 'nothing held'."""
+    with pytest.raises(OSError):
+        caps.capabilities("0")  # no such task
+    with pytest.raises(OSError):
+        caps.capabilities("self/no-such-task")
+
+
+def test_the_import_worker_refuses_to_run_when_it_cannot_read_its_capabilities(tmp_path):
+    """The worker's BOOT in a mount namespace whose /proc is an empty tmpfs: it cannot verify
+    that it holds nothing, so it refuses (before, it took 'unreadable' for 'nothing held')."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it mounts over /proc in a mount namespace of its own")
+    unshare = require_binary("unshare", "util-linux")
+    script = 'mount -t tmpfs none /proc && exec "$0" -I -S -c "$1" 1000000000 30 1000000 "$2"'
+    r = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", script,
+                        sys.executable, worker.BOOT, str(REPO)],
+                       input='{"probe": true}', capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["ok"] is False and got["kind"] == "environment", got
+    assert "cannot drop its capabilities" in got["reason"], got

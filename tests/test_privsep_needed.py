@@ -20,6 +20,7 @@ from exporter.privsep.caps import capabilities
 from exporter.privsep.counter import held
 from exporter.run.collector_policy import counts_fdinfo
 from exporter.run.settings import Settings
+from tests.conftest import require_binary
 from tests.e2e_util import REPO, ProcessSet, http_get, start_exporter, wait_until
 from tests.fdinfo_trees import add_card
 
@@ -124,9 +125,9 @@ sys.exit(rc)
 """
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SPAWNS, *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+def _cli(*args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*wrap, sys.executable, "-c", SPAWNS, *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 @root
@@ -139,6 +140,21 @@ def test_one_shot_modes_start_no_counting_process_and_drop_the_capabilities(tmp_
         assert r.returncode == 0, r.stderr
         # the count ran in this process, unprivileged
         assert _samples(r.stdout).get(SEPARATED) == 0.0
+
+
+@root
+@pytest.mark.parametrize("mode", ["--once", "--list-devices"])
+def test_other_capabilities_are_dropped_though_there_is_nothing_to_separate(tmp_path, mode):
+    """``docker run --user 0`` with Docker's default set: CHOWN, DAC_OVERRIDE, SETUID, ... but
+    neither count capability.  Nothing is separated, and nothing is kept either (a permitted
+    capability could be raised again)."""
+    setpriv = require_binary("setpriv", "util-linux")
+    # uid 0 execs with its bounding set as permitted: everything but the two count capabilities
+    r = _cli(mode, *_node(tmp_path), wrap=(setpriv, "--bounding-set=-sys_ptrace,-dac_read_search"))
+    assert "SPAWN" not in r.stderr, r.stderr
+    assert f"HELD {NONE}" in r.stderr, r.stderr
+    if mode == "--once":
+        assert r.returncode == 0, r.stderr
 
 
 @root

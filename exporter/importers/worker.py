@@ -49,8 +49,9 @@ try:
 except OSError as exc:
     refuse(f"the import worker cannot make itself non-dumpable (errno {exc.errno})")
 try:
-    held = capabilities("self")  # what it holds or hands on (an inheritable set alone grants nothing)
-    if held.get("CapPrm") or held.get("CapEff") or held.get("CapAmb"):
+    held = capabilities("self")  # what it holds or hands on (an inheritable set alone grants nothing);
+    # OSError when /proc/self/status cannot be read: it refuses (never "unreadable, so nothing held")
+    if held["CapPrm"] or held["CapEff"] or held.get("CapAmb"):
         restrict(0)  # uid 0 that could not switch users: no_new_privs, every capability dropped
 except (OSError, ImportError, AttributeError) as exc:
     refuse(f"the import worker cannot drop its capabilities ({exc})")

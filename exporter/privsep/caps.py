@@ -29,16 +29,20 @@ def prctl(option, arg=0):
         raise OSError(err, f"prctl({option}) failed (errno {err})")
 
 def capabilities(pid="thread-self"):
-    """CapInh, CapPrm, CapEff, CapBnd, CapAmb of a task (/proc/<pid>/status); {} unreadable."""
+    """CapInh, CapPrm, CapEff, CapBnd, CapAmb of a task (/proc/<pid>/status); OSError when they
+    cannot be read (fail closed: what cannot be read is never taken for nothing held)."""
     out = {}
     try:
         with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("Cap"):
                     key, _, value = line.partition(":")
-                    out[key] = int(value.strip() or "0", 16)
-    except (OSError, ValueError):
-        pass
+                    out[key] = int(value.strip(), 16)
+    except ValueError as exc:
+        raise OSError(f"/proc/{pid}/status: a malformed capability set ({exc})") from None
+    missing = {"CapInh", "CapPrm", "CapEff"} - set(out)
+    if missing:
+        raise OSError(f"/proc/{pid}/status has no {', '.join(sorted(missing))}")
     return out
 
 def capset(effective, permitted, inheritable):

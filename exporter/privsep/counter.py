@@ -25,7 +25,7 @@ serving daemon counts DRM fdinfo clients, it
 Where nothing counts (``count`` False: the fdinfo count off, a one-shot mode), no process starts
 and step 3 runs alone; a reload that turns the count on later finds the capabilities gone
 (``warn_if_count_unprivileged``).  A process without either capability has nothing to separate: the scan runs in it
-(``fdinfo_records.LocalScanner``), as ``unified_gpu_exporter_privilege_separated`` 0 says.  When
+(``fdinfo_records.LocalScanner``), step 3 runs where it holds any other capability or is uid 0, as ``unified_gpu_exporter_privilege_separated`` 0 says.  When
 the counting process cannot start, the capabilities are dropped all the same and the count
 reads what an unprivileged process can see (a warning says why).
 """
@@ -272,7 +272,12 @@ def separate(procfs: Path, sysfs: Path, *, count: bool = True) -> Counter | None
     global _dropped_unused
     caps = held()
     if not (caps["CapPrm"] | caps["CapEff"] | caps["CapAmb"]) & COUNT_CAPS:
-        return None  # nothing to separate: the fdinfo scan runs here, without privileges
+        # nothing to separate: the fdinfo scan runs here, without privileges; any other
+        # capability (docker run --user 0: CHOWN, DAC_OVERRIDE, SETUID, ...) goes all the same,
+        # and uid 0 gets no_new_privs (an execve would give it the bounding set back)
+        if any(caps.values()) or os.geteuid() == 0:
+            drop_all()
+        return None
     if not count:
         drop_all()
         _dropped_unused = True

@@ -68,7 +68,7 @@ class Daemon:
         self.store = Store()
         self.runtimes: list[SourceRunner] = []
         self.rendered: Rendered | None = None
-        self._loaded = False
+        self._loaded: Loaded | None = None  # the running configuration, as read (a failed reload restores it)
         self._polled: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -95,7 +95,7 @@ class Daemon:
     def _load_once(self) -> None:
         """start() and run_once() load unless the caller already did (the CLI loads first to
         report configuration errors before any source starts)."""
-        if not self._loaded:
+        if self._loaded is None:
             self.load()
 
     def _prepare(self) -> Loaded:
@@ -111,7 +111,7 @@ class Daemon:
         self.renderer.schema = schema
         self.renderer.series_filter = series_filter
         self._static_labels = tuple(sorted(config.labels.items()))
-        self._loaded = True
+        self._loaded = loaded
 
     @property
     def poll_interval(self) -> float:
@@ -308,6 +308,18 @@ class Daemon:
             self._dirty.set()
         return False
 
+    def _rebuild(self, store: Store, runtimes: list[SourceRunner], mappings: MappingSet | None,
+                 feed: IndicatorFeed | None) -> None:
+        """Sources, indicators and enrichers from the applied configuration, carrying over the
+        series, counters and learned state of the ones they replace."""
+        self.build_runtimes()
+        carry_mapper_state(runtimes, self.runtimes, mappings, self.mappings)
+        carry_source_state(store, self.store)  # served until they poll again; counters kept
+        self.build_feed()  # thresholds may have changed
+        carry_indicator_state(feed, self.feed)
+        self.enrichers.start_tasks(self.cloud, self.k8s)  # the applied enrich options, fresh enrichers
+        self.enrichers.read_jobs(self.config.enrich.hpc_jobs)
+
     async def reload(self) -> bool:
         """Apply a new config + mappings, or keep the running ones if they are invalid.
 
@@ -322,6 +334,8 @@ class Daemon:
         except Exception as exc:  # noqa: BLE001 - ConfigError, MemoryError, anything: reported
             return self._reload_failed(exc)
         old = (self.config, self.schema, self.mappings, self.cloud, self.k8s, self._static_labels)
+        previous = self._loaded
+        assert previous is not None  # reload() runs in a started daemon
         try:
             self._apply_loaded(loaded)
         except Exception as exc:  # noqa: BLE001
@@ -329,19 +343,18 @@ class Daemon:
             self.renderer.schema = self.schema  # type: ignore[assignment]
             return self._reload_failed(exc)
         await self._stop_tasks()
-        old_feed = self.feed
+        running = (self.store, self.runtimes, old[2], self.feed)
         try:
-            if old_feed is not None:
-                await self._state_worker.submit(old_feed.save)
-            old_store, old_runtimes = self.store, self.runtimes
-            self.build_runtimes()
-            carry_mapper_state(old_runtimes, self.runtimes, old[2], self.mappings)
-            carry_source_state(old_store, self.store)  # served until they poll again; counters kept
-            self.build_feed()  # thresholds may have changed
-            carry_indicator_state(old_feed, self.feed)
-            self.enrichers.start_tasks(self.cloud, self.k8s)  # the reloaded enrich options, fresh enrichers
-            self.enrichers.read_jobs(self.config.enrich.hpc_jobs)
-        except Exception as exc:  # noqa: BLE001
+            if self.feed is not None:
+                await self._state_worker.submit(self.feed.save)
+            self._rebuild(*running)
+        except Exception as exc:  # noqa: BLE001 - the running configuration comes back whole
+            await self._close_sources([rt for rt in self.runtimes if rt not in running[1]])
+            self._apply_loaded(previous)
+            try:
+                self._rebuild(*running)
+            except Exception as again:  # noqa: BLE001
+                log.error("the running configuration could not be rebuilt", extra={"reason": repr(again)[:2000]})
             self._start_tasks()
             return self._reload_failed(exc)
         self.renderer.reload_ok = True
