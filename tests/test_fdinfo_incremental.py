@@ -82,6 +82,16 @@ class Node:
         raise AssertionError(f"pid {pid} not counted within {limit} s")
 
 
+def _steady_node(path: Path, shared_fixtures: Path, **kw) -> Node:
+    """``_node`` opened and polled 5 times: every table examined once."""
+    proc, _, src, clock = _node(path, shared_fixtures, **kw)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    for _ in range(5):
+        node.poll()
+    return node
+
+
 def _evidence(sample) -> list[tuple[float, str]]:
     return [(r.value, dict(r.labels)["reason"]) for r in sample.readings if r.field == "client.evidence"]
 
@@ -139,11 +149,7 @@ def test_steady_polls_readlink_only_what_is_due(tmp_path, shared_fixtures, readl
 
 
 def test_new_process_is_counted_at_once(tmp_path, shared_fixtures, readlinks):
-    proc, _, src, clock = _node(tmp_path, shared_fixtures)
-    src.open()
-    node = Node(proc, src, clock, shared_fixtures)
-    for _ in range(5):
-        node.poll()
+    node = _steady_node(tmp_path, shared_fixtures)
     node.add_client(500, 9, 900)  # a new process with a DRM fd
     readlinks.clear()
     assert node.seconds_until_counted(500) <= 2
@@ -151,11 +157,7 @@ def test_new_process_is_counted_at_once(tmp_path, shared_fixtures, readlinks):
 
 
 def test_new_client_in_an_existing_process_is_counted_within_the_bound(tmp_path, shared_fixtures, readlinks):
-    proc, _, src, clock = _node(tmp_path, shared_fixtures)
-    src.open()
-    node = Node(proc, src, clock, shared_fixtures)
-    for _ in range(5):
-        node.poll()
+    node = _steady_node(tmp_path, shared_fixtures)
     node.add_client(102, 77, 902)  # a process known for 5 s opens the GPU: a new fd number
     readlinks.clear()
     took = node.seconds_until_counted(102)
@@ -164,11 +166,7 @@ def test_new_client_in_an_existing_process_is_counted_within_the_bound(tmp_path,
 
 
 def test_reused_fd_number_is_caught_by_the_re_verification(tmp_path, shared_fixtures, readlinks):
-    proc, _, src, clock = _node(tmp_path, shared_fixtures)
-    src.open()
-    node = Node(proc, src, clock, shared_fixtures)
-    for _ in range(5):
-        node.poll()
+    node = _steady_node(tmp_path, shared_fixtures)
     # fd 12 of pid 103 was a socket: closed, and the number reused for the GPU between two polls
     node.add_client(103, 12, 903)
     took = node.seconds_until_counted(103)
@@ -402,11 +400,8 @@ def test_a_new_number_in_a_table_of_unchanged_size_is_caught_by_the_re_verificat
     """A process that closed one fd and opened the GPU under another number between two checks
     (its fd count unchanged): the re-verification finds a known number gone, lists the table and
     finds the client within the reuse bound."""
-    proc, _, src, clock = _node(tmpfs_path, shared_fixtures)
-    src.open()
-    node = Node(proc, src, clock, shared_fixtures)
-    for _ in range(5):
-        node.poll()
+    node = _steady_node(tmpfs_path, shared_fixtures)
+    proc = node.proc
     (proc / "103" / "fd" / "5").unlink()  # fd 5 (a socket) closed ...
     node.add_client(103, 77, 903)  # ... and the GPU opened as fd 77: still 30 fds
     took = node.seconds_until_counted(103)
@@ -418,11 +413,8 @@ def test_a_client_that_reopens_its_gpu_under_a_new_number_is_found_by_the_next_c
     """pid 100 opens the render node again as fd 77, then closes its client fd 3: as many fds as
     before.  Forgetting fd 3 leaves the known numbers short of the table, so the table's size
     no longer vouches for them: the next check lists it (it was never listed again)."""
-    proc, _, src, clock = _node(tmpfs_path, shared_fixtures)
-    src.open()
-    node = Node(proc, src, clock, shared_fixtures)
-    for _ in range(5):
-        node.poll()
+    node = _steady_node(tmpfs_path, shared_fixtures)
+    proc = node.proc
     node.add_client(100, 77, 217)
     del node.clients[(100, 3)]
     for sub in ("fd", "fdinfo"):
@@ -434,11 +426,8 @@ def test_a_known_number_gone_in_the_part_of_a_verification_the_budget_left_is_st
                                                                                            shared_fixtures):
     """Tables larger than the poll's fd budget are verified over two polls: a known number found
     closed in the second part makes the next check list the table, as in the first."""
-    proc, _, src, clock = _node(tmpfs_path, shared_fixtures, procs=2, fds=150, scan_max_fds=100)
-    src.open()
-    node = Node(proc, src, clock, shared_fixtures)
-    for _ in range(5):
-        node.poll()
+    node = _steady_node(tmpfs_path, shared_fixtures, procs=2, fds=150, scan_max_fds=100)
+    proc = node.proc
     (proc / "101" / "fd" / "149").unlink()  # a known number past the first 100 closed ...
     node.add_client(101, 500, 901)  # ... and the GPU opened under a new one: still 150 fds
     assert node.seconds_until_counted(101) <= BOUND_REUSED + BOUND_NEW_NUMBER
