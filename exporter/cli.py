@@ -14,7 +14,7 @@ from .logs import setup_logging
 from .run import gctune
 from .run.argparsing import DEFAULT_PORT, build_parser, settings_from
 from .run.baseline_file import check_state_dir
-from .run.collector_policy import counts_fdinfo
+from .run.collector_policy import counts_fdinfo, runs_collector
 from .run.daemon import Daemon
 from .run.loading import Loaded, prepare
 from .run.oneshot import list_devices, run_once
@@ -220,9 +220,15 @@ def _separate(settings: Settings, loaded: Loaded, serving: bool):
     serving daemon counts DRM fdinfo clients; everywhere else (fdinfo off, ``processes: off``,
     ``--once``, ``--list-devices``) nothing needs them and they are dropped, no process started.
     OSError (fail closed, the CLI exits 1): a capability is left."""
-    from .privsep.counter import separate
+    from importlib.util import find_spec
 
-    return separate(settings.procfs, settings.sysfs, count=serving and counts_fdinfo(settings, loaded.config))
+    from .privsep.counter import CAP_PERFMON, separate
+
+    # Level Zero's engine groups need CAP_PERFMON: kept where that collector runs and its binding
+    # is installed (docs/privileges.md); every other capability goes
+    keep = CAP_PERFMON if runs_collector(settings, loaded.config, "levelzero") and find_spec("pyzes") else 0
+    return separate(settings.procfs, settings.sysfs, count=serving and counts_fdinfo(settings, loaded.config),
+                    keep=keep)
 
 
 def _quiet_broken_pipe(fn) -> int:

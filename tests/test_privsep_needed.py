@@ -125,9 +125,9 @@ sys.exit(rc)
 """
 
 
-def _cli(*args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _cli(*args: str, wrap: tuple[str, ...] = (), path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
     return subprocess.run([*wrap, sys.executable, "-c", SPAWNS, *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (*path, REPO)))})
 
 
 @root
@@ -155,6 +155,22 @@ def test_other_capabilities_are_dropped_though_there_is_nothing_to_separate(tmp_
     assert f"HELD {NONE}" in r.stderr, r.stderr
     if mode == "--once":
         assert r.returncode == 0, r.stderr
+
+
+@root
+@pytest.mark.parametrize("levelzero", [True, False])
+def test_cap_perfmon_stays_where_the_level_zero_collector_runs(tmp_path, levelzero):
+    """Level Zero's engine groups need CAP_PERFMON (docs/privileges.md): a root process whose
+    levelzero collector is on, with the binding installed, keeps that one (permitted and
+    effective again after the start's lower_effective) and drops every other; with the collector
+    off it keeps nothing."""
+    binding = tmp_path / "binding"
+    binding.mkdir()
+    (binding / "pyzes.py").write_text("raise OSError('libze_loader.so.1: not on this node')\n")  # found, then off
+    flags = () if levelzero else ("--no-collector.levelzero",)
+    r = _cli("--list-devices", *_node(tmp_path), *flags, path=(binding,))
+    perfmon = 1 << 38 if levelzero else 0
+    assert f"HELD {NONE | {'CapPrm': perfmon, 'CapEff': perfmon}}" in r.stderr, r.stderr
 
 
 @root

@@ -52,6 +52,7 @@ from .child import BOOT
 
 log = logging.getLogger("unified_gpu_exporter")
 COUNT_CAPS = (1 << 19) | (1 << 2)  # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
+CAP_PERFMON = 1 << 38  # Level Zero engine groups (i915/xe PMU): kept where that collector runs
 START_SECONDS = 30.0  # the counting process says it is ready within this
 ANSWER_FLOOR_SECONDS = 2.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
@@ -241,13 +242,15 @@ class RemoteScanner:
         pass
 
 
-def drop_all() -> None:
-    """No new privileges, no bounding set where it may, and every capability set empty, in
-    every thread (there must be one only); OSError when anything is left."""
+def drop_all(keep: int = 0) -> None:
+    """No new privileges, no bounding set where it may, and every capability set empty but the
+    part of ``keep`` held (permitted and effective), in every thread (there must be one only);
+    OSError when anything else is left."""
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         raise OSError("capabilities must be dropped before any thread starts (capabilities are per thread)")
-    restrict(0)  # caps.SOURCE: the code the counting process and the import worker boot with
-    left = {k: v for k, v in held().items() if v}
+    restrict(keep)  # caps.SOURCE: the code the counting process and the import worker boot with
+    left = {k: v & ~keep if k in ("CapPrm", "CapEff") else v for k, v in held().items()}
+    left = {k: v for k, v in left.items() if v}
     if left:
         raise OSError(f"capabilities left after dropping them: {left}")
 
@@ -265,10 +268,12 @@ def held(pid: str = "self") -> dict[str, int]:
 _dropped_unused = False  # the count capabilities were dropped with no counting process (count off)
 
 
-def separate(procfs: Path, sysfs: Path, *, count: bool = True) -> Counter | None:
+def separate(procfs: Path, sysfs: Path, *, count: bool = True, keep: int = 0) -> Counter | None:
     """See the module text; returns the counter (None: nothing to separate, it did not start,
     or ``count`` is False: no DRM fdinfo count is configured, so nothing needs the capabilities,
-    and they are dropped without starting the counting process)."""
+    and they are dropped without starting the counting process).  ``keep``: capabilities the
+    serving process keeps where it holds them (``CAP_PERFMON`` for Level Zero), every other
+    one goes in every case."""
     global _dropped_unused
     caps = held()
     if not (caps["CapPrm"] | caps["CapEff"] | caps["CapAmb"]) & COUNT_CAPS:
@@ -276,10 +281,10 @@ def separate(procfs: Path, sysfs: Path, *, count: bool = True) -> Counter | None
         # capability (docker run --user 0: CHOWN, DAC_OVERRIDE, SETUID, ...) goes all the same,
         # and uid 0 gets no_new_privs (an execve would give it the bounding set back)
         if any(caps.values()) or os.geteuid() == 0:
-            drop_all()
+            drop_all(keep)  # also raises a kept one into the effective set again (lower_effective)
         return None
     if not count:
-        drop_all()
+        drop_all(keep)
         _dropped_unused = True
         log.info("no DRM fdinfo client count is configured: no counting process starts, and this process "
                  "drops every capability")
@@ -294,7 +299,7 @@ def separate(procfs: Path, sysfs: Path, *, count: bool = True) -> Counter | None
         log.warning("the counting process could not start: every capability is dropped all the same, "
                     "and the DRM fdinfo count sees what an unprivileged process can",
                     extra={"reason": str(exc)[:300]})
-    drop_all()
+    drop_all(keep)
     return counter
 
 

@@ -46,10 +46,15 @@ def enabled_collectors(settings: Settings, config: Config) -> list[tuple[Collect
     return out
 
 
+def runs_collector(settings: Settings, config: Config, name: str) -> bool:
+    """Whether collector ``name`` is enabled (flag, then config, then its default)."""
+    return any(col.name == name for col, _ in enabled_collectors(settings, config))
+
+
 def counts_fdinfo(settings: Settings, config: Config) -> bool:
     """Whether the DRM fdinfo source runs and counts clients (``processes`` not ``off``): the
     one thing the counting process (and its capabilities) is there for (exporter/privsep/)."""
-    if not any(col.name == "fdinfo" for col, _ in enabled_collectors(settings, config)):
+    if not runs_collector(settings, config, "fdinfo"):
         return False
     given = config.collector("fdinfo").options  # NoOptions where none were given: the defaults
     options = given if isinstance(given, FdinfoOptions) else FdinfoOptions.model_validate(given.options_dict())
