@@ -166,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                          hint=f"add --simulate, e.g. --simulate {given[0][0]} {given[0][1]}")
     setup_logging(args.log_level, args.log_format)
     settings = settings_from(args)
+    effective = None
     try:
         # read below as the serving process reads it after the drop (--check-config too: a
         # file only a capability could read would pass the check and fail at start)
-        _lower_effective()
+        effective = _lower_effective()
         if args.state_dir is not None:
             check_state_dir(args.state_dir)  # before anything reads or writes there
         # configuration errors (file, line, field) are reported before any process or thread
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_config:
             print("configuration and mappings are valid")
             return 0
+        effective = None  # lowered for good: the capabilities are dropped next
         counter = _separate(settings, loaded, serving=not (args.once or args.list_devices))
         daemon = Daemon(settings)
         daemon.load(loaded)
@@ -207,12 +209,25 @@ def main(argv: list[str] | None = None) -> int:
                   "port with --web.listen-address=:<port> (make run ARGS=\"--web.listen-address=:<port>\")",
                   file=sys.stderr)
         return 1
+    finally:
+        if effective:  # --check-config (or a failed start) as a call in another program: as it was
+            _raise_effective(effective)
 
 
-def _lower_effective() -> None:
-    from .privsep.caps import lower_effective
+def _lower_effective() -> int:
+    """Empty the effective capability set; the one it was (to raise it again: ``--check-config``)."""
+    from .privsep.caps import capabilities, lower_effective
 
+    before = capabilities().get("CapEff", 0)
     lower_effective()
+    return before
+
+
+def _raise_effective(effective: int) -> None:
+    from .privsep.caps import capabilities, capset
+
+    held = capabilities()
+    capset(effective & held.get("CapPrm", 0), held.get("CapPrm", 0), held.get("CapInh", 0))
 
 
 def _separate(settings: Settings, loaded: Loaded, serving: bool):
