@@ -49,7 +49,7 @@ from .fdinfo_parser import FdinfoRecord, normalize_pdev
 from .fdinfo_records import make_scanner
 from .fdinfo_scan import ScanLimits
 from .options import FdinfoOptions
-from .sysfs_util import read_kv
+from .sysfs_util import device_driver, read_kv
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,7 @@ def card_drivers(sysfs: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     drm = Path(sysfs) / "class" / "drm"
     for addr, card in card_indices(sysfs).items():
-        try:
-            out[addr] = Path(os.readlink(drm / f"card{card}" / "device" / "driver")).name
-        except OSError:  # a capture without the link: its uevent's DRIVER=, else unknown ("")
-            out[addr] = read_kv(drm / f"card{card}" / "device" / "uevent").get("DRIVER", "")
+        out[addr] = device_driver(drm / f"card{card}" / "device")
     return out
 
 

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 from .. import safefile
-from .sysfs_util import read_kv
+from .sysfs_util import device_driver
 
 HANDOVER_KERNEL = (6, 7)  # drm_file_update_pid (commit 1c7a387ffef8): an fd handed over moves its line
 LIST_VERIFY_EVERY = 10  # with the list: every 10th re-verification of a table is still a real one
@@ -169,10 +168,7 @@ class ClientList:
             self._names = names
             out = []
             for name in sorted(n for n in names if _CARD.match(n)):
-                try:
-                    driver = os.path.basename(os.readlink(f"{drm}/{name}/device/driver"))
-                except OSError:  # a capture without the link: its uevent's DRIVER= (as drm_fdinfo)
-                    driver = read_kv(Path(drm, name, "device", "uevent")).get("DRIVER", "")
+                driver = device_driver(f"{drm}/{name}/device")
                 if driver in COUNTED_DRIVERS or not driver:  # unknown: it may be counted
                     out.append(name[4:])
             self._minors = out

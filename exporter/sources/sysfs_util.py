@@ -126,6 +126,12 @@ def link_name(path: str | os.PathLike[str]) -> str | None:
         return None
 
 
+def device_driver(device_dir: str | os.PathLike[str]) -> str:
+    """The driver bound to a device directory: its ``driver`` link, else (a capture without the
+    link) its uevent's ``DRIVER=``, else "" (unknown)."""
+    return link_name(Path(device_dir, "driver")) or read_kv(Path(device_dir, "uevent")).get("DRIVER", "")
+
+
 # ------------------------------------------------------------------------------------------------
 # Kept-open attribute files: one pread(2) per read instead of openat+fstat+lseek+read+close
 
