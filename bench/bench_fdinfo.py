@@ -18,6 +18,18 @@ Cases (one JSON object per line with --json):
            stops, but for one real one every ``LIST_VERIFY_EVERY`` periods, which a run of
            ``--polls`` below that many periods does not reach (docs/detection.md gives its average).
 
+Every fixture process has a ``stat`` file as Linux writes it (``tests.fdinfo_trees.stat_text``),
+and a fixed quarter of them is *active* (``Activity``): before every poll (once a simulated
+second) their utime and minflt grow, so the re-verification of their tables cannot be vouched for
+(sources/fdinfo_activity.py); the others stay idle, as daemons, shims and sidecars do.  A quarter
+is meant to be pessimistic: on the machine this was written on 6 of 66 processes changed their
+stat over 50 s; on a GPU node the data loaders and trainers change, most other processes do not.
+The rewrites run between polls, outside the measured time (a thread would add its CPU to the
+process's, which the polls are measured with).
+
+A ``<pid>/stat`` read (open, fstat, read, close) costs about 7-10 us of CPU on this machine's real
+/proc, a ``readlink`` of an fd about 3 us: vouching pays off from 4 fds a table (``MIN_FDS``).
+
     python bench/bench_fdinfo.py [--fds 100000] [--procs 1000] [--drm 20] [--polls 60] [--flood 200000]
 """
 
@@ -37,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from exporter.sources.base import SourceUnavailable  # noqa: E402
 from exporter.sources.context import SourceContext  # noqa: E402
 from exporter.sources.drm_fdinfo import DrmFdinfoSource  # noqa: E402
+from tests.fdinfo_trees import stat_text  # noqa: E402
 
 FDINFO = ("pos:\t0\nflags:\t02100002\nmnt_id:\t26\nino:\t{ino}\ndrm-driver:\txe\ndrm-client-id:\t{cid}\n"
           "drm-pdev:\t0000:03:00.0\ndrm-total-vram0:\t23992 KiB\ndrm-resident-vram0:\t23992 KiB\n"
@@ -53,12 +66,15 @@ def build(root: Path, fds: int, procs: int, drm: int) -> list[Path]:
     n = 0
     (root / "2").mkdir(parents=True)
     (root / "2" / "comm").write_text("kthreadd\n")  # the host's PID namespace
+    (root / "2" / "stat").write_text(stat_text(2, "kthreadd", minflt=0, majflt=0, utime=0, stime=3, num_threads=1,
+                                               starttime=0, vsize=0, rss=0))
     for p in range(procs):
         pid = 1000 + p
         base = root / str(pid)
         (base / "fd").mkdir(parents=True)
         (base / "fdinfo").mkdir()
         (base / "comm").write_text(f"proc{p}\n")
+        (base / "stat").write_text(_stat(pid, p, 0))
         for fd in range(per_proc):
             n += 1
             if len(drm_files) < drm and fd == per_proc - 1:
@@ -70,6 +86,26 @@ def build(root: Path, fds: int, procs: int, drm: int) -> list[Path]:
                 os.symlink(TARGETS[n % len(TARGETS)].format(n=n), base / "fd" / str(fd))
                 (base / "fdinfo" / str(fd)).write_text(f"pos:\t0\nflags:\t02\nmnt_id:\t9\nino:\t{n}\n")
     return drm_files
+
+
+def _stat(pid: int, p: int, tick: int) -> str:
+    """The ``stat`` of fixture process ``p`` after ``tick`` seconds of activity (0: as built)."""
+    return stat_text(pid, f"proc{p}", minflt=20000 + 37 * p + 450 * tick, majflt=p % 7, utime=3000 + p + 25 * tick,
+                     stime=700 + p % 97 + 4 * tick, num_threads=1 + p % 24, starttime=10000 + 13 * p,
+                     vsize=(200 + p % 300) << 20, rss=5000 + 11 * p)
+
+
+class Activity:
+    """A fixed quarter of the fixture's processes (every 4th) shows activity: ``step`` grows their
+    stat's utime, stime and minflt (a trainer, a data loader); the rest stays idle."""
+
+    def __init__(self, root: Path, procs: int) -> None:
+        self.root, self.active, self.tick = root, range(0, procs, 4), 0
+
+    def step(self) -> None:
+        self.tick += 1
+        for p in self.active:
+            (self.root / str(1000 + p) / "stat").write_text(_stat(1000 + p, p, self.tick))
 
 
 def clients_lists(tree: Path, pids: list[str]) -> Path:
@@ -161,6 +197,7 @@ def separated(proc: Path, sys_root: Path, drm_files: list[Path], polls: int) -> 
 
 def run_case(name: str, proc: Path, sys_root: Path, drm_files: list[Path], polls: int,
              on_poll=None, other_cpu=None) -> dict:
+    activity = Activity(proc, sum(1 for n in os.listdir(proc) if n.isdigit() and 1000 <= int(n) < 999999))
     clock = Clock()
     src = DrmFdinfoSource(SourceContext(sysfs=sys_root, procfs=proc, options={"top_n": 5}), clock=clock)
     rss0 = vm_rss()
@@ -182,6 +219,7 @@ def run_case(name: str, proc: Path, sys_root: Path, drm_files: list[Path], polls
     for i in range(polls):
         if on_poll is not None:
             on_poll(i)
+        activity.step()  # a quarter of the processes ran this second (outside the measured time)
         for j, path in enumerate(drm_files):  # counters advance between polls
             path.write_text(FDINFO.format(ino=j, cid=j, cyc=i * 1000, tot=i * 4000))
         clock.t += 1.0

@@ -6,7 +6,13 @@ default) over two procfs roots given with ``--path.procfs``:
 
   empty   a procfs with kthreadd only (what the ``peer`` section's node has);
   busy    a fixture procfs of PROCS processes holding FDS fds in all (sockets, pipes, files,
-          /dev/null), built by ``bench_fdinfo.build``: the scan's cost, without other work;
+          /dev/null), built by ``bench_fdinfo.build``: the scan's cost, without other work.  Each
+          process has a Linux ``stat`` file; a driver thread in this process rewrites the stat of a
+          fixed quarter of them once a second (``bench_fdinfo.Activity``: their utime and minflt
+          grow), so their re-verifications stay real while the idle ones' are vouched for
+          (sources/fdinfo_activity.py).  A quarter is pessimistic: on the machine this was written
+          on 6 of 66 processes changed their stat over 50 s; on a GPU node the data loaders and
+          trainers change, most daemons, shims and sidecars do not;
   busy_list  the same busy procfs over a copy of the sysfs tree that also has DRM core's debugfs
           client list (``kernel/debug/dri/<N>/clients``, ``bench_fdinfo.clients_lists``: where
           debugfs is mounted and readable, as under the shipped systemd unit): the blind
@@ -23,11 +29,12 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_fdinfo import build, clients_lists, fixture_dir, sysfs  # noqa: E402
+from bench.bench_fdinfo import Activity, build, clients_lists, fixture_dir, sysfs  # noqa: E402
 from bench.common import Proc, exporter_cmd, free_port, paced_scrapes  # noqa: E402
 from bench.node_exporter_peer import KEEP_OPEN, _ratio, node, node_exporter_binary  # noqa: E402
 
@@ -58,8 +65,22 @@ def run(tmp: Path, trees: dict[int, Path], fds: int, procs: int, seconds: float,
         t0 = time.monotonic()
         build(busy, fds, procs, 0)
         built = time.monotonic() - t0
-        return _measure(tmp, trees, empty, busy, binary, seconds, settle_s) | {
-            "fds": fds, "processes": procs, "build_s": round(built, 1), "seconds": seconds}
+        stop = threading.Event()
+        driver = threading.Thread(target=_drive, args=(Activity(busy, procs), stop), daemon=True)
+        driver.start()
+        try:
+            return _measure(tmp, trees, empty, busy, binary, seconds, settle_s) | {
+                "fds": fds, "processes": procs, "build_s": round(built, 1), "seconds": seconds,
+                "active_processes": len(range(0, procs, 4))}
+        finally:
+            stop.set()
+            driver.join()
+
+
+def _drive(activity: Activity, stop: threading.Event) -> None:
+    """A quarter of the busy procfs's processes run: their stat changes once a second."""
+    while not stop.wait(1.0):
+        activity.step()
 
 
 def _measure(tmp: Path, trees: dict[int, Path], empty: Path, busy: Path, binary: str, seconds: float,

@@ -83,3 +83,18 @@ def write_clients(sysfs: Path, minor: int, rows: list[tuple[str, int]], *, layou
     path = target / "clients"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def stat_text(pid: int, comm: str = "app", *, minflt: int = 2000, majflt: int = 3, utime: int = 40, stime: int = 9,
+              num_threads: int = 4, starttime: int = 5000, vsize: int = 1 << 30, rss: int = 6000) -> str:
+    """``<pid>/stat`` as fs/proc/array.c ``do_task_stat`` writes it for a thread group (proc(5):
+    52 fields; ``comm`` in parentheses as the process set it, spaces and ``)`` included)."""
+    fields = [pid, f"({comm})", "S", 1, pid, pid, 0, -1, 4194560, minflt, 0, majflt, 0, utime, stime, 0, 0, 20, 0,
+              num_threads, 0, starttime, vsize, rss, 18446744073709551615, 1, 1, 0, 0, 0, 0, 0, 4096, 17642, 0, 0,
+              0, 17, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    return " ".join(map(str, fields)) + "\n"
+
+
+def write_stat(proc: Path, pid: int, **fields) -> None:
+    """``<proc>/<pid>/stat`` (``stat_text``): the process's activity fingerprint (fdinfo_activity)."""
+    (proc / str(pid) / "stat").write_text(stat_text(pid, **fields))

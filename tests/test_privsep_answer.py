@@ -207,6 +207,23 @@ def test_the_counter_relays_the_debugfs_client_list_counts(tmp_path):
         counter.close()
 
 
+def test_the_counter_relays_the_stat_errors(tmp_path):
+    """A ``<pid>/stat`` the counting process could not read or parse (fdinfo_activity: a real
+    re-verification ran) comes back counted in the answer's errors."""
+    assert decode(_with(errors={"stat_unreadable": 1, "stat_malformed": 2}), 1).errors == {
+        "stat_unreadable": 1, "stat_malformed": 2}
+    proc, sysfs = _node(tmp_path)
+    (proc / "300" / "stat").write_text("300 (app) S 1\n")  # cut short: malformed
+    os.symlink("/proc/self/stat", proc / "301" / "stat")  # not the kernel's file: never followed
+    counter = Counter(proc, sysfs)
+    try:
+        errors: dict = {}
+        counter.scanner(proc, sysfs, ScanLimits()).scan(errors, 1.0)  # first examinations take the fingerprint
+        assert errors == {"stat_malformed": 1, "stat_unreadable": 1}
+    finally:
+        counter.close()
+
+
 # ---------------------------------------------------------------- the security review (issue 37)
 def test_a_scanner_imports_nothing_after_the_supervisor_said_ready(tmp_path, monkeypatch):
     """The serving process handles untrusted input before a scanner is forked: were a scanner to

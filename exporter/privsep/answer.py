@@ -36,8 +36,10 @@ _HEADER = struct.Struct(">I")
 _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,64}\Z")
 _DIGITS = re.compile(r"[0-9]{1,10}\Z")
 # the scanner's error kinds the counting process answers (source_errors_total{source="fdinfo"}):
-# the debugfs client list not usable this poll (the blind re-verification ran), its malformed lines
-ERROR_KINDS = frozenset({"read_error", "clients_list_unavailable", "clients_list_malformed"})
+# the debugfs client list not usable this poll (the blind re-verification ran), its malformed lines,
+# a <pid>/stat that could not be read or parsed (fdinfo_activity: a real re-verification ran)
+ERROR_KINDS = frozenset({"read_error", "clients_list_unavailable", "clients_list_malformed", "stat_unreadable",
+                         "stat_malformed"})
 
 
 class BadAnswer(Exception):

@@ -16,7 +16,8 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
    one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
    DRM core's debugfs client list holds (``fdinfo_debugfs``), a process it names with a new
-   drm_file is examined at once and a due verification is a check (one real one in ten);
+   drm_file is examined at once and a due verification is a check; so is one of a process that
+   did nothing since its last real one (``fdinfo_activity``); one real one in ten either way;
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safefile
+from .fdinfo_activity import idle
 from .fdinfo_debugfs import ClientList
 from .fdinfo_tables import FDINFO_MAX_BYTES, Budget, drm_among, links, list_table
 
@@ -83,7 +85,8 @@ class _Pid:
     pending_verify: bool = False  # ... and whether it was a verification
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
-    vouched: int = 0  # re-verifications the debugfs client list stood in for since the last real one
+    vouched: int = 0  # re-verifications vouched for (client list, fdinfo_activity) since the last real one
+    stat: bytes | None = None  # fdinfo_activity's fingerprint, taken at the last real examination
 
 
 class FdScanner:
@@ -159,6 +162,8 @@ class FdScanner:
                 self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now)
             vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
+            if not vouch and (verify or not st.done) and st.pending is None and st.listing is None:
+                vouch = idle(self.procfs, pid, st, errors, verify and urgency != 1)  # did nothing since
             found = self._examine(pid, st, verify and not vouch, budget, now)
             if pid in self._listed_due:  # asked for by the client list: backs off while it finds nothing
                 self.clients.examined(pid, bool(found), now, self.limits.check_period)  # type: ignore[union-attr]
