@@ -163,7 +163,7 @@ class FdScanner:
             verify = st.done and (urgency == 1 or st.next_verify <= now)
             vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
             if not vouch and (verify or not st.done) and st.pending is None and st.listing is None:
-                vouch = idle(self.procfs, pid, st, errors, verify and urgency != 1)  # did nothing since
+                vouch = idle(self.procfs, pid, st, errors, verify and urgency != 1)  # fdinfo_activity
             found = self._examine(pid, st, verify and not vouch, budget, now)
             if pid in self._listed_due:  # asked for by the client list: backs off while it finds nothing
                 self.clients.examined(pid, bool(found), now, self.limits.check_period)  # type: ignore[union-attr]
