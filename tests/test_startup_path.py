@@ -43,6 +43,11 @@ OTLP_MODULES = ("opentelemetry", "google.protobuf", "grpc", "requests", "urllib3
                 "exporter.otlp.transport", "exporter.otlp.resource")
 
 
+# aiohttp's client side: loaded on the first use of the package's client names (the cloud probe)
+AIOHTTP_CLIENT = ("aiohttp.client_proto", "aiohttp.client_middlewares", "aiohttp.connector", "aiohttp.client_reqrep", "aiohttp.client_ws",
+                  "aiohttp.cookiejar", "aiohappyeyeballs")
+
+
 def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if m.startswith(prefixes))
 
@@ -115,11 +120,12 @@ def _free_port() -> int:
 
 def test_default_serve_path_leaves_optional_code_unloaded(tmp_path):
     """A default start (no web config, no upstream targets, no profiles, no importers) never loads
-    bcrypt, the web-config models, the importers or the Prometheus text parsers.  (The aiohttp
-    client is loaded all the same: ``import aiohttp.web`` runs aiohttp/__init__, which imports it.)"""
+    bcrypt, the web-config models, the importers, the Prometheus text parsers or aiohttp's client
+    (``import aiohttp.web`` would run aiohttp/__init__, which imports it: issue 35)."""
     res = _run_py(SERVE, str(_free_port()), str(tmp_path))
     assert res["status"] and res["status"][0] in ("200", "503")
-    assert _loaded(res["modules"], NOT_ON_DEFAULT_PATH) == []
+    assert _loaded(res["modules"], NOT_ON_DEFAULT_PATH + AIOHTTP_CLIENT) == []
+    assert "aiohttp.client" not in res["modules"]
     assert "aiohttp.web" in res["modules"]
 
 
@@ -299,3 +305,69 @@ def ssl_default_cas() -> int:
     import ssl
 
     return ssl.create_default_context().cert_store_stats()["x509_ca"]
+
+
+DEFERRED_CLIENT = """
+import json, sys
+from exporter.serve.aiohttp_import import import_aiohttp_web
+import_aiohttp_web()
+before = sorted(m for m in sys.modules if m.startswith(("aiohttp.client.", "aiohttp.connector")) or m == "aiohttp.client")
+from aiohttp import web
+import aiohttp
+session = aiohttp.ClientSession  # the first client name: aiohttp/__init__ runs now, whole
+from aiohttp import ClientTimeout, connector
+from aiohttp import client
+print(json.dumps({
+    "before": before, "web": web.Application.__module__,
+    "same": session is client.ClientSession and ClientTimeout is client.ClientTimeout,
+    "all": sorted(set(aiohttp.__all__) - set(dir(aiohttp))),
+    "version": aiohttp.__version__, "server": __import__("aiohttp.http").http.SERVER_SOFTWARE,
+    "aiohttp_cas": connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
+    "lazy_workers": aiohttp.__getattr__.__module__,
+}))
+"""
+
+
+def test_the_aiohttp_client_loads_whole_on_first_use_without_the_ca_store():
+    """The serving import leaves the client out; the first client name runs aiohttp's own
+    ``__init__`` into the package (every name of its ``__all__`` there, its own ``__getattr__``
+    in place), with the default client contexts still trusting nothing."""
+    import aiohttp
+
+    res = _run_py(DEFERRED_CLIENT)
+    assert res["before"] == []
+    assert res["web"] == "aiohttp.web_app"
+    assert res["same"] and res["all"] == []
+    assert res["version"] == aiohttp.__version__ and aiohttp.__version__ in res["server"]
+    assert res["aiohttp_cas"] == 0
+    assert res["lazy_workers"] == "aiohttp"
+
+
+def test_the_ca_skip_holds_only_in_the_importing_thread():
+    """While the client loads (possibly long after the start, from the event loop), another thread
+    making a context of its own (an upstream target's, the Kubernetes API's) gets the CA store."""
+    import ssl
+    import threading
+
+    from exporter.serve.aiohttp_import import _without_client_cas
+
+    seen: dict[str, int] = {}
+
+    def other() -> None:
+        seen["other"] = ssl.create_default_context().cert_store_stats()["x509_ca"]
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.set_default_verify_paths()
+        seen["other_paths"] = ctx.cert_store_stats()["x509_ca"]
+
+    def load() -> None:
+        seen["here"] = ssl.create_default_context().cert_store_stats()["x509_ca"]
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+
+    _without_client_cas(load)
+    assert seen["here"] == 0
+    assert "set_default_verify_paths" not in ssl.SSLContext.__dict__
+    if ssl_default_cas() == 0:
+        pytest.skip("this system's default CA store is empty: nothing to compare with")
+    assert seen["other"] > 0 and seen["other_paths"] > 0
