@@ -13,7 +13,7 @@ import os
 from exporter.sources import fdinfo_debugfs
 from exporter.sources.fdinfo_debugfs import LIST_VERIFY_EVERY, parse
 from tests.fdinfo_trees import add_fd, write_clients
-from tests.test_fdinfo_incremental import BOUND_NEW_NUMBER, BOUND_REUSED, VERIFY, Node, _node
+from tests.test_fdinfo_incremental import BOUND_NEW_NUMBER, BOUND_REUSED, CHECK, VERIFY, Node, _node
 
 LISTED = [("Xorg", 2), ("app", 100)]  # pid 100 holds the node's one amdgpu client (fd 3)
 
@@ -215,3 +215,23 @@ def test_a_list_too_large_is_not_read_every_poll(tmp_path, shared_fixtures, monk
         sample = node.poll()
         assert sample.errors.get("clients_list_unavailable") == 1  # every poll says so
     assert [r - reads[0] for r in reads] == [0, 2, 5, 10]  # then 1, 2, 4 polls skipped
+
+
+def test_with_the_list_a_due_check_opens_no_fd_table(tmp_path, shared_fixtures, monkeypatch):
+    """A check looks for new fd numbers; where the list holds, a new drm_file shows there (and is
+    examined at once), so due checks of unlisted tables are skipped: no fd directory opened in a
+    whole check period (the one real re-verification in ten aside, not due yet)."""
+    node, _, _ = _steady(tmp_path, shared_fixtures)
+    opened, listed = [], {str(pid) for _, pid in LISTED}  # listed ones back off (another test)
+    real = os.open
+
+    def counting(path, *a, **kw):
+        if os.fsdecode(path).endswith("/fd") and os.fsdecode(path).split("/")[-2] not in listed:
+            opened.append(os.fsdecode(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(os, "open", counting)
+    for _ in range(int(CHECK) + 5):  # every table's check fell due once
+        sample = node.poll()
+    assert opened == []  # before: every process's table, once a check period
+    assert [r.value for r in sample.readings if r.field == "client.evidence"] == [1.0]  # not partial

@@ -8,7 +8,7 @@ changes: ``minflt``/``majflt`` (page faults), ``utime``/``stime`` (the group's p
 them masked without ptrace access; ``starttime`` tells a pid reused by another process.  The
 scanner takes this fingerprint before every real examination of a table (the first one, and
 every real re-verification) and, when a re-verification falls due, reads it again: unchanged, the
-re-verification is vouched for (it becomes a check, as with DRM core's debugfs client list) and
+re-verification is vouched for (skipped: no check either, as with DRM core's debugfs client list) and
 ``_Pid.vouched`` counts it, so that, whichever voucher stood in, every ``LIST_VERIFY_EVERY``-th
 re-verification is still a real one.  Changed, missing (exited; a fixture tree without ``stat``),
 unreadable or malformed: a real re-verification (the last two counted in ``errors``,

@@ -16,8 +16,8 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
    one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
    DRM core's debugfs client list holds (``fdinfo_debugfs``), a process it names with a new
-   drm_file is examined at once and a due verification is a check; so is one of a process that
-   did nothing since its last real one (``fdinfo_activity``); one real one in ten either way;
+   drm_file is examined at once and due checks and verifications are skipped; so is the due one of a
+   process that did nothing since its last real one (``fdinfo_activity``); one real one in ten;
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
@@ -164,7 +164,11 @@ class FdScanner:
             vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
             if not vouch and (verify or not st.done) and st.pending is None and st.listing is None:
                 vouch = idle(self.procfs, pid, st, errors, verify and urgency != 1)  # fdinfo_activity
-            found = self._examine(pid, st, verify and not vouch, budget, now)
+            if (vouch or urgency == 3 and self.clients is not None and self.clients.vouches(st.vouched)) \
+                    and st.pending is None and st.listing is None:  # nothing new can be there: vouched for, or a
+                found = self._finish(st, now, False, pid) or []  # check where the list shows new drm_files
+            else:
+                found = self._examine(pid, st, verify and not vouch, budget, now)
             if pid in self._listed_due:  # asked for by the client list: backs off while it finds nothing
                 self.clients.examined(pid, bool(found), now, self.limits.check_period)  # type: ignore[union-attr]
             if st.pending is None and st.listing is None and st.done and verify:
