@@ -6,6 +6,7 @@ tables, per process, never timed."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import Counter
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from exporter.sources import fdinfo_activity
 from exporter.sources.fdinfo_debugfs import LIST_VERIFY_EVERY
+from exporter.sources.fdinfo_scan import FdScanner
 from tests.fdinfo_trees import add_fd, stat_text, write_clients, write_stat
 from tests.test_fdinfo_incremental import BOUND_REUSED, VERIFY, Node, _node
 
@@ -200,3 +202,34 @@ def test_the_two_vouchers_share_the_one_real_verification_in_ten(tmp_path, share
         most = max(most, *(_records(node)[str(p)].vouched for p in PIDS))
     assert most == LIST_VERIFY_EVERY - 1
     assert all(links_by_pid[p] == 30 for p in PIDS)  # one real re-verification each in ten periods
+
+
+def test_a_real_verification_that_failed_does_not_vouch_for_what_the_process_did(tmp_path, shared_fixtures,
+                                                                                 monkeypatch):
+    """The fingerprint holds once a real examination is done whole: one whose fd table could not
+    be opened (EMFILE, the exporter at its fd limit) is tried again, still against the fingerprint
+    from before the last real one, so a process that ran is verified for real at the next poll."""
+    node = _steady(tmp_path, shared_fixtures)
+    write_stat(node.proc, 103, utime=77, minflt=2100)  # it ran once (opened the GPU), then sleeps
+    node.add_client(103, 12, 903)  # under a reused number
+    real_open, real_examine, failed = os.open, FdScanner._examine, []
+
+    def examine(self, pid, st, verify, budget, now):
+        if pid == "103" and verify and not failed:  # its due real verification: the open fails
+
+            def emfile(path, *a, **kw):
+                if os.fsdecode(path).endswith("/103/fd"):
+                    raise OSError(errno.EMFILE, "Too many open files")
+                return real_open(path, *a, **kw)
+
+            failed.append(1)
+            monkeypatch.setattr(os, "open", emfile)
+            try:
+                return real_examine(self, pid, st, verify, budget, now)
+            finally:
+                monkeypatch.setattr(os, "open", real_open)
+        return real_examine(self, pid, st, verify, budget, now)
+
+    monkeypatch.setattr(FdScanner, "_examine", examine)
+    took = node.seconds_until_counted(103, limit=int(LIST_VERIFY_EVERY * VERIFY) + 10)
+    assert failed and took <= BOUND_REUSED + 1  # the fingerprint taken at the failed try: 481 s

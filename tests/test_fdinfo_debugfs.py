@@ -13,7 +13,7 @@ import os
 from exporter.sources import fdinfo_debugfs
 from exporter.sources.fdinfo_debugfs import LIST_VERIFY_EVERY, parse
 from tests.fdinfo_trees import add_fd, write_clients
-from tests.test_fdinfo_incremental import BOUND_NEW_NUMBER, BOUND_REUSED, CHECK, VERIFY, Node, _node
+from tests.test_fdinfo_incremental import BOUND_NEW_NUMBER, BOUND_REUSED, VERIFY, Node, _node
 
 LISTED = [("Xorg", 2), ("app", 100)]  # pid 100 holds the node's one amdgpu client (fd 3)
 
@@ -217,21 +217,28 @@ def test_a_list_too_large_is_not_read_every_poll(tmp_path, shared_fixtures, monk
     assert [r - reads[0] for r in reads] == [0, 2, 5, 10]  # then 1, 2, 4 polls skipped
 
 
-def test_with_the_list_a_due_check_opens_no_fd_table(tmp_path, shared_fixtures, monkeypatch):
-    """A check looks for new fd numbers; where the list holds, a new drm_file shows there (and is
-    examined at once), so due checks of unlisted tables are skipped: no fd directory opened in a
-    whole check period (the one real re-verification in ten aside, not due yet)."""
-    node, _, _ = _steady(tmp_path, shared_fixtures)
-    opened, listed = [], {str(pid) for _, pid in LISTED}  # listed ones back off (another test)
-    real = os.open
 
-    def counting(path, *a, **kw):
-        if os.fsdecode(path).endswith("/fd") and os.fsdecode(path).split("/")[-2] not in listed:
-            opened.append(os.fsdecode(path))
-        return real(path, *a, **kw)
-
-    monkeypatch.setattr(os, "open", counting)
-    for _ in range(int(CHECK) + 5):  # every table's check fell due once
-        sample = node.poll()
-    assert opened == []  # before: every process's table, once a check period
-    assert [r.value for r in sample.readings if r.field == "client.evidence"] == [1.0]  # not partial
+def test_with_the_list_the_checks_stay_for_a_drm_file_its_counts_hide(tmp_path, shared_fixtures):
+    """The list's counts are drm_files, the scanner's DRM fds (a dup'd fd is one drm_file): a
+    process that opens a new drm_file and closes another between two polls shows the same count,
+    so only the check for new fd numbers finds it (within scan_check_period + 2 polls)."""
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures)
+    src.open()
+    node = Node(proc, src, clock, shared_fixtures)
+    node.add_client(102, 40, 302)
+    node.add_client(102, 41, 302)  # a dup of fd 40: the same drm_file (Mesa's winsys dups it)
+    node.add_client(102, 42, 303)
+    write_clients(sysfs, 0, LISTED + [("app", 102), ("app", 102)])
+    for _ in range(5):
+        node.poll()
+    assert src._scanner.fds.clients.used
+    node.add_client(102, 44, 904)  # a new drm_file under a new number ...
+    del node.clients[(102, 42)]  # ... and drm_file 303 closed: still two lines for 102
+    (proc / "102" / "fd" / "42").unlink()
+    (proc / "102" / "fdinfo" / "42").unlink()
+    st = src._scanner.fds._pids["102"]
+    took = 0
+    while "44" not in st.drm and took < 600:
+        node.poll()
+        took += 1
+    assert took <= BOUND_NEW_NUMBER  # skipping the checks where the list holds: 414 s

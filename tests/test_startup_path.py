@@ -371,3 +371,38 @@ def test_the_ca_skip_holds_only_in_the_importing_thread():
     if ssl_default_cas() == 0:
         pytest.skip("this system's default CA store is empty: nothing to compare with")
     assert seen["other"] > 0 and seen["other_paths"] > 0
+
+
+CLIENT_RACE = """
+import json, sys, threading
+from exporter.serve import aiohttp_import
+aiohttp_import.import_aiohttp_web()
+import aiohttp
+started = threading.Event()
+real = aiohttp_import._without_client_cas
+def slow(load):  # the first thread is inside aiohttp's __init__ when the second one asks
+    def wrapped():
+        started.set()
+        threading.Event().wait(0.3)
+        load()
+    real(wrapped)
+aiohttp_import._without_client_cas = slow
+out = {}
+def first():
+    out["first"] = aiohttp.ClientSession.__name__
+def second():
+    started.wait(10)
+    try:
+        out["second"] = aiohttp.ClientTimeout.__name__
+    except Exception as exc:
+        out["second"] = type(exc).__name__
+a, b = threading.Thread(target=first), threading.Thread(target=second)
+a.start(); b.start(); a.join(); b.join()
+print(json.dumps(out))
+"""
+
+
+def test_a_second_thread_asking_for_a_client_name_waits_for_the_whole_package():
+    """While one thread runs aiohttp's ``__init__`` (the client's first use), another asking for a
+    client name waits for it instead of finding the name missing (AttributeError before)."""
+    assert _run_py(CLIENT_RACE) == {"first": "ClientSession", "second": "ClientTimeout"}

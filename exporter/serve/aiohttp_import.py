@@ -14,7 +14,9 @@ runs the real ``__init__`` into that same module, at once and whole, so every ca
 package aiohttp documents.  Should an aiohttp release need more of its ``__init__`` for the server
 modules, the plain import is done instead (the same package, only slower to start).
 
-The client, whenever it loads, loads with the CA loading skipped: aiohttp's two default client
+The client, loaded through a name of the package (``aiohttp.ClientSession``: this program's only
+way), loads with the CA loading skipped (a direct ``import aiohttp.connector`` goes through the
+import system instead, and loads it as the plain import does): aiohttp's two default client
 contexts then trust no certificate at all, and an aiohttp client request over TLS without its own
 ``ssl=`` context fails verification (fails closed) instead of trusting the system store.  This
 program's HTTPS clients (upstream targets, the Kubernetes API) use urllib with contexts of their
@@ -83,25 +85,28 @@ def _plain_import() -> None:
 
 def _completer(package: ModuleType, spec) -> Callable[[str], object]:
     """The package's ``__getattr__`` until its ``__init__`` ran: runs it (once), then answers."""
-    state = {"running": False}
+    state = {"running": False, "done": False}
 
     def complete(name: str) -> object:
-        with _lock:
+        with _lock:  # another thread asking meanwhile waits here for the whole package
             if state["running"]:  # a lookup from inside __init__ itself: not there yet
                 raise AttributeError(f"module 'aiohttp' has no attribute {name!r}")
+            if state["done"]:  # this thread waited while another ran __init__
+                return getattr(package, name)
             if importlib.util.find_spec(f"aiohttp.{name}") is not None:
                 # a submodule (``from . import hdrs`` in the server modules, ``from aiohttp import
                 # connector``): imported alone, without the CA loading
                 module: list[ModuleType] = []
                 _without_client_cas(lambda: module.append(importlib.import_module(f"aiohttp.{name}")))
                 return module[0]
-            if package.__dict__.get("__getattr__") is complete:
-                state["running"] = True
-                try:
-                    del package.__getattr__  # the real __init__ may define its own
-                    _without_client_cas(lambda: spec.loader.exec_module(package))
-                finally:
-                    state["running"] = False
+            state["running"] = True
+            try:  # __getattr__ stays ours while __init__ runs: a lookup from another thread waits
+                _without_client_cas(lambda: spec.loader.exec_module(package))
+                state["done"] = True
+            finally:
+                state["running"] = False
+            if package.__dict__.get("__getattr__") is complete:  # the real __init__ defines none
+                del package.__getattr__
         return getattr(package, name)
 
     return complete

@@ -8,7 +8,7 @@ changes: ``minflt``/``majflt`` (page faults), ``utime``/``stime`` (the group's p
 them masked without ptrace access; ``starttime`` tells a pid reused by another process.  The
 scanner takes this fingerprint before every real examination of a table (the first one, and
 every real re-verification) and, when a re-verification falls due, reads it again: unchanged, the
-re-verification is vouched for (skipped: no check either, as with DRM core's debugfs client list) and
+re-verification is vouched for (skipped: not even a check, since it cannot hold a new fd) and
 ``_Pid.vouched`` counts it, so that, whichever voucher stood in, every ``LIST_VERIFY_EVERY``-th
 re-verification is still a real one.  Changed, missing (exited; a fixture tree without ``stat``),
 unreadable or malformed: a real re-verification (the last two counted in ``errors``,
@@ -56,11 +56,11 @@ def parse(data: bytes, pid: str) -> bytes | None:
 
 def fingerprint(procfs: str, pid: str, errors: dict) -> bytes | None:
     """``parse`` of ``<procfs>/<pid>/stat``; None when it is missing (exited, a fixture without
-    one), unreadable or malformed (the last two counted in ``errors``)."""
+    one), refused (hidepid=1), otherwise unreadable or malformed (the last two counted in ``errors``)."""
     try:
         data = safefile.read_small(f"{procfs}/{pid}/stat", STAT_MAX_BYTES)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, PermissionError):  # exited; another user's under hidepid=1 (its fd
+        return None  # table is unreadable too: counted there, as procfs_unreadable)
     except OSError:  # no permission, a symlink, a FIFO, above the limit (safefile.Refused)
         errors["stat_unreadable"] = errors.get("stat_unreadable", 0) + 1
         return None
@@ -77,10 +77,10 @@ def idle(procfs: str, pid: str, st, errors: dict, may_vouch: bool) -> bool:
     re-verifications in a row were vouched for; otherwise the examination is a real one and
     ``st.stat`` becomes the fingerprint taken now, before it (None for a small table)."""
     if st.done and len(st.known) < MIN_FDS:
-        st.stat = None
+        st.taken = None
         return False
     now = fingerprint(procfs, pid, errors)
     if may_vouch and now is not None and now == st.stat and st.vouched < LIST_VERIFY_EVERY - 1:
         return True
-    st.stat = now
+    st.taken = now  # ``st.stat`` once the examination is done whole (``FdScanner._finish``)
     return False

@@ -16,8 +16,8 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
    one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
    DRM core's debugfs client list holds (``fdinfo_debugfs``), a process it names with a new
-   drm_file is examined at once and due checks and verifications are skipped; so is the due one of a
-   process that did nothing since its last real one (``fdinfo_activity``); one real one in ten;
+   drm_file is examined at once and a due verification is a check; one of a process that did
+   nothing since its last real one (``fdinfo_activity``) is skipped; one real one in ten;
 4. stop reading known clients' fdinfo at ``max_records`` or after ``known_seconds`` (a user
    who dup()s one render fd half a million times must not make every poll slow, or, with the
    counting process, late: the count is then partial, ``budget_hit``);
@@ -30,9 +30,8 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
 the target: ``fdinfo_tables.is_drm`` says why).  Only
 DRM fds have their fdinfo read, each through its directory fd under the ``exporter.safefile``
 rule (a host ``/proc`` mounted into a container, or a fixture, is a tree another user may shape).
-A pid reused by a new process keeps its record until a check or verification sees the new
-table (within their periods: the same bound as any change of a table).  Memory: 4 bytes per fd number
-seen plus a small record per process.
+A pid reused by a new process keeps its record until a check or verification sees the new table
+(within their periods, as any change of a table).  Memory: 4 bytes per fd number, a record per pid.
 """
 
 from __future__ import annotations
@@ -86,7 +85,8 @@ class _Pid:
     listing: tuple | None = None  # (scandir iterator, numbers so far) of a large table being listed
     links: bool = True  # the tree has fd/ links (else every fdinfo file is read: fixtures)
     vouched: int = 0  # re-verifications vouched for (client list, fdinfo_activity) since the last real one
-    stat: bytes | None = None  # fdinfo_activity's fingerprint, taken at the last real examination
+    stat: bytes | None = None  # fdinfo_activity's fingerprint, taken before the last real examination
+    taken: bytes | None = None  # ... and before the one under way (``stat`` once it is done whole)
 
 
 class FdScanner:
@@ -162,18 +162,16 @@ class FdScanner:
                 self._undone.add(pid)
             verify = st.done and (urgency == 1 or st.next_verify <= now)
             vouch = verify and urgency != 1 and self.clients is not None and self.clients.vouches(st.vouched)
+            ran = True  # fdinfo_activity: it may have run since its last real examination
             if not vouch and (verify or not st.done) and st.pending is None and st.listing is None:
-                vouch = idle(self.procfs, pid, st, errors, verify and urgency != 1)  # fdinfo_activity
-            if (vouch or urgency == 3 and self.clients is not None and self.clients.vouches(st.vouched)) \
-                    and st.pending is None and st.listing is None:  # nothing new can be there: vouched for, or a
-                found = self._finish(st, now, False, pid) or []  # check where the list shows new drm_files
-            else:
-                found = self._examine(pid, st, verify and not vouch, budget, now)
+                ran = not (vouch := idle(self.procfs, pid, st, errors, verify and urgency != 1))
+            found = (self._examine(pid, st, verify and not vouch, budget, now) if ran  # one that did not
+                     else self._finish(st, now, False, pid) or [])  # cannot hold a new fd: not even a check
             if pid in self._listed_due:  # asked for by the client list: backs off while it finds nothing
                 self.clients.examined(pid, bool(found), now, self.limits.check_period)  # type: ignore[union-attr]
             if st.pending is None and st.listing is None and st.done and verify:
                 st.vouched = st.vouched + 1 if vouch else 0
-                if vouch:  # the client list stood in for it (a new drm_file shows there): due in a period
+                if vouch:  # the client list (a new drm_file shows there) or fdinfo_activity stood in
                     st.next_verify = now + self.limits.verify_period
                     heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
             if found:
@@ -328,6 +326,8 @@ class FdScanner:
 
     def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
         lim = self.limits
+        if verify or not st.done:  # a real examination done whole: the fingerprint taken before it holds
+            st.stat = st.taken
         if not st.done:  # first complete examination: spread the next ones over their periods
             spread = (int(pid) * _SPREAD) % 1.0
             st.done = True
