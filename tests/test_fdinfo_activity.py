@@ -212,24 +212,40 @@ def test_a_real_verification_that_failed_does_not_vouch_for_what_the_process_did
     node = _steady(tmp_path, shared_fixtures)
     write_stat(node.proc, 103, utime=77, minflt=2100)  # it ran once (opened the GPU), then sleeps
     node.add_client(103, 12, 903)  # under a reused number
-    real_open, real_examine, failed = os.open, FdScanner._examine, []
-
-    def examine(self, pid, st, verify, budget, now):
-        if pid == "103" and verify and not failed:  # its due real verification: the open fails
-
-            def emfile(path, *a, **kw):
-                if os.fsdecode(path).endswith("/103/fd"):
-                    raise OSError(errno.EMFILE, "Too many open files")
-                return real_open(path, *a, **kw)
-
-            failed.append(1)
-            monkeypatch.setattr(os, "open", emfile)
-            try:
-                return real_examine(self, pid, st, verify, budget, now)
-            finally:
-                monkeypatch.setattr(os, "open", real_open)
-        return real_examine(self, pid, st, verify, budget, now)
-
-    monkeypatch.setattr(FdScanner, "_examine", examine)
+    monkeypatch.setattr(FdScanner, "_examine", _failing_once(examine_103 := [], "103"))
     took = node.seconds_until_counted(103, limit=int(LIST_VERIFY_EVERY * VERIFY) + 10)
-    assert failed and took <= BOUND_REUSED + 1  # the fingerprint taken at the failed try: 481 s
+    assert examine_103 and took <= BOUND_REUSED + 1  # the fingerprint taken at the failed try: 481 s
+
+
+def test_a_real_verification_that_failed_keeps_the_one_in_ten(tmp_path, shared_fixtures, monkeypatch):
+    """Only a real verification done whole restarts the count of vouched ones: an idle process's
+    tenth (real) one failing to open the table is tried again at the next poll, not ten periods on."""
+    node = _steady(tmp_path, shared_fixtures)
+    node.add_client(103, 12, 903)  # received under a reused number, never run since
+    monkeypatch.setattr(FdScanner, "_examine", _failing_once(failed := [], "103"))
+    took = node.seconds_until_counted(103, limit=int(2 * LIST_VERIFY_EVERY * VERIFY) + 10)
+    assert failed and took <= LIST_VERIFY_EVERY * VERIFY + 3  # the counter reset by the failure: 1,000 s
+
+
+def _failing_once(failed: list, pid: str):
+    """``FdScanner._examine`` whose first real verification of ``pid`` cannot open its fd table
+    (EMFILE: the exporter at its fd limit)."""
+    real_open, real_examine = os.open, FdScanner._examine
+
+    def examine(self, p, st, verify, budget, now):
+        if p != pid or not verify or failed:
+            return real_examine(self, p, st, verify, budget, now)
+        failed.append(1)
+
+        def emfile(path, *a, **kw):
+            if os.fsdecode(path).endswith(f"/{pid}/fd"):
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(path, *a, **kw)
+
+        os.open = emfile
+        try:
+            return real_examine(self, p, st, verify, budget, now)
+        finally:
+            os.open = real_open
+
+    return examine

@@ -169,11 +169,10 @@ class FdScanner:
                      else self._finish(st, now, False, pid) or [])  # cannot hold a new fd: not even a check
             if pid in self._listed_due:  # asked for by the client list: backs off while it finds nothing
                 self.clients.examined(pid, bool(found), now, self.limits.check_period)  # type: ignore[union-attr]
-            if st.pending is None and st.listing is None and st.done and verify:
-                st.vouched = st.vouched + 1 if vouch else 0
-                if vouch:  # the client list (a new drm_file shows there) or fdinfo_activity stood in
-                    st.next_verify = now + self.limits.verify_period
-                    heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
+            if st.pending is None and st.listing is None and st.done and verify and vouch:
+                st.vouched += 1  # the client list or fdinfo_activity stood in (a real one: 0, _finish)
+                st.next_verify = now + self.limits.verify_period
+                heapq.heappush(self._due, (min(st.next_check, st.next_verify), pid))
             if found:
                 yield from self._read_known(pid, st, errors, budget, only=found)
         overdue = now - self.limits.verify_period
@@ -327,7 +326,7 @@ class FdScanner:
     def _finish(self, st: _Pid, now: float, verify: bool, pid: str) -> None:
         lim = self.limits
         if verify or not st.done:  # a real examination done whole: the fingerprint taken before it holds
-            st.stat = st.taken
+            st.stat, st.vouched = st.taken, 0
         if not st.done:  # first complete examination: spread the next ones over their periods
             spread = (int(pid) * _SPREAD) % 1.0
             st.done = True
