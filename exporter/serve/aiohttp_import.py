@@ -34,7 +34,9 @@ import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
+from typing import TypeVar
 
+T = TypeVar("T")
 _lock = threading.RLock()
 
 
@@ -96,9 +98,7 @@ def _completer(package: ModuleType, spec) -> Callable[[str], object]:
             if importlib.util.find_spec(f"aiohttp.{name}") is not None:
                 # a submodule (``from . import hdrs`` in the server modules, ``from aiohttp import
                 # connector``): imported alone, without the CA loading
-                module: list[ModuleType] = []
-                _without_client_cas(lambda: module.append(importlib.import_module(f"aiohttp.{name}")))
-                return module[0]
+                return _without_client_cas(lambda: importlib.import_module(f"aiohttp.{name}"))
             state["running"] = True
             try:  # __getattr__ stays ours while __init__ runs: a lookup from another thread waits
                 _without_client_cas(lambda: spec.loader.exec_module(package))
@@ -112,13 +112,12 @@ def _completer(package: ModuleType, spec) -> Callable[[str], object]:
     return complete
 
 
-def _without_client_cas(load: Callable[[], None]) -> None:
+def _without_client_cas(load: Callable[[], T]) -> T:
     """Run ``load`` with ``ssl.create_default_context`` and ``set_default_verify_paths`` not loading
     the CA store in this thread; both restored after.  Other threads (the client may load while
     an upstream or Kubernetes thread makes a context of its own) get the real functions meanwhile."""
     if "set_default_verify_paths" in ssl.SSLContext.__dict__:  # patched already (nested)
-        load()
-        return
+        return load()
     real_default_context = ssl.create_default_context
     real_verify_paths = ssl.SSLContext.set_default_verify_paths
     owner = threading.get_ident()
@@ -138,7 +137,7 @@ def _without_client_cas(load: Callable[[], None]) -> None:
     ssl.create_default_context = default_context  # type: ignore[assignment]
     ssl.SSLContext.set_default_verify_paths = verify_paths  # type: ignore[method-assign]
     try:
-        load()
+        return load()
     finally:
         ssl.create_default_context = real_default_context
         del ssl.SSLContext.set_default_verify_paths  # the C method of _ssl._SSLContext again

@@ -61,7 +61,7 @@ def fingerprint(procfs: str, pid: str, errors: dict) -> bytes | None:
         data = safefile.read_small(f"{procfs}/{pid}/stat", STAT_MAX_BYTES)
     except (FileNotFoundError, PermissionError):  # exited; another user's under hidepid=1 (its fd
         return None  # table is unreadable too: counted there, as procfs_unreadable)
-    except OSError:  # no permission, a symlink, a FIFO, above the limit (safefile.Refused)
+    except OSError:  # a symlink, a FIFO, above the limit (safefile.Refused), another error
         errors["stat_unreadable"] = errors.get("stat_unreadable", 0) + 1
         return None
     got = parse(data, pid)
@@ -75,12 +75,13 @@ def idle(procfs: str, pid: str, st, errors: dict, may_vouch: bool) -> bool:
     whether ``may_vouch`` (a re-verification due, not one asked for by amdkfd or the client list)
     and the process is as at its last real examination and fewer than ``LIST_VERIFY_EVERY - 1``
     re-verifications in a row were vouched for; otherwise the examination is a real one and
-    ``st.stat`` becomes the fingerprint taken now, before it (None for a small table)."""
+    ``st.taken`` the fingerprint taken now, before it (None for a small table), which becomes
+    ``st.stat`` once the examination is done whole (``FdScanner._finish``)."""
     if st.done and len(st.known) < MIN_FDS:
         st.taken = None
         return False
     now = fingerprint(procfs, pid, errors)
     if may_vouch and now is not None and now == st.stat and st.vouched < LIST_VERIFY_EVERY - 1:
         return True
-    st.taken = now  # ``st.stat`` once the examination is done whole (``FdScanner._finish``)
+    st.taken = now
     return False
