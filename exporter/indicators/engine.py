@@ -68,9 +68,12 @@ log = logging.getLogger(__name__)
 class IndicatorEngine:
     """Contention indicators of every device of the node."""
 
-    def __init__(self, config: IndicatorConfig, baselines: BaselineStore | None, poll_interval: float) -> None:
+    def __init__(self, config: IndicatorConfig, baselines: BaselineStore | None, poll_interval: float,
+                 slowest: float = 0.0) -> None:
         """``baselines``: what was learned before (restored by the daemon from its state file,
-        ``exporter.run.baseline_file``); None starts fresh.  The engine reads and writes no file."""
+        ``exporter.run.baseline_file``); None starts fresh.  The engine reads and writes no file.
+        ``poll_interval``: the step (the fast interval); ``slowest``: the longest regular one (the
+        full poll's, where a calm node steps with the full polls only: ``IndicatorFeed.wants_fast``)."""
         self.config = config
         self.poll_interval = poll_interval
         self.baselines = baselines if baselines is not None else BaselineStore()
@@ -84,7 +87,7 @@ class IndicatorEngine:
         # the interconnect ring spans two rate spans, so an idle link always has two points
         self._ic_seconds = 2.0 * config.rootcause.interconnect_rate_seconds
         self._ic_capacity = capacity_for(self._ic_seconds, poll_interval, var.max_samples)
-        self._max_dt = 2.0 * poll_interval if poll_interval > 0 else float("inf")
+        self._max_dt = 2.0 * max(poll_interval, slowest) if poll_interval > 0 else float("inf")
 
     # -- daemon interface -------------------------------------------------------------------
 

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default poll interval of every source (default 1s)")
     p.add_argument("--poll.fast-interval", dest="fast_interval", type=_duration,
                    help="fast sampling interval of the signals feeding the contention indicators "
-                        "(default 500ms)")
+                        "(default 500ms), while a GPU is near contention (a calm node: with the full polls)")
     p.add_argument("--state.dir", dest="state_dir", type=Path, default=default_state_dir(),
                    help="directory for learned baselines (kept across restarts); default: "
                         "$STATE_DIRECTORY (set by systemd's StateDirectory= and by the image), "

@@ -123,7 +123,8 @@ class Daemon:
 
     def build_feed(self) -> None:
         # the price table's cloud is indicators.cost.cloud (the detected cloud is a label only)
-        self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir, self.fast_interval)
+        self.feed = IndicatorFeed(self.config.indicators, self.settings.state_dir, self.fast_interval,
+                                  full_interval=self.poll_interval)
 
     def extra_series(self, store: Store | None = None) -> Frames:
         """The indicators' latest output, only for devices ``store`` still has."""
@@ -169,7 +170,11 @@ class Daemon:
                     if rt.source is not None and abilities_of(rt.source).observes_indicators]
         tick = Ticker(self.fast_interval, spacing=True)
         while not self._stopping:
-            # sampled at the fast interval; served with the next render (once per poll cycle)
+            # sampled at the fast interval, on a calm node once per full poll (IndicatorFeed.due);
+            # served with the next render (once per poll cycle)
+            if not self.feed.due(time.monotonic(), self.store.version):
+                await tick()
+                continue
             c0 = cpustats.clock()
             self.feed.advance(time.monotonic(), self.store)
             cpustats.add("indicators", "", cpustats.clock() - c0)
@@ -252,6 +257,9 @@ class Daemon:
         # compete with the first polls for the CPU; their labels arrive with a later render
         self.enrichers.start_tasks(self.cloud, self.k8s)
 
+    def _fast_wanted(self) -> bool:
+        return self.feed is None or self.feed.wants_fast(time.monotonic())
+
     def _start_tasks(self) -> None:
         self._stopping = False
         for rt in self.runtimes:
@@ -260,7 +268,7 @@ class Daemon:
                        for rt in self.runtimes]
         if self.config.indicators.enabled and self.mappings is not None:
             # fast polls exist only to feed the indicators
-            self._tasks += [asyncio.create_task(rt.fast_loop(self.fast_interval, self.mappings),
+            self._tasks += [asyncio.create_task(rt.fast_loop(self.fast_interval, self.mappings, self._fast_wanted),
                                                 name=f"fast-{rt.state.name}")
                             for rt in self.runtimes if rt.fast_mapper is not None]
         self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..indicators import USED_SERIES, IndicatorConfig, IndicatorEngine
 from ..indicators.baseline import BaselineStore
 from ..indicators.series import CLIENT_EVIDENCE, PROC_UTIL
+from ..indicators.signals import BANDWIDTH_UTIL
 from ..map.store import SourceState, Store
 from ..model import DeviceId, Frames
 from .baseline_file import BaselineFile, state_bytes_limit
@@ -35,17 +36,30 @@ MAX_BASELINE_DEVICES = 64
 # thousands of new UUIDs per poll must not pile up for DEVICE_TTL_SECONDS first)
 MAX_TRACKED_DEVICES = 512
 
+# fast sampling stays on this long after the last GPU near contention (``wants_fast``)
+FAST_HOLD_SECONDS = 30.0
+# states that call for samples between full polls (with the bandwidth bar of wants_fast)
+_NEAR_CONTENTION = frozenset({"contended", "memory_bound", "shared"})
+_BANDWIDTH_UTIL = (BANDWIDTH_UTIL, ())
+
 Imported = list[tuple[DeviceId, str, float]]  # (GPU, series name, value) from profiler artefacts
 
 
 class IndicatorFeed:
-    def __init__(self, config: IndicatorConfig, state_dir: Path | None, interval: float, cloud: str = ""):
+    def __init__(self, config: IndicatorConfig, state_dir: Path | None, interval: float, cloud: str = "",
+                 full_interval: float = 0.0):
+        """``interval``: the fast interval (the indicators' step); ``full_interval``: the full
+        polls', with which a calm node steps them (``wants_fast``)."""
         baselines = BaselineStore()
         # the I/O stays out of the (pure) engine
         self._file = BaselineFile(state_dir, state_bytes_limit(config, MAX_BASELINE_DEVICES))
         self._file.load(baselines)
-        self.engine = IndicatorEngine(config, baselines, interval)
+        self.engine = IndicatorEngine(config, baselines, interval, full_interval)
         self.interval = interval
+        self.full_interval = full_interval
+        self._stepped = (-1, float("-inf"))  # the store's version and the time at the last step (due)
+        # fast sampling until then (monotonic); +inf with fast_bandwidth_percent 0 (always)
+        self.fast_until = 0.0 if config.contention.fast_bandwidth_percent > 0 else float("inf")
         self.cloud = cloud
         self.latest: Frames = {}  # the engine's output of the last update, per GPU
         self._known: set[DeviceId] = set()
@@ -107,6 +121,35 @@ class IndicatorFeed:
             self._next_prune = now + min(DEVICE_TTL_SECONDS / 10, 60.0)
             self.prune(now, set(devices))
         self.latest = self.engine.update(now, devices, intervals)
+        self._near_contention(now, devices)
+
+    def due(self, now: float, version: int) -> bool:
+        """Whether the indicator loop steps at this fast tick (then it must): at every one while
+        ``wants_fast``; on a calm node once per full poll: after the store changed (``version``),
+        at least 0.9 full intervals after the last step (two sources' polls, one step)."""
+        last_version, last = self._stepped
+        if not self.wants_fast(now) and (version == last_version or now - last < 0.9 * self.full_interval):
+            return False
+        self._stepped = (version, now)
+        return True
+
+    def wants_fast(self, now: float) -> bool:
+        """Whether the indicators (and the fast polls that feed them) should sample at the fast
+        interval: some GPU was near contention (``_near_contention``) within FAST_HOLD_SECONDS.
+        Otherwise they step with the full polls: contention needs bandwidth utilization above
+        70 or 85 %, and a calm GPU turning busy is seen by the next full poll, which turns fast
+        sampling on (what a burst shorter than one full poll on a calm GPU does is lost)."""
+        return now < self.fast_until
+
+    def _near_contention(self, now: float, devices: Frames) -> None:
+        if self.fast_until == float("inf"):
+            return
+        bar, engine = self.engine.config.contention.fast_bandwidth_percent, self.engine
+        for dev_id, frame in devices.items():
+            bw = frame.get(_BANDWIDTH_UTIL)
+            if (bw is not None and bw >= bar) or engine.state(dev_id) in _NEAR_CONTENTION:
+                self.fast_until = now + FAST_HOLD_SECONDS
+                return
 
     def _inputs(self, st: SourceState) -> tuple[Frames, Imported, set[DeviceId]]:
         """One source's engine inputs per GPU, its per-GPU values from profiler artefacts and the

@@ -30,6 +30,8 @@ def carry_indicator_state(old: IndicatorFeed | None, new: IndicatorFeed | None) 
     if old is None or new is None or old is new:
         return
     new.engine.carry_over(old.engine)
+    if new.fast_until != float("inf"):  # fast sampling on before the reload stays on for its hold
+        new.fast_until = old.fast_until if old.fast_until != float("inf") else 0.0
 
 
 def carry_source_state(old: Store, new: Store) -> None:

@@ -235,15 +235,18 @@ class SourceRunner:
         cpustats.add("fast_map", self.state.name, cycle.map_cpu)
         return cycle
 
-    async def fast_loop(self, interval: float, mappings: MappingSet) -> None:
+    async def fast_loop(self, interval: float, mappings: MappingSet, wanted: Callable[[], bool] | None = None
+                        ) -> None:
         """Cheap signals between full polls; they update the series the indicators read.
 
         A tick that comes less than ``interval`` after a full poll is skipped: the full poll's
-        values are that fresh already (with the defaults, one fast poll per full poll)."""
+        values are that fresh already (with the defaults, one fast poll per full poll); so is
+        one while ``wanted()`` says the indicators do not sample fast (a calm node:
+        ``IndicatorFeed.wants_fast``)."""
         tick = Ticker(interval, spacing=True)
         while not self.stopped:
             await tick()
-            if not self.opened or self.worker.busy or not self.stats.up:
+            if not self.opened or self.worker.busy or not self.stats.up or (wanted is not None and not wanted()):
                 continue
             if time.monotonic() - self.polled_at < interval:
                 continue

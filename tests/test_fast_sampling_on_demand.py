@@ -1,0 +1,165 @@
+"""Fast sampling on demand (issue 35): the indicators sample at the fast interval, and the fast polls
+that feed them run, only while a GPU is near contention (``IndicatorFeed.wants_fast``); a calm
+node steps the indicators once per full poll and runs no fast poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from exporter.indicators import IndicatorConfig
+from exporter.map.store import SourceState, Store
+from exporter.run.daemon import Daemon, Settings
+from exporter.run.feed import FAST_HOLD_SECONDS, IndicatorFeed
+from exporter.run.reload_carry import carry_indicator_state
+from exporter.simulate import SimulatorSource
+
+OTHERS = ("nvml", "dcgm", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")
+DEV = ("amd", "0", "GPU-calm")
+BW = "gpu_memory_bandwidth_utilization_percent"
+
+
+def _feed(**contention) -> tuple[IndicatorFeed, Store, SourceState]:
+    config = IndicatorConfig(contention=contention) if contention else IndicatorConfig()
+    feed = IndicatorFeed(config, None, 0.5, full_interval=1.0)
+    store, state = Store(), SourceState("amdgpu")
+    store.add(state)
+    return feed, store, state
+
+
+def _set(state: SourceState, bandwidth: float | None) -> None:
+    frame = {("gpu_compute_utilization_percent", ()): 40.0}
+    if bandwidth is not None:
+        frame[(BW, ())] = bandwidth
+    state.frames = {DEV: frame}  # a new full poll (a new frames object)
+
+
+def test_a_calm_gpu_wants_no_fast_sampling_one_moving_memory_does_for_the_hold():
+    feed, store, state = _feed()
+    _set(state, 20.0)
+    feed.advance(100.0, store)
+    assert not feed.wants_fast(100.0)
+    _set(state, 49.9)
+    feed.advance(101.0, store)
+    assert not feed.wants_fast(101.0)
+    _set(state, 50.0)  # at the bar
+    feed.advance(102.0, store)
+    assert feed.wants_fast(102.0)
+    _set(state, 3.0)  # calm again: fast sampling holds
+    feed.advance(103.0, store)
+    assert feed.wants_fast(102.0 + FAST_HOLD_SECONDS - 0.01)
+    assert not feed.wants_fast(102.0 + FAST_HOLD_SECONDS)
+
+
+def test_a_gpu_without_a_bandwidth_signal_is_calm_unless_its_state_is_near_contention(monkeypatch):
+    feed, store, state = _feed()
+    _set(state, None)
+    feed.advance(10.0, store)
+    assert not feed.wants_fast(10.0)
+    for near in ("contended", "memory_bound", "shared"):
+        monkeypatch.setattr(feed.engine, "state", lambda dev, near=near: near)
+        feed.fast_until = 0.0
+        feed.advance(11.0, store)
+        assert feed.wants_fast(11.0), near
+    for calm in ("idle", "healthy", "throttled", "unknown", None):
+        monkeypatch.setattr(feed.engine, "state", lambda dev, calm=calm: calm)
+        feed.fast_until = 0.0
+        feed.advance(12.0, store)
+        assert not feed.wants_fast(12.0), calm
+
+
+def test_a_bar_of_zero_samples_fast_always():
+    feed, store, state = _feed(fast_bandwidth_percent=0)
+    assert feed.wants_fast(0.0)
+    _set(state, None)
+    feed.advance(1.0, store)
+    assert feed.wants_fast(1e9)
+    assert all(feed.due(0.5 * i, 7) for i in range(10))  # every fast tick, the store unchanged
+
+
+def test_a_calm_node_steps_once_per_full_poll():
+    feed, store, state = _feed()
+    _set(state, 10.0)
+    assert feed.due(0.0, store.version)
+    feed.advance(0.0, store)
+    assert not feed.due(0.5, store.version)  # nothing new
+    store.touch()
+    assert not feed.due(0.6, store.version)  # new, but too soon after the last step
+    assert feed.due(0.95, store.version)
+    store.touch()  # a second source's poll of the same round
+    assert not feed.due(1.2, store.version)
+    assert feed.due(1.9, store.version)
+    assert not feed.due(2.9, store.version)  # no poll since
+
+
+def test_a_reload_keeps_fast_sampling_on_for_its_hold_and_a_bar_of_zero_stays_always():
+    old, store, state = _feed()
+    _set(state, 80.0)
+    old.advance(50.0, store)
+    new, _, _ = _feed()
+    carry_indicator_state(old, new)
+    assert new.wants_fast(50.0 + FAST_HOLD_SECONDS - 1)
+    always, _, _ = _feed(fast_bandwidth_percent=0)
+    carry_indicator_state(old, always)
+    assert always.wants_fast(1e9)
+    back, _, _ = _feed()
+    carry_indicator_state(always, back)
+    assert not back.wants_fast(0.0)
+
+
+async def _run(tmp_path, monkeypatch, phase: str, seconds: float) -> tuple[int, int, int]:
+    """(full polls, fast polls, indicator steps) of a daemon on the demo held in ``phase``."""
+    counts = {"full": 0, "fast": 0, "steps": 0}
+    real_poll, real_fast, real_advance = SimulatorSource.poll, SimulatorSource.poll_fast, IndicatorFeed.advance
+
+    def poll(self):
+        counts["full"] += 1
+        return real_poll(self)
+
+    def poll_fast(self):
+        counts["fast"] += 1
+        return real_fast(self)
+
+    def advance(self, now, store):
+        counts["steps"] += 1
+        return real_advance(self, now, store)
+
+    monkeypatch.setattr(SimulatorSource, "poll", poll)
+    monkeypatch.setattr(SimulatorSource, "poll_fast", poll_fast)
+    monkeypatch.setattr(IndicatorFeed, "advance", advance)
+    daemon = Daemon(Settings(simulate="demo", simulate_phase=phase, poll_interval=0.4, fast_interval=0.1,
+                             state_dir=tmp_path / "state", collectors={c: False for c in OTHERS}))
+    await daemon.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and counts["full"] < seconds / 0.4:
+            await asyncio.sleep(0.05)
+    finally:
+        await daemon.stop()
+    return counts["full"], counts["fast"], counts["steps"]
+
+
+async def test_a_calm_daemon_runs_no_fast_poll_and_steps_the_indicators_with_its_full_polls(tmp_path, monkeypatch):
+    full, fast, steps = await _run(tmp_path, monkeypatch, "idle", 4.0)
+    assert full >= 10
+    assert fast == 0
+    assert 1 <= steps <= full + 1, (full, steps)
+
+
+@pytest.mark.parametrize("phase", ["training", "memory_bound"])
+async def test_a_daemon_near_contention_samples_at_the_fast_interval(tmp_path, monkeypatch, phase):
+    full, fast, steps = await _run(tmp_path, monkeypatch, phase, 4.0)
+    assert full >= 10
+    assert fast >= full  # a fast poll in (nearly) every gap of 0.4 s at 0.1 s
+    assert steps >= 2 * full, (full, fast, steps)
+
+
+def test_the_docs_state_the_hold_the_code_has():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    said = f"for {FAST_HOLD_SECONDS:g} s after"
+    for doc in ("README.md", "docs/detection.md", "docs/configuration.md"):
+        assert said in " ".join((root / doc).read_text().split()), doc
