@@ -12,7 +12,7 @@ import pytest
 from exporter.indicators import IndicatorConfig
 from exporter.map.store import SourceState, Store
 from exporter.run.daemon import Daemon, Settings
-from exporter.run.feed import FAST_HOLD_SECONDS, IndicatorFeed
+from exporter.run.feed import CALM_INTERVAL, FAST_HOLD_SECONDS, IndicatorFeed
 from exporter.run.reload_carry import carry_indicator_state
 from exporter.simulate import SimulatorSource
 
@@ -94,6 +94,17 @@ def test_a_calm_node_steps_once_per_full_poll():
     assert not feed.due(2.9, store.version)  # no poll since
 
 
+def test_where_full_polls_are_slower_than_a_second_a_calm_node_samples_once_a_second():
+    feed = IndicatorFeed(IndicatorConfig(), None, 0.25, full_interval=15.0)
+    assert feed.sampling_interval(0.0) == CALM_INTERVAL == 1.0
+    steps = [t / 4 for t in range(40) if feed.due(t / 4, 3)]  # fast ticks over 10 s, no full poll
+    assert steps == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], steps
+    feed.fast_until = 1e9  # near contention: every fast tick
+    assert feed.sampling_interval(0.0) == 0.25
+    slow = IndicatorFeed(IndicatorConfig(), None, 2.0, full_interval=15.0)  # a fast interval above 1 s
+    assert slow.sampling_interval(0.0) == 2.0
+
+
 def test_a_reload_keeps_fast_sampling_on_for_its_hold_and_a_bar_of_zero_stays_always():
     old, store, state = _feed()
     _set(state, 80.0)
@@ -109,7 +120,8 @@ def test_a_reload_keeps_fast_sampling_on_for_its_hold_and_a_bar_of_zero_stays_al
     assert not back.wants_fast(0.0)
 
 
-async def _run(tmp_path, monkeypatch, phase: str, seconds: float) -> tuple[int, int, int]:
+async def _run(tmp_path, monkeypatch, phase: str, every: float = 0.4, fast_every: float = 0.1,
+               polls: int = 10) -> tuple[int, int, int]:
     """(full polls, fast polls, indicator steps) of a daemon on the demo held in ``phase``."""
     counts = {"full": 0, "fast": 0, "steps": 0}
     real_poll, real_fast, real_advance = SimulatorSource.poll, SimulatorSource.poll_fast, IndicatorFeed.advance
@@ -129,12 +141,12 @@ async def _run(tmp_path, monkeypatch, phase: str, seconds: float) -> tuple[int, 
     monkeypatch.setattr(SimulatorSource, "poll", poll)
     monkeypatch.setattr(SimulatorSource, "poll_fast", poll_fast)
     monkeypatch.setattr(IndicatorFeed, "advance", advance)
-    daemon = Daemon(Settings(simulate="demo", simulate_phase=phase, poll_interval=0.4, fast_interval=0.1,
+    daemon = Daemon(Settings(simulate="demo", simulate_phase=phase, poll_interval=every, fast_interval=fast_every,
                              state_dir=tmp_path / "state", collectors={c: False for c in OTHERS}))
     await daemon.start()
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and counts["full"] < seconds / 0.4:
+        while time.monotonic() < deadline and counts["full"] < polls:
             await asyncio.sleep(0.05)
     finally:
         await daemon.stop()
@@ -142,15 +154,25 @@ async def _run(tmp_path, monkeypatch, phase: str, seconds: float) -> tuple[int, 
 
 
 async def test_a_calm_daemon_runs_no_fast_poll_and_steps_the_indicators_with_its_full_polls(tmp_path, monkeypatch):
-    full, fast, steps = await _run(tmp_path, monkeypatch, "idle", 4.0)
+    full, fast, steps = await _run(tmp_path, monkeypatch, "idle")
     assert full >= 10
     assert fast == 0
     assert 1 <= steps <= full + 1, (full, steps)
 
 
+async def test_a_calm_daemon_with_slow_full_polls_fast_polls_once_a_second(tmp_path, monkeypatch):
+    t0 = time.monotonic()
+    full, fast, steps = await _run(tmp_path, monkeypatch, "idle", every=2.5, fast_every=0.1, polls=3)
+    elapsed = time.monotonic() - t0
+    assert full >= 3
+    # a sample a second between full polls 2.5 s apart, not one every 0.1 s
+    assert 1 <= fast <= elapsed / 0.9 + 1, (full, fast, elapsed)
+    assert steps <= elapsed / 0.9 + 2, (steps, elapsed)
+
+
 @pytest.mark.parametrize("phase", ["training", "memory_bound"])
 async def test_a_daemon_near_contention_samples_at_the_fast_interval(tmp_path, monkeypatch, phase):
-    full, fast, steps = await _run(tmp_path, monkeypatch, phase, 4.0)
+    full, fast, steps = await _run(tmp_path, monkeypatch, phase)
     assert full >= 10
     assert fast >= full  # a fast poll in (nearly) every gap of 0.4 s at 0.1 s
     assert steps >= 2 * full, (full, fast, steps)

@@ -35,7 +35,7 @@ class ContentionConfig(_Strict):
         "fast sampling (`fast_interval`) runs while some GPU's memory bandwidth utilization is at or above "
         "this, or its state is contended, memory_bound or shared, and for 30 s after; on a calm node (every "
         "GPU below it: contention needs 70-85 %) the indicators step with the full polls and no fast poll "
-        "runs. 0: fast sampling always"))
+        "runs (once a second where full polls are further apart). 0: fast sampling always"))
 
     @model_validator(mode="after")
     def _known_bases(self) -> ContentionConfig:

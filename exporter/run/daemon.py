@@ -257,8 +257,8 @@ class Daemon:
         # compete with the first polls for the CPU; their labels arrive with a later render
         self.enrichers.start_tasks(self.cloud, self.k8s)
 
-    def _fast_wanted(self) -> bool:
-        return self.feed is None or self.feed.wants_fast(time.monotonic())
+    def _sampling(self) -> float:
+        return self.feed.sampling_interval(time.monotonic()) if self.feed is not None else self.fast_interval
 
     def _start_tasks(self) -> None:
         self._stopping = False
@@ -268,7 +268,7 @@ class Daemon:
                        for rt in self.runtimes]
         if self.config.indicators.enabled and self.mappings is not None:
             # fast polls exist only to feed the indicators
-            self._tasks += [asyncio.create_task(rt.fast_loop(self.fast_interval, self.mappings, self._fast_wanted),
+            self._tasks += [asyncio.create_task(rt.fast_loop(self.fast_interval, self.mappings, self._sampling),
                                                 name=f"fast-{rt.state.name}")
                             for rt in self.runtimes if rt.fast_mapper is not None]
         self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))

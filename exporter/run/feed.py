@@ -38,6 +38,8 @@ MAX_TRACKED_DEVICES = 512
 
 # fast sampling stays on this long after the last GPU near contention (``wants_fast``)
 FAST_HOLD_SECONDS = 30.0
+# a calm node samples this often where its full polls are further apart (``sampling_interval``)
+CALM_INTERVAL = 1.0
 # states that call for samples between full polls (with the bandwidth bar of wants_fast)
 _NEAR_CONTENTION = frozenset({"contended", "memory_bound", "shared"})
 _BANDWIDTH_UTIL = (BANDWIDTH_UTIL, ())
@@ -123,12 +125,22 @@ class IndicatorFeed:
         self.latest = self.engine.update(now, devices, intervals)
         self._near_contention(now, devices)
 
+    def sampling_interval(self, now: float) -> float:
+        """The indicators' step now: the fast interval while ``wants_fast``; on a calm node the
+        full polls', or CALM_INTERVAL where they are further apart (fast polls then, so that
+        the variability windows keep a sample a second)."""
+        if self.wants_fast(now):
+            return self.interval
+        return max(self.interval, min(self.full_interval, CALM_INTERVAL) if self.full_interval > 0 else CALM_INTERVAL)
+
     def due(self, now: float, version: int) -> bool:
         """Whether the indicator loop steps at this fast tick (then it must): at every one while
-        ``wants_fast``; on a calm node once per full poll: after the store changed (``version``),
-        at least 0.9 full intervals after the last step (two sources' polls, one step)."""
+        ``wants_fast``; on a calm node once per ``sampling_interval``, after the store changed
+        (``version``) where that is the full polls' (two sources' polls of a round, one step)."""
+        step = self.sampling_interval(now)
         last_version, last = self._stepped
-        if not self.wants_fast(now) and (version == last_version or now - last < 0.9 * self.full_interval):
+        if step > self.interval and (now - last < 0.9 * step
+                                     or (version == last_version and step >= self.full_interval)):
             return False
         self._stepped = (version, now)
         return True

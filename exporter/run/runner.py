@@ -74,6 +74,7 @@ class SourceRunner:
     stopped: bool = False
     polling: asyncio.Future | None = None  # a full poll of ``loop`` in flight (done once published)
     polled_at: float = float("-inf")  # monotonic time of the last successful full poll
+    fast_at: float = float("-inf")  # monotonic time of the last fast poll started
     malformed_logged: float = float("-inf")  # monotonic time of the last malformed-value line
     malformed_since: int = 0  # malformed readings counted since that line
 
@@ -235,21 +236,25 @@ class SourceRunner:
         cpustats.add("fast_map", self.state.name, cycle.map_cpu)
         return cycle
 
-    async def fast_loop(self, interval: float, mappings: MappingSet, wanted: Callable[[], bool] | None = None
+    async def fast_loop(self, interval: float, mappings: MappingSet, gap: Callable[[], float] | None = None
                         ) -> None:
         """Cheap signals between full polls; they update the series the indicators read.
 
         A tick that comes less than ``interval`` after a full poll is skipped: the full poll's
-        values are that fresh already (with the defaults, one fast poll per full poll); so is
-        one while ``wanted()`` says the indicators do not sample fast (a calm node:
-        ``IndicatorFeed.wants_fast``)."""
+        values are that fresh already (with the defaults, one fast poll per full poll).  ``gap()``:
+        the indicators' sampling interval now (``IndicatorFeed.sampling_interval``); longer than
+        ``interval`` on a calm node, where fast polls come that far apart, and none where the
+        full polls come as often."""
         tick = Ticker(interval, spacing=True)
         while not self.stopped:
             await tick()
-            if not self.opened or self.worker.busy or not self.stats.up or (wanted is not None and not wanted()):
+            if not self.opened or self.worker.busy or not self.stats.up:
                 continue
-            if time.monotonic() - self.polled_at < interval:
+            now, step = time.monotonic(), interval if gap is None else gap()
+            if now - self.polled_at < interval or (step > interval and (
+                    step >= self.interval or now - max(self.polled_at, self.fast_at) < 0.9 * step)):
                 continue
+            self.fast_at = now
             try:
                 self.fast_pending = self.worker.submit(lambda: self._fast_cycle(mappings))
                 async with asyncio.timeout(self.timeout):
