@@ -74,10 +74,10 @@ class Config(BaseModel):
     fast_interval: Duration = Field(0.5, description=(
         "fast sampling of the cheap signals that feed the contention indicators (sources that offer "
         "poll_fast) and the indicator evaluation itself, while a GPU is near contention "
-        "(indicators.contention.fast_bandwidth_percent; a calm node steps the indicators with its full "
-        "polls): the default gives two indicator samples per default poll, contention counted to the "
-        "half second at half the CPU of 250 ms (README \"What sampling costs\"); 250ms or 100ms for "
-        "shorter bursts"))
+        "(indicators.contention.fast_bandwidth_percent; a calm node samples once per full poll, at most "
+        "1 s apart): there the default gives two indicator samples per default poll, contention counted "
+        "to the half second at half the CPU of 250 ms (README \"What sampling costs\"); 250ms or 100ms "
+        "for shorter bursts"))
     collectors: Collectors = Collectors()  # type: ignore[valid-type]
     labels: dict[str, str] = Field({}, description=(
         "static labels added to every canonical series (e.g. node, cluster)"))

@@ -3,8 +3,10 @@
 The same path as the daemon run of tests/test_detection_scenarios.py, without the processes,
 the HTTP and the wall clock: the built-in simulator (its clock replaced) polled every
 ``FULL`` fake seconds through ``poll_and_map`` into a ``Store``, fast polls every ``FAST`` seconds
-in between (only the ``fast: true`` series, laid on top as the runner's ``fast_loop`` does), the
-``IndicatorFeed`` advanced at the fast interval (the daemon's indicator loop), and the served
+in between (only the ``fast: true`` series, laid on top as the runner's ``fast_loop`` does, and
+only while ``IndicatorFeed.sampling_interval`` asks for them), the ``IndicatorFeed`` advanced when
+``IndicatorFeed.due`` says (the daemon's indicator loop: every fast interval while a GPU is near
+contention, else once per full poll), and the served
 indicator output (``present_only``, as the renderer takes it) read every ``SCRAPE`` seconds.
 One run of ~100 fake seconds takes a few CPU seconds, so it is the loop to use while changing the
 engine; the daemon run stays in ``make test`` for what only it covers (the worker threads, the
@@ -47,6 +49,7 @@ class Run:
 
     timeline: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    steps: int = 0  # indicator steps taken (IndicatorFeed.due)
 
 
 def run_variant(config_text: str, tmp: Path, seconds: float, scenario: str = "detection") -> Run:
@@ -68,9 +71,9 @@ def run_variant(config_text: str, tmp: Path, seconds: float, scenario: str = "de
         d = devices.get(r.device)
         return d is not None and r.field in fast_fields.get(d.mapping, ())
 
-    feed = IndicatorFeed(config.indicators, None, FAST)
+    feed = IndicatorFeed(config.indicators, None, FAST, full_interval=FULL)
     run = Run()
-    polled_at = None
+    polled_at = fast_at = None
     steps = round(seconds / FAST)
     per_full, per_scrape = round(FULL / FAST), round(SCRAPE / FAST)
     for i in range(steps + 1):
@@ -78,16 +81,26 @@ def run_variant(config_text: str, tmp: Path, seconds: float, scenario: str = "de
         if i % per_full == 0:
             _full_poll(source, store, state, full, now)
             polled_at = now
-        elif state.stats.up and polled_at is not None and now - polled_at >= FAST:
+        elif state.stats.up and polled_at is not None and now - polled_at >= FAST and _fast_due(
+                feed.sampling_interval(now), now, max(polled_at, fast_at or polled_at)):
+            fast_at = now
             cycle = poll_and_map(source.poll_fast, store, state, fast, now=now, keep=keep)
             got = fast_frames(cycle.result.frames, mappings.schema.fast_metrics)
             if got:
                 state.fast = overlay(state.fast, got)
-        feed.advance(now, store)
+                store.fast_version += 1
+        if feed.due(now, (store.version, store.fast_version)):
+            feed.advance(now, store)
+            run.steps += 1
         if i % per_scrape == 0:
             _scrape(run, i * FAST, present_only(feed.latest, store))
     source.close()
     return run
+
+
+def _fast_due(step: float, now: float, last: float) -> bool:
+    """The runner's fast-loop rule (``SourceRunner.fast_loop``) for a source polled every FULL."""
+    return step <= FAST or (step < FULL and now - last >= 0.9 * step)
 
 
 def _full_poll(source, store: Store, state: SourceState, mapper: Mapper, now: float) -> None:

@@ -70,6 +70,30 @@ def test_a_gpu_without_a_bandwidth_signal_is_calm_unless_its_state_is_near_conte
         assert not feed.wants_fast(12.0), calm
 
 
+def test_a_mig_instance_moving_memory_turns_fast_sampling_on():
+    """In MIG mode the bandwidth is on the instances' series only (nvml.yaml label_map)."""
+    feed, store, state = _feed()
+    state.frames = {DEV: {("gpu_compute_utilization_percent", ()): 40.0,
+                          (BW, (("gpu_instance", "1"), ("mig_profile", "1g.18gb"))): 20.0,
+                          (BW, (("gpu_instance", "2"), ("mig_profile", "3g.71gb"))): 20.0}}
+    feed.advance(1.0, store)
+    assert not feed.wants_fast(1.0)
+    state.frames = {DEV: {("gpu_compute_utilization_percent", ()): 40.0,
+                          (BW, (("gpu_instance", "1"), ("mig_profile", "1g.18gb"))): 20.0,
+                          (BW, (("gpu_instance", "2"), ("mig_profile", "3g.71gb"))): 65.0}}
+    feed.advance(2.0, store)
+    assert feed.wants_fast(2.0)
+
+
+def test_a_step_after_a_stall_books_at_most_two_calm_intervals():
+    feed, store, state = _feed()
+    assert feed.engine._max_dt == 2.0  # two calm intervals (1 s), whatever the full poll's
+    slow = IndicatorFeed(IndicatorConfig(), None, 0.5, full_interval=15.0)
+    assert slow.engine._max_dt == 2.0
+    quick = IndicatorFeed(IndicatorConfig(), None, 0.1, full_interval=0.25)
+    assert quick.engine._max_dt == 0.5
+
+
 def test_a_bar_of_zero_samples_fast_always():
     feed, store, state = _feed(fast_bandwidth_percent=0)
     assert feed.wants_fast(0.0)
@@ -92,12 +116,14 @@ def test_a_calm_node_steps_once_per_full_poll():
     assert not feed.due(1.2, store.version)
     assert feed.due(1.9, store.version)
     assert not feed.due(2.9, store.version)  # no poll since
+    assert feed.due(3.85, store.version)  # a late poll: a step after two intervals, whatever changed
 
 
 def test_where_full_polls_are_slower_than_a_second_a_calm_node_samples_once_a_second():
     feed = IndicatorFeed(IndicatorConfig(), None, 0.25, full_interval=15.0)
     assert feed.sampling_interval(0.0) == CALM_INTERVAL == 1.0
-    steps = [t / 4 for t in range(40) if feed.due(t / 4, 3)]  # fast ticks over 10 s, no full poll
+    # fast ticks over 10 s, no full poll, a fast poll's values once a second (the runner's rule)
+    steps = [t / 4 for t in range(40) if feed.due(t / 4, t // 4)]
     assert steps == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], steps
     feed.fast_until = 1e9  # near contention: every fast tick
     assert feed.sampling_interval(0.0) == 0.25
@@ -121,7 +147,7 @@ def test_a_reload_keeps_fast_sampling_on_for_its_hold_and_a_bar_of_zero_stays_al
 
 
 async def _run(tmp_path, monkeypatch, phase: str, every: float = 0.4, fast_every: float = 0.1,
-               polls: int = 10) -> tuple[int, int, int]:
+               polls: int = 10, config=None) -> tuple[int, int, int]:
     """(full polls, fast polls, indicator steps) of a daemon on the demo held in ``phase``."""
     counts = {"full": 0, "fast": 0, "steps": 0}
     real_poll, real_fast, real_advance = SimulatorSource.poll, SimulatorSource.poll_fast, IndicatorFeed.advance
@@ -142,7 +168,8 @@ async def _run(tmp_path, monkeypatch, phase: str, every: float = 0.4, fast_every
     monkeypatch.setattr(SimulatorSource, "poll_fast", poll_fast)
     monkeypatch.setattr(IndicatorFeed, "advance", advance)
     daemon = Daemon(Settings(simulate="demo", simulate_phase=phase, poll_interval=every, fast_interval=fast_every,
-                             state_dir=tmp_path / "state", collectors={c: False for c in OTHERS}))
+                             state_dir=tmp_path / "state", collectors={c: False for c in OTHERS},
+                             config_path=config))
     await daemon.start()
     try:
         deadline = time.monotonic() + 60
@@ -167,6 +194,21 @@ async def test_a_calm_daemon_with_slow_full_polls_fast_polls_once_a_second(tmp_p
     assert full >= 3
     # a sample a second between full polls 2.5 s apart, not one every 0.1 s
     assert 1 <= fast <= elapsed / 0.9 + 1, (full, fast, elapsed)
+    assert steps <= elapsed / 0.9 + 2, (steps, elapsed)
+
+
+async def test_a_source_polled_slower_than_the_daemon_fast_polls_once_a_second_on_a_calm_node(
+        tmp_path, monkeypatch):
+    """A collector's own ``interval`` (3 s) above the global poll interval (1 s): its fast polls
+    come once a second and each one is stepped (none polled for nothing)."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text("collectors:\n  simulator:\n    interval: 2.5s\n")
+    t0 = time.monotonic()
+    full, fast, steps = await _run(tmp_path, monkeypatch, "idle", every=1.0, fast_every=0.1, polls=3,
+                                   config=conf)
+    elapsed = time.monotonic() - t0
+    assert 1 <= fast <= elapsed / 0.9 + 1, (full, fast, elapsed)
+    assert steps >= fast, (steps, fast)  # each fast poll's values stepped
     assert steps <= elapsed / 0.9 + 2, (steps, elapsed)
 
 

@@ -32,10 +32,11 @@ class ContentionConfig(_Strict):
     basis_order: tuple[str, ...] = Field(BASES, description=(
         "compute signals in order of preference; the first one present is the `basis` label"))
     fast_bandwidth_percent: float = Field(50.0, ge=0, le=100, description=(
-        "fast sampling (`fast_interval`) runs while some GPU's memory bandwidth utilization is at or above "
-        "this, or its state is contended, memory_bound or shared, and for 30 s after; on a calm node (every "
-        "GPU below it: contention needs 70-85 %) the indicators step with the full polls and no fast poll "
-        "runs (once a second where full polls are further apart). 0: fast sampling always"))
+        "fast sampling (`fast_interval`) runs while some GPU's (or MIG instance's) memory bandwidth "
+        "utilization is at or above this, or its state is contended, memory_bound or shared, and for 30 s "
+        "after; on a calm node (every GPU below it: contention needs 70-85 %) the indicators step with the "
+        "full polls and no fast poll runs (once a second where a source's full polls are further apart). "
+        "0: fast sampling always"))
 
     @model_validator(mode="after")
     def _known_bases(self) -> ContentionConfig:

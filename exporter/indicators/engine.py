@@ -72,8 +72,8 @@ class IndicatorEngine:
                  slowest: float = 0.0) -> None:
         """``baselines``: what was learned before (restored by the daemon from its state file,
         ``exporter.run.baseline_file``); None starts fresh.  The engine reads and writes no file.
-        ``poll_interval``: the step (the fast interval); ``slowest``: the longest regular one (the
-        full poll's, where a calm node steps with the full polls only: ``IndicatorFeed.wants_fast``)."""
+        ``poll_interval``: the step (the fast interval); ``slowest``: the longest regular one (a
+        calm node's, ``IndicatorFeed.sampling_interval``); a step's dt is capped at twice that."""
         self.config = config
         self.poll_interval = poll_interval
         self.baselines = baselines if baselines is not None else BaselineStore()

@@ -57,6 +57,7 @@ class Store:
     def __init__(self) -> None:
         self.sources: dict[str, SourceState] = {}
         self.version = 0  # bumped on every change; the renderer skips unchanged versions
+        self.fast_version = 0  # bumped when a fast poll lays new values on top (the indicators read them)
 
     def add(self, st: SourceState) -> None:
         self.sources[st.name] = st

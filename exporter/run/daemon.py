@@ -172,7 +172,7 @@ class Daemon:
         while not self._stopping:
             # sampled at the fast interval, on a calm node once per full poll (IndicatorFeed.due);
             # served with the next render (once per poll cycle)
-            if not self.feed.due(time.monotonic(), self.store.version):
+            if not self.feed.due(time.monotonic(), (self.store.version, self.store.fast_version)):
                 await tick()
                 continue
             c0 = cpustats.clock()

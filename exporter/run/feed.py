@@ -42,7 +42,6 @@ FAST_HOLD_SECONDS = 30.0
 CALM_INTERVAL = 1.0
 # states that call for samples between full polls (with the bandwidth bar of wants_fast)
 _NEAR_CONTENTION = frozenset({"contended", "memory_bound", "shared"})
-_BANDWIDTH_UTIL = (BANDWIDTH_UTIL, ())
 
 Imported = list[tuple[DeviceId, str, float]]  # (GPU, series name, value) from profiler artefacts
 
@@ -56,10 +55,11 @@ class IndicatorFeed:
         # the I/O stays out of the (pure) engine
         self._file = BaselineFile(state_dir, state_bytes_limit(config, MAX_BASELINE_DEVICES))
         self._file.load(baselines)
-        self.engine = IndicatorEngine(config, baselines, interval, full_interval)
         self.interval = interval
         self.full_interval = full_interval
-        self._stepped = (-1, float("-inf"))  # the store's version and the time at the last step (due)
+        # a step's dt is capped at two calm intervals (a stall of the process is not booked whole)
+        self.engine = IndicatorEngine(config, baselines, interval, self._calm())
+        self._stepped: tuple[object, float] = (None, float("-inf"))  # what changed, and when, at the last step
         # fast sampling until then (monotonic); +inf with fast_bandwidth_percent 0 (always)
         self.fast_until = 0.0 if config.contention.fast_bandwidth_percent > 0 else float("inf")
         self.cloud = cloud
@@ -125,24 +125,29 @@ class IndicatorFeed:
         self.latest = self.engine.update(now, devices, intervals)
         self._near_contention(now, devices)
 
+    def _calm(self) -> float:
+        """The calm sampling interval: the full polls', at most CALM_INTERVAL, at least the fast one."""
+        full = self.full_interval if self.full_interval > 0 else CALM_INTERVAL
+        return max(self.interval, min(full, CALM_INTERVAL))
+
     def sampling_interval(self, now: float) -> float:
         """The indicators' step now: the fast interval while ``wants_fast``; on a calm node the
-        full polls', or CALM_INTERVAL where they are further apart (fast polls then, so that
-        the variability windows keep a sample a second)."""
-        if self.wants_fast(now):
-            return self.interval
-        return max(self.interval, min(self.full_interval, CALM_INTERVAL) if self.full_interval > 0 else CALM_INTERVAL)
+        full polls', or CALM_INTERVAL where a source's full polls are further apart (its fast
+        polls then come that far apart: the variability windows keep a sample a second)."""
+        return self.interval if self.wants_fast(now) else self._calm()
 
-    def due(self, now: float, version: int) -> bool:
+    def due(self, now: float, changed: object) -> bool:
         """Whether the indicator loop steps at this fast tick (then it must): at every one while
-        ``wants_fast``; on a calm node once per ``sampling_interval``, after the store changed
-        (``version``) where that is the full polls' (two sources' polls of a round, one step)."""
+        ``wants_fast``; on a calm node once per ``sampling_interval``, after the store's values
+        changed (``changed``: its full-poll and fast-poll versions; two sources' polls of a round,
+        one step), or two intervals after the last step whatever changed (a late poll: the time
+        it took is booked, up to the engine's cap of two calm intervals)."""
         step = self.sampling_interval(now)
-        last_version, last = self._stepped
-        if step > self.interval and (now - last < 0.9 * step
-                                     or (version == last_version and step >= self.full_interval)):
+        last_changed, last = self._stepped
+        gap = now - last
+        if step > self.interval and (gap < 0.9 * step or (changed == last_changed and gap < 1.9 * step)):
             return False
-        self._stepped = (version, now)
+        self._stepped = (changed, now)
         return True
 
     def wants_fast(self, now: float) -> bool:
@@ -154,12 +159,14 @@ class IndicatorFeed:
         return now < self.fast_until
 
     def _near_contention(self, now: float, devices: Frames) -> None:
+        """Hold fast sampling on while a GPU's state is near contention or one of its bandwidth
+        utilization series (the GPU's, or a MIG instance's) is at the bar."""
         if self.fast_until == float("inf"):
             return
         bar, engine = self.engine.config.contention.fast_bandwidth_percent, self.engine
         for dev_id, frame in devices.items():
-            bw = frame.get(_BANDWIDTH_UTIL)
-            if (bw is not None and bw >= bar) or engine.state(dev_id) in _NEAR_CONTENTION:
+            if engine.state(dev_id) in _NEAR_CONTENTION or any(
+                    sid[0] == BANDWIDTH_UTIL and v >= bar for sid, v in frame.items()):
                 self.fast_until = now + FAST_HOLD_SECONDS
                 return
 

@@ -276,6 +276,8 @@ class SourceRunner:
                 # the indicator feed reads them on top of the full poll's; the exposition keeps
                 # the full poll's values (it is rendered once per full poll)
                 st.fast = overlay(st.fast, fast)
+                if self.store is not None:
+                    self.store.fast_version += 1
 
     async def close(self, timeout: float = 1.0) -> None:
         """Close the source on its worker (skipped while a call hangs) and end the worker."""
