@@ -227,3 +227,37 @@ def test_the_docs_state_the_hold_the_code_has():
     said = f"for {FAST_HOLD_SECONDS:g} s after"
     for doc in ("README.md", "docs/detection.md", "docs/configuration.md"):
         assert said in " ".join((root / doc).read_text().split()), doc
+
+
+def test_contention_on_a_calm_gpu_is_seen_by_the_next_sample_and_counted_from_the_one_before():
+    """The trade-off of sampling a calm node once per full poll: a 3 s episode on a GPU that was
+    calm before it is counted (3 s, give or take the calm interval), and fast sampling runs from
+    the first sample that sees it until FAST_HOLD_SECONDS after its last."""
+    from tests.engine_frames import frame
+
+    feed, store, state = _feed()
+    calm = {"gpu_memory_bandwidth_utilization_percent": 20.0, "gpu_compute_occupancy_percent": 70.0,
+            'gpu_process_utilization_percent{pid="101",process="train"}': 90.0}
+    contended = {"gpu_memory_bandwidth_utilization_percent": 92.0, "gpu_compute_occupancy_percent": 30.0,
+                 'gpu_process_utilization_percent{pid="101",process="train"}': 45.0,
+                 'gpu_process_utilization_percent{pid="202",process="infer"}': 40.0}
+    counter = ("gpu_memory_contention_seconds_total", (("basis", "occupancy"),))
+    stepped, fast_at = [], []
+    for tick in range(0, 240):  # fast ticks of 0.5 s over 120 s; a full poll every second
+        now = tick * 0.5
+        if tick % 2 == 0:
+            state.frames = {DEV: frame(contended if 40.2 <= now < 43.2 else calm)}
+            store.touch()
+        if feed.due(now, (store.version, store.fast_version)):
+            feed.advance(now, store)
+            stepped.append(now)
+            if feed.wants_fast(now):
+                fast_at.append(now)
+    assert feed.latest[DEV][counter] == pytest.approx(3.0, abs=1.0)
+    assert fast_at[0] == 41.0  # the first full poll that sees the episode
+    # held FAST_HOLD_SECONDS after the last step near contention (the engine holds a client it saw
+    # busy over a few polls: the state stays near contention a moment after the episode)
+    assert 43.0 + FAST_HOLD_SECONDS <= fast_at[-1] <= 43.0 + FAST_HOLD_SECONDS + 5
+    calm_steps = [t for t in stepped if t < 41.0 or t > fast_at[-1] + 0.5]
+    assert all(b - a >= 0.9 for a, b in zip(calm_steps, calm_steps[1:], strict=False))  # once per poll
+    assert len([t for t in stepped if 41.0 <= t <= fast_at[-1]]) >= 2 * FAST_HOLD_SECONDS  # every tick
