@@ -153,9 +153,10 @@ class IndicatorFeed:
     def wants_fast(self, now: float) -> bool:
         """Whether the indicators (and the fast polls that feed them) should sample at the fast
         interval: some GPU was near contention (``_near_contention``) within FAST_HOLD_SECONDS.
-        Otherwise they step with the full polls: contention needs bandwidth utilization above
-        70 or 85 %, and a calm GPU turning busy is seen by the next full poll, which turns fast
-        sampling on (what a burst shorter than one full poll on a calm GPU does is lost)."""
+        Otherwise they step with the full polls (``sampling_interval``): contention needs
+        bandwidth utilization above 70 or 85 %, and a calm GPU turning busy is seen by the next
+        calm sample, which turns fast sampling on (a burst that starts and ends between two calm
+        samples is not seen)."""
         return now < self.fast_until
 
     def _near_contention(self, now: float, devices: Frames) -> None:
