@@ -431,3 +431,62 @@ def test_a_known_number_gone_in_the_part_of_a_verification_the_budget_left_is_st
     (proc / "101" / "fd" / "149").unlink()  # a known number past the first 100 closed ...
     node.add_client(101, 500, 901)  # ... and the GPU opened under a new one: still 150 fds
     assert node.seconds_until_counted(101) <= BOUND_REUSED + BOUND_NEW_NUMBER
+
+
+@pytest.fixture
+def fd_dir_opens(monkeypatch):
+    """Counts the opens (``os.open``) and ``lstat``s of fd directories (``<pid>/fd``)."""
+    calls: dict[str, list[str]] = {"open": [], "lstat": []}
+    real_open, real_lstat = os.open, os.lstat
+
+    def opening(path, *args, **kw):
+        if os.fspath(path).endswith("/fd"):
+            calls["open"].append(os.fspath(path))
+        return real_open(path, *args, **kw)
+
+    def lstating(path, *args, **kw):
+        if os.fspath(path).endswith("/fd"):
+            calls["lstat"].append(os.fspath(path))
+        return real_lstat(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "lstat", lstating)
+    return calls
+
+
+def test_a_check_of_a_table_of_unchanged_size_is_one_lstat(tmpfs_path, shared_fixtures, fd_dir_opens):
+    """Where the fd directory's size counts its entries, a due check of a table as large as at
+    its last listing does not open it: one ``lstat`` (no re-verification falls in the window)."""
+    node = _steady_node(tmpfs_path, shared_fixtures, scan_verify_period=1000.0)
+    fd_dir_opens["open"].clear()
+    for _ in range(int(CHECK) + 1):
+        node.poll()
+    checked = {p.rsplit("/", 2)[-2] for p in fd_dir_opens["lstat"]}
+    assert checked >= {"100", "101", "102", "103", "104"}  # every table checked ...
+    assert fd_dir_opens["open"] == []  # ... none opened
+
+
+def test_a_new_number_in_a_table_of_grown_size_is_found_by_the_next_check(tmpfs_path, shared_fixtures):
+    """The ``lstat`` of a check sees the table grow: it is opened and listed, the client counted
+    within the new-number bound."""
+    node = _steady_node(tmpfs_path, shared_fixtures, scan_verify_period=1000.0)
+    node.add_client(102, 40, 902)
+    assert node.seconds_until_counted(102) <= BOUND_NEW_NUMBER
+
+
+def test_a_symlinked_fd_directory_is_never_vouched_for_by_its_size(tmpfs_path):
+    """``same_size`` trusts only a directory: a link (a fixture tree another user shapes) whose own
+    size happens to match is not one, and neither is a path that is gone."""
+    from exporter.sources.fdinfo_tables import same_size
+
+    table = tmpfs_path / "1" / "fd"
+    table.mkdir(parents=True)
+    for n in range(3):
+        (table / str(n)).symlink_to("/dev/null")
+    size = os.lstat(table).st_size
+    assert same_size(str(table), size)
+    link = tmpfs_path / "2" / "fd"
+    link.parent.mkdir()
+    link.symlink_to("x" * size)  # a link's size is its target's length
+    assert os.lstat(link).st_size == size and not same_size(str(link), size)
+    assert not same_size(str(tmpfs_path / "3" / "fd"), size)

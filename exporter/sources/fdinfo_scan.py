@@ -11,7 +11,7 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    compute process opens its render node right after ``/dev/kfd``: checked every poll), then
    the *checks* that are due (every ``check_period``: list the fd numbers, ``readlink`` only
    the numbers not seen before; where the directory's size counts its fds, an unchanged size is
-   one ``fstat``) and the *verifications* that are due (every ``verify_period``, spread over it
+   one ``lstat``, the table not even opened) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
    one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
@@ -47,7 +47,7 @@ from pathlib import Path
 from .. import safefile
 from .fdinfo_activity import idle
 from .fdinfo_debugfs import ClientList
-from .fdinfo_tables import FDINFO_MAX_BYTES, Budget, drm_among, links, list_table
+from .fdinfo_tables import FDINFO_MAX_BYTES, Budget, drm_among, links, list_table, pid_names, same_size
 
 KFD_PROC = "class/kfd/kfd/proc"  # amdkfd: one directory per process holding a KFD context
 _SPREAD = 0.6180339887  # golden ratio: pids spread evenly over a period
@@ -192,7 +192,8 @@ class FdScanner:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
         ones never examined whole), KFD processes without a known DRM fd (every fd, every poll,
         for ``check_period`` after amdkfd listed them), then the checks and verifications due
-        (from a heap: a poll with nothing due costs nothing per process)."""
+        (from a heap: a poll with nothing due costs nothing per process; a check a table's size
+        answers is done here, for a quarter of the poll's time at most)."""
         work = [(0, int(p)) for p in (entries - self._pids.keys()) | self._undone]
         hot = set()  # examined whole this poll: not again as a check
         for p, since in kfd.items():
@@ -205,6 +206,7 @@ class FdScanner:
             hot.add(p)  # the client list names it with a new drm_file (fdinfo_debugfs.ClientList.due)
             work.append((1, int(p)))
         due: set[str] = set()
+        cheap = time.perf_counter() + self.limits.max_seconds / 4  # then checks wait behind new pids
         while self._due and self._due[0][0] <= now:
             _, p = heapq.heappop(self._due)
             st = self._pids.get(p)
@@ -215,7 +217,11 @@ class FdScanner:
                 work.append((2, int(p)))
             elif st.next_check <= now or st.pending is not None or st.listing is not None:
                 due.add(p)
-                work.append((3, int(p)))
+                if st.size and st.pending is None and st.listing is None and time.perf_counter() < cheap \
+                        and same_size(f"{self.procfs}/{p}/fd", st.size):
+                    self._finish(st, now, False, p)  # a check, as many fds as at the last listing
+                else:
+                    work.append((3, int(p)))
         work.sort()
         return work
 
@@ -224,12 +230,7 @@ class FdScanner:
         process's pid in the initial PID namespace; docs/detection.md)."""
         if self.kfd is None:
             return {}
-        try:
-            with os.scandir(self.kfd) as it:
-                names = [e.name for e in it if e.name.isascii() and e.name.isdigit()]
-        except OSError:
-            names = []
-        self._kfd = {n: self._kfd.get(n, now) for n in names}
+        self._kfd = {n: self._kfd.get(n, now) for n in pid_names(self.kfd)}
         return self._kfd
 
     # ------------------------------------------------------------------ one fd table

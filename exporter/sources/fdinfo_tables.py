@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from itertools import compress, repeat
+from stat import S_ISDIR
 
 from .. import safefile
 
@@ -66,6 +67,26 @@ def drm_among(procfs: str, pid: str, names: list[bytes], targets: list[bytes]) -
     dev = compress(zip(names, targets, strict=True), map(bytes.startswith, targets, repeat(b"/dev/")))
     return {fd.decode() for fd, target in dev if not target.startswith(_NOT_DRM)
             and is_drm(procfs, pid, fd.decode(), os.fsdecode(target))}
+
+
+def same_size(fd_dir: str, size: int) -> bool:
+    """Whether the fd directory ``fd_dir`` is a directory whose ``st_size`` is ``size`` (where it
+    counts the entries, a check of an unchanged table: one ``lstat``, not an open, an ``fstat``
+    and a close).  A symlink, or anything not there, is not: the table is then opened."""
+    try:
+        st = os.lstat(fd_dir)
+    except OSError:
+        return False
+    return st.st_size == size and S_ISDIR(st.st_mode)
+
+
+def pid_names(path: str) -> list[str]:
+    """The names of a directory that are pids (ASCII digits); none where it cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            return [e.name for e in it if e.name.isascii() and e.name.isdigit()]
+    except OSError:
+        return []
 
 
 def list_table(dir_fd: int, st, budget) -> tuple[list[int], bool]:
