@@ -5,6 +5,7 @@ node steps the indicators once per full poll and runs no fast poll."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from exporter.indicators import IndicatorConfig
 from exporter.map.store import SourceState, Store
 from exporter.run.daemon import Daemon, Settings
 from exporter.run.feed import CALM_INTERVAL, FAST_HOLD_SECONDS, IndicatorFeed
+from exporter.run.periodic import Ticker
 from exporter.run.reload_carry import carry_indicator_state
 from exporter.simulate import SimulatorSource
 
@@ -119,6 +121,22 @@ def test_a_calm_node_steps_once_per_full_poll():
     assert feed.due(3.85, store.version)  # a late poll: a step after two intervals, whatever changed
 
 
+def test_a_calm_loop_waits_for_a_poll_no_longer_than_the_step_it_would_take_without_one():
+    """``calm_wait``: what ``due`` needs, as a time: 0.9 of a step once the store changed, 1.9
+    without a change; None while sampling fast (every fast tick)."""
+    feed, store, state = _feed()
+    _set(state, 10.0)
+    assert feed.due(0.0, store.version)
+    feed.advance(0.0, store)
+    assert feed.calm_wait(0.25, store.version) == pytest.approx(1.9 - 0.25)  # no poll yet
+    store.touch()
+    assert feed.calm_wait(0.25, store.version) == pytest.approx(0.9 - 0.25)  # a poll came early
+    assert not feed.due(0.25 + feed.calm_wait(0.25, store.version) - 0.01, store.version)
+    assert feed.due(0.25 + feed.calm_wait(0.25, store.version), store.version)
+    feed.fast_until = 1e9
+    assert feed.calm_wait(5.0, store.version) is None
+
+
 def test_where_full_polls_are_slower_than_a_second_a_calm_node_samples_once_a_second():
     feed = IndicatorFeed(IndicatorConfig(), None, 0.25, full_interval=15.0)
     assert feed.sampling_interval(0.0) == CALM_INTERVAL == 1.0
@@ -211,6 +229,50 @@ async def test_a_source_polled_slower_than_the_daemon_fast_polls_once_a_second_o
     assert 1 <= fast <= elapsed / 0.9 + 1, (full, fast, elapsed)
     assert steps >= fast - 1, (steps, fast)  # each fast poll's values stepped (two close changes: one step)
     assert steps <= elapsed / 0.9 + 2, (steps, elapsed)
+
+
+async def test_a_calm_daemon_wakes_for_its_polls_not_for_fast_ticks(tmp_path, monkeypatch):
+    """Calm: the fast loops wait for a GPU near contention and the indicator loop for the polls;
+    neither wakes at the fast ticks (4 a poll here) to find nothing to do."""
+    ticks: collections.Counter[str] = collections.Counter()
+    real = Ticker.__call__
+
+    async def counting(self):
+        ticks[asyncio.current_task().get_name()] += 1
+        return await real(self)
+
+    monkeypatch.setattr(Ticker, "__call__", counting)
+    full, fast, steps = await _run(tmp_path, monkeypatch, "idle")
+    assert full >= 10 and steps >= 5
+    assert {k: v for k, v in ticks.items() if k.startswith("fast-") or k == "indicators"} == {}, ticks
+    assert ticks["source-simulator"] >= full - 2  # the full polls' own ticker still runs
+
+
+async def test_fast_polls_start_at_the_step_that_finds_a_gpu_near_contention(tmp_path, monkeypatch):
+    """A calm daemon whose GPU nears contention: its fast loops, waiting, run from the next step."""
+    near = {"on": False}
+    monkeypatch.setattr(IndicatorFeed, "wants_fast", lambda self, now: near["on"])
+    counts = {"fast": 0}
+    real_fast = SimulatorSource.poll_fast
+
+    def poll_fast(self):
+        counts["fast"] += 1
+        return real_fast(self)
+
+    monkeypatch.setattr(SimulatorSource, "poll_fast", poll_fast)
+    daemon = Daemon(Settings(simulate="demo", simulate_phase="idle", poll_interval=0.4, fast_interval=0.1,
+                             state_dir=tmp_path / "state", collectors={c: False for c in OTHERS}))
+    await daemon.start()
+    try:
+        await asyncio.sleep(1.5)
+        assert counts["fast"] == 0
+        near["on"] = True
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and counts["fast"] < 3:
+            await asyncio.sleep(0.05)
+        assert counts["fast"] >= 3
+    finally:
+        await daemon.stop()
 
 
 @pytest.mark.parametrize("phase", ["training", "memory_bound"])

@@ -53,7 +53,7 @@ def classify_values(bw: float | None, miss: float | None, miss_baseline: float |
                     link_util: float | None, throughput: float | None, ic_baseline: float | None,
                     throttle: Mapping[str, bool], cfg: RootCauseConfig) -> dict[str, bool]:
     """``classify`` of the fields of a ``RootCauseInputs``, without building one (the engine
-    classifies every device at every fast poll)."""
+    classifies every device at every indicator step)."""
     out: dict[str, bool] = {}
     if bw is not None and miss is not None:
         high_miss = miss > cfg.pressure_miss_percent or miss_rate_risen(miss, miss_baseline, cfg)

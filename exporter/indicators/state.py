@@ -74,7 +74,7 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
            bandwidth_percent: float = 85.0, compute_percent: float = 50.0,
            profiling_unavailable: bool = False, contexts: bool = False, uncounted: str = "") -> StateVerdict:
     """The memory state of one GPU from what it reports this poll (positional: the engine
-    decides every device at every fast poll).  The rows are ``ROWS``, in order.
+    decides every device at every indicator step).  The rows are ``ROWS``, in order.
 
     ``basis``/``compute``: the compute signal (``contention.compute_signal``); ``reference_warm``:
     the memory-bound reference has learned enough; ``throughput_drop``: the compute signal

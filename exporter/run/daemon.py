@@ -41,7 +41,7 @@ from .collector_policy import (
 from .enrichers import Enrichers
 from .feed import IndicatorFeed
 from .loading import Loaded, prepare
-from .periodic import Ticker
+from .periodic import StepClock
 from .reload_carry import carry_indicator_state, carry_mapper_state, carry_source_state
 from .runner import REOPEN_INTERVAL, SourceRunner, build_runner, polls_settled
 from .settings import Settings
@@ -73,6 +73,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self._dirty: asyncio.Event | None = None
+        self._steps = StepClock(1.0)  # the indicator loop's and the fast polls' wake-ups (_start_tasks)
         self._first_polls: asyncio.Event | None = None  # set once every source polled (start)
         self._render_worker = Worker("render")
         self._static_labels: Labels = ()
@@ -157,6 +158,7 @@ class Daemon:
         self._polled.add(name)
         if self._dirty is not None:
             self._dirty.set()
+        self._steps.polled()
         first = self._first_polls
         if first is not None and not first.is_set() and {rt.state.name for rt in self.runtimes} <= self._polled:
             first.set()  # every source has polled once: start() opens the server
@@ -168,16 +170,17 @@ class Daemon:
         # captures from the indicators' output (Abilities.observes_indicators)
         watchers = [rt.source for rt in self.runtimes
                     if rt.source is not None and abilities_of(rt.source).observes_indicators]
-        tick = Ticker(self.fast_interval, spacing=True)
+        steps, store = self._steps, self.store
         while not self._stopping:
             # sampled at the fast interval, on a calm node once per full poll (IndicatorFeed.due);
             # served with the next render (once per poll cycle)
-            if not self.feed.due(time.monotonic(), (self.store.version, self.store.fast_version)):
-                await tick()
+            if not self.feed.due(time.monotonic(), (store.version, store.fast_version)):
+                await steps.until_step((store.version, store.fast_version))
                 continue
             c0 = cpustats.clock()
             self.feed.advance(time.monotonic(), self.store)
             cpustats.add("indicators", "", cpustats.clock() - c0)
+            steps.sampled()
             if watchers:
                 out = self.feed.latest
                 for source in watchers:  # returns at once
@@ -185,7 +188,7 @@ class Daemon:
             if time.monotonic() >= next_save and not self._state_worker.busy:
                 next_save = time.monotonic() + STATE_SAVE_INTERVAL
                 self._state_worker.submit(self.feed.save)
-            await tick()
+            await steps.until_step((store.version, store.fast_version))
 
     async def _render_loop(self) -> None:
         assert self._dirty is not None
@@ -257,18 +260,16 @@ class Daemon:
         # compete with the first polls for the CPU; their labels arrive with a later render
         self.enrichers.start_tasks(self.cloud, self.k8s)
 
-    def _sampling(self) -> float:
-        return self.feed.sampling_interval(time.monotonic()) if self.feed is not None else self.fast_interval
-
     def _start_tasks(self) -> None:
         self._stopping = False
         for rt in self.runtimes:
             rt.stopped = False
+        self._steps = StepClock(self.fast_interval, self.feed)  # a reload may change both
         self._tasks = [asyncio.create_task(rt.loop(self._polled_one), name=f"source-{rt.state.name}")
                        for rt in self.runtimes]
         if self.config.indicators.enabled and self.mappings is not None:
             # fast polls exist only to feed the indicators
-            self._tasks += [asyncio.create_task(rt.fast_loop(self.fast_interval, self.mappings, self._sampling),
+            self._tasks += [asyncio.create_task(rt.fast_loop(self.fast_interval, self.mappings, self._steps),
                                                 name=f"fast-{rt.state.name}")
                             for rt in self.runtimes if rt.fast_mapper is not None]
         self._tasks.append(asyncio.create_task(self._render_loop(), name="render"))

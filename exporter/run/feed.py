@@ -150,6 +150,15 @@ class IndicatorFeed:
         self._stepped = (changed, now)
         return True
 
+    def calm_wait(self, now: float, changed: object) -> float | None:
+        """How long the indicator loop may wait for a poll before ``due`` holds whatever changes
+        (``changed`` as for ``due``); None while ``wants_fast`` (it steps at every fast tick)."""
+        step = self.sampling_interval(now)
+        if step <= self.interval:
+            return None
+        last_changed, last = self._stepped
+        return (0.9 if changed != last_changed else 1.9) * step - (now - last)
+
     def wants_fast(self, now: float) -> bool:
         """Whether the indicators (and the fast polls that feed them) should sample at the fast
         interval: some GPU was near contention (``_near_contention``) within FAST_HOLD_SECONDS.

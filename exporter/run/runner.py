@@ -25,7 +25,7 @@ from ..sources.base import PollFailed, Source, SourceUnavailable, abilities_of
 from ..sources.context import SourceContext
 from ..sources.registry import Collector, create_source
 from .collector_policy import missing_backend_state
-from .periodic import Ticker
+from .periodic import StepClock, Ticker
 from .pipeline import Cycle, poll_and_map
 from .worker import Worker
 
@@ -236,21 +236,24 @@ class SourceRunner:
         cpustats.add("fast_map", self.state.name, cycle.map_cpu)
         return cycle
 
-    async def fast_loop(self, interval: float, mappings: MappingSet, gap: Callable[[], float] | None = None
-                        ) -> None:
+    async def fast_loop(self, interval: float, mappings: MappingSet, steps: StepClock | None = None) -> None:
         """Cheap signals between full polls; they update the series the indicators read.
 
         A tick that comes less than ``interval`` after a full poll is skipped: the full poll's
-        values are that fresh already (with the defaults, one fast poll per full poll).  ``gap()``:
+        values are that fresh already (with the defaults, one fast poll per full poll).  ``steps.gap()``:
         the indicators' sampling interval now (``IndicatorFeed.sampling_interval``); longer than
         ``interval`` on a calm node, where fast polls come that far apart, and none where the
-        full polls come as often."""
+        full polls come as often: then, with ``steps``, it waits for ``steps.fast`` (a GPU near
+        contention) instead of waking at every tick, and tells ``steps`` of each fast poll."""
         tick = Ticker(interval, spacing=True)
         while not self.stopped:
+            calm = steps.gap() if steps is not None and not steps.fast.is_set() else interval
+            if calm > interval and calm >= self.interval:  # no fast poll could run: until one can
+                await steps.fast.wait()  # type: ignore[union-attr]
             await tick()
             if not self.opened or self.worker.busy or not self.stats.up:
                 continue
-            now, step = time.monotonic(), interval if gap is None else gap()
+            now, step = time.monotonic(), interval if steps is None else steps.gap()
             if now - self.polled_at < interval or (step > interval and (
                     step >= self.interval or now - max(self.polled_at, self.fast_at) < 0.9 * step)):
                 continue
@@ -278,6 +281,8 @@ class SourceRunner:
                 st.fast = overlay(st.fast, fast)
                 if self.store is not None:
                     self.store.fast_version += 1
+                if steps is not None:
+                    steps.polled()
 
     async def close(self, timeout: float = 1.0) -> None:
         """Close the source on its worker (skipped while a call hangs) and end the worker."""
