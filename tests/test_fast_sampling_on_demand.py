@@ -17,6 +17,7 @@ from exporter.run.feed import CALM_INTERVAL, FAST_HOLD_SECONDS, IndicatorFeed
 from exporter.run.periodic import Ticker
 from exporter.run.reload_carry import carry_indicator_state
 from exporter.simulate import SimulatorSource
+from tests.amd_fixture_tree import arrange_mi300x_node
 
 OTHERS = ("nvml", "dcgm", "amdsmi", "intel", "levelzero", "fdinfo", "upstream", "profiles")
 DEV = ("amd", "0", "GPU-calm")
@@ -246,6 +247,44 @@ async def test_a_calm_daemon_wakes_for_its_polls_not_for_fast_ticks(tmp_path, mo
     assert full >= 10 and steps >= 5
     assert {k: v for k, v in ticks.items() if k.startswith("fast-") or k == "indicators"} == {}, ticks
     assert ticks["source-simulator"] >= full - 2  # the full polls' own ticker still runs
+
+
+async def test_a_calm_daemon_with_two_sources_steps_right_after_each_round_of_polls(tmp_path, monkeypatch):
+    """Two sources (the simulator and amdgpu on a fixture tree, calm): a step waits for the
+    round's other poll and comes right after it, not 0.9 of an interval after the last step
+    (which drifts ahead of the rounds and steps on values most of an interval old)."""
+    sysfs = tmp_path / "sys"
+    arrange_mi300x_node(sysfs)
+    for f in sysfs.glob("class/drm/card*/device/*_busy_percent"):
+        f.write_text("5\n")  # calm: well below fast_bandwidth_percent
+    published: list[float] = []
+    stepped: list[float] = []
+    real_polled, real_advance = Daemon._polled_one, IndicatorFeed.advance
+
+    def polled(self, name):
+        published.append(time.monotonic())
+        return real_polled(self, name)
+
+    def advance(self, now, store):
+        stepped.append(time.monotonic())
+        return real_advance(self, now, store)
+
+    monkeypatch.setattr(Daemon, "_polled_one", polled)
+    monkeypatch.setattr(IndicatorFeed, "advance", advance)
+    daemon = Daemon(Settings(simulate="demo", simulate_phase="idle", poll_interval=0.4, fast_interval=0.1,
+                             state_dir=tmp_path / "state", sysfs=sysfs,
+                             collectors={**{c: False for c in OTHERS}, "amdgpu": True}))
+    await daemon.start()
+    try:
+        assert {rt.state.name for rt in daemon.runtimes} >= {"simulator", "amdgpu"}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(stepped) < 15:
+            await asyncio.sleep(0.05)
+    finally:
+        await daemon.stop()
+    assert daemon.feed is not None and not daemon.feed.wants_fast(time.monotonic())
+    after = sorted(t - max(p for p in published if p <= t) for t in stepped[3:] if any(p <= t for p in published))
+    assert after and after[len(after) // 2] < 0.1, after  # drifting: about 0.2 s after the last poll
 
 
 async def test_fast_polls_start_at_the_step_that_finds_a_gpu_near_contention(tmp_path, monkeypatch):

@@ -172,8 +172,10 @@ class Daemon:
                     if rt.source is not None and abilities_of(rt.source).observes_indicators]
         steps, store = self._steps, self.store
         while not self._stopping:
-            # sampled at the fast interval, on a calm node once per full poll (IndicatorFeed.due);
-            # served with the next render (once per poll cycle)
+            # sampled at the fast interval, on a calm node once per round of full polls (the render
+            # loop's rule; IndicatorFeed.due); served with the next render (once per poll cycle)
+            if not steps.fast.is_set():
+                await polls_settled(self.runtimes, min(self.poll_interval, 1.0) / 4)
             if not self.feed.due(time.monotonic(), (store.version, store.fast_version)):
                 await steps.until_step((store.version, store.fast_version))
                 continue

@@ -77,7 +77,7 @@ class StepClock:
             return
         self.published.clear()
         try:
-            async with asyncio.timeout(max(wait, 0.01)):
+            async with asyncio.timeout(max(wait, 0.0) + 0.005):  # the loop's clock is in ms: not early
                 await self.published.wait()
         except TimeoutError:
             pass

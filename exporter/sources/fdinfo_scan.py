@@ -11,7 +11,7 @@ What a poll does, cheapest first (docs/detection.md has the worst-case times thi
    compute process opens its render node right after ``/dev/kfd``: checked every poll), then
    the *checks* that are due (every ``check_period``: list the fd numbers, ``readlink`` only
    the numbers not seen before; where the directory's size counts its fds, an unchanged size is
-   one ``lstat``, the table not even opened) and the *verifications* that are due (every ``verify_period``, spread over it
+   one ``lstat``, no open) and the *verifications* that are due (every ``verify_period``, spread over it
    by pid: ``readlink`` every fd again, which catches an fd number reused for a DRM device
    between two checks; a table of unchanged size is not listed, its numbers known are read unless
    one is gone); due work comes from a heap, so a poll costs nothing per idle process. Where
@@ -149,7 +149,7 @@ class FdScanner:
                 continue
             yield from self._read_known(pid, st, errors, budget)
         # 3. fd tables, most urgent first
-        work = self._work(entries, kfd, now)
+        work = self._work(entries, kfd, now, budget)
         self.deferred = 0
         for i, (urgency, pnum) in enumerate(work):
             if budget.hit:
@@ -188,12 +188,12 @@ class FdScanner:
         # a verification overdue is due, so in ``work`` (every due entry leaves the heap for it)
         self.partial = self.cut or late or bool(self._undone)
 
-    def _work(self, entries: set[str], kfd: dict[str, float], now: float) -> list[tuple[int, int]]:
+    def _work(self, entries: set[str], kfd: dict[str, float], now: float, budget: Budget) -> list[tuple[int, int]]:
         """(urgency, pid) of the fd tables to examine this poll, most urgent first: new pids (and
         ones never examined whole), KFD processes without a known DRM fd (every fd, every poll,
         for ``check_period`` after amdkfd listed them), then the checks and verifications due
         (from a heap: a poll with nothing due costs nothing per process; a check a table's size
-        answers is done here, for a quarter of the poll's time at most)."""
+        answers is done here, within a quarter of the poll's time and its budget, then after new pids)."""
         work = [(0, int(p)) for p in (entries - self._pids.keys()) | self._undone]
         hot = set()  # examined whole this poll: not again as a check
         for p, since in kfd.items():
@@ -206,7 +206,7 @@ class FdScanner:
             hot.add(p)  # the client list names it with a new drm_file (fdinfo_debugfs.ClientList.due)
             work.append((1, int(p)))
         due: set[str] = set()
-        cheap = time.perf_counter() + self.limits.max_seconds / 4  # then checks wait behind new pids
+        cheap = 0.0 if budget.hit else min(time.perf_counter() + self.limits.max_seconds / 4, budget.deadline)
         while self._due and self._due[0][0] <= now:
             _, p = heapq.heappop(self._due)
             st = self._pids.get(p)
