@@ -151,13 +151,16 @@ class IndicatorFeed:
         return True
 
     def calm_wait(self, now: float, changed: object) -> float | None:
-        """How long the indicator loop may wait for a poll before ``due`` holds whatever changes
-        (``changed`` as for ``due``); None while ``wants_fast`` (it steps at every fast tick)."""
+        """How long the indicator loop may wait for a poll before it steps anyway (``changed`` as
+        for ``due``): a whole step after the last one where the store changed since (a poll out
+        of phase with the round, or early, is stepped with the round, not 0.9 of a step after the
+        last: the steps would drift ahead of the polls), two steps where it did not (``due``'s
+        late poll); None while ``wants_fast`` (it steps at every fast tick)."""
         step = self.sampling_interval(now)
         if step <= self.interval:
             return None
         last_changed, last = self._stepped
-        return (0.9 if changed != last_changed else 1.9) * step - (now - last)
+        return (1.0 if changed != last_changed else 1.9) * step - (now - last)
 
     def wants_fast(self, now: float) -> bool:
         """Whether the indicators (and the fast polls that feed them) should sample at the fast
