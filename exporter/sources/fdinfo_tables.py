@@ -9,6 +9,7 @@ from itertools import compress, repeat
 from stat import S_ISDIR
 
 from .. import safefile
+from .evidence import pid_entries
 
 FDINFO_MAX_BYTES = 64 * 1024  # a DRM client's fdinfo is a few KB
 LIST_AT_ONCE = 262144  # fd tables up to this st_size (procfs: fds) are listed with one listdir
@@ -81,10 +82,9 @@ def same_size(fd_dir: str, size: int) -> bool:
 
 
 def pid_names(path: str) -> list[str]:
-    """The names of a directory that are pids (ASCII digits); none where it cannot be listed."""
+    """The names of a directory that are pids (``evidence.pid_entries``); none where it cannot be listed."""
     try:
-        with os.scandir(path) as it:
-            return [e.name for e in it if e.name.isascii() and e.name.isdigit()]
+        return [e.name for e in pid_entries(path)]
     except OSError:
         return []
 
