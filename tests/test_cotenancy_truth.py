@@ -9,15 +9,21 @@ What NVML documents (nvml.h, nvidia-ml-py 13.615.71's pynvml.py) and what it doe
 nvmlDeviceGetMPSComputeRunningProcesses lists "processes with a Multi-Process Service (MPS)
 compute context" (Volta and newer; per MIG device with its own handle, the parent's aggregate only
 to a privileged caller).  Which pid nvmlDeviceGetProcessUtilization's samples name under MPS is
-not in the header: the fake follows the issue's measurement (the server's pid carries the
-clients' work; clients have no samples), which deploy/device-check's MPS case checks on a GPU.
+not in the header; an H200 (driver 580.159.04, deploy/device-check/nvml_mps_check.py) named the
+server alone there, the server and the clients in the compute list, and every client in the MPS
+list, a paused one too: a client's activity is read from its CPU time (``<procfs>/<pid>/stat``).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from contextlib import contextmanager
+
 from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from tests.fakes import pynvml_fake as pf
+from tests.fdinfo_trees import stat_text, write_stat
 from tests.test_evidence_default import _serve, _value
 
 UNCOUNTABLE = (("evidence", "nvml"), ("reason", "mps_clients_uncountable"))
@@ -33,20 +39,122 @@ def _poll(gpu: dict, tmp_path, **options):
         src.close()
 
 
-def test_mps_clients_are_counted_in_place_of_their_server(tmp_path):
-    r, fake = _poll(pf.h100_mps(0), tmp_path)
-    clients = {dict(lab)["client"]: v for (f, lab), v in r.items() if f == "client.sm_util"}
-    assert clients == {"7101": 97.0, "7102": 97.0}  # the server's utilization, once per client
-    assert r[("client.evidence", (("evidence", "nvml"), ("reason", "")))] == 1.0
-    assert fake.fake_calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 1
+def _procfs(tmp_path, host: bool = True):
+    """A procfs with the two MPS clients of ``pf.h100_mps`` (7101, 7102); pid 2 is kthreadd in
+    the host's pid namespace (NVML's pids are the host's)."""
+    proc = tmp_path / "proc"
+    for pid in (2, 7101, 7102):
+        (proc / str(pid)).mkdir(parents=True)
+    if host:
+        (proc / "2" / "comm").write_text("kthreadd\n")
+    for pid in (7101, 7102):
+        write_stat(proc, pid, utime=40)
+    return proc
 
 
-def test_mps_series_mode_exports_the_clients_and_no_utilization_for_the_server(tmp_path):
-    r, _ = _poll(pf.h100_mps(0), tmp_path, processes="series")
-    sm = {dict(lab)["pid"]: v for (f, lab), v in r.items() if f == "process.sm_util"}
-    mem = {dict(lab)["pid"]: v for (f, lab), v in r.items() if f == "process.memory_used"}
-    assert sm == {"7101": 97.0, "7102": 97.0}
-    assert set(mem) == {"7101", "7102", str(pf.MPS_SERVER_PID)}
+@contextmanager
+def _source(gpu: dict, procfs, clock=None, **options):
+    fake = pf.make_module([gpu])
+    src = NvmlSource(SourceContext(procfs=procfs, options={"xid": False, **options}), module=fake, clock=clock)
+    src.open()
+    try:
+        yield src, fake
+    finally:
+        src.close()
+
+
+def _read(src, fake) -> dict:
+    fake.fake_advance(1.0)  # a new utilization sample of the server
+    return {(r.field, r.labels): r.value for r in src.poll().readings}
+
+
+def _clients(r: dict, field: str = "client.sm_util", label: str = "client") -> dict[str, float]:
+    return {dict(lab)[label]: v for (f, lab), v in r.items() if f == field}
+
+
+COMPLETE = ("client.evidence", (("evidence", "nvml"), ("reason", "")))
+NO_ACTIVITY = ("client.evidence", (("evidence", "nvml"), ("reason", "mps_client_activity_unknown")))
+
+
+def test_active_mps_clients_are_counted_in_place_of_their_server(tmp_path):
+    proc = _procfs(tmp_path)
+    with _source(pf.h100_mps(0), proc) as (src, fake):
+        first = _read(src, fake)  # no CPU time of theirs to compare with yet
+        assert _clients(first) == {} and first[NO_ACTIVITY] == 0.0
+        for pid in (7101, 7102):
+            write_stat(proc, pid, utime=45)
+        r = _read(src, fake)
+    assert _clients(r) == {"7101": 97.0, "7102": 97.0}  # the server's utilization, once per client
+    assert r[COMPLETE] == 1.0
+    assert fake.fake_calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 2
+
+
+def test_an_idle_mps_client_is_no_tenant(tmp_path):
+    """An H200 listed a paused MPS client (a process holding its context, no CPU time) beside a
+    busy one: before, two clients and contended; now the idle one is not counted."""
+    proc = _procfs(tmp_path)
+    with _source(pf.h100_mps(0), proc) as (src, fake):
+        _read(src, fake)
+        write_stat(proc, 7101, utime=41, stime=10)  # one tick of each
+        one = _read(src, fake)
+        none = _read(src, fake)  # neither ran: the busy server still stands for one tenant
+    assert _clients(one) == {"7101": 97.0} and one[COMPLETE] == 1.0
+    assert _clients(none) == {str(pf.MPS_SERVER_PID): 97.0} and none[COMPLETE] == 1.0
+
+
+def test_an_mps_client_below_the_cpu_share_is_idle(tmp_path):
+    """The H200's paused client gained a clock tick every 10-30 s (its CUDA runtime threads):
+    counted on delta > 0 it read contended 11 scrapes of 49.  A client is active from
+    ``mps_client_cpu_percent`` (2 %) of a core since the previous poll."""
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        _read(src, fake)
+        now[0] = 10.0  # 10 s: 2 % of a core is 20 ticks
+        write_stat(proc, 7101, utime=45)  # 0.5 %: idle
+        write_stat(proc, 7102, utime=60)  # 2 %: active
+        r = _read(src, fake)
+        now[0] = 10.5
+        write_stat(proc, 7101, utime=46)  # one tick in half a second: 2 %, the minimum of one tick
+        r2 = _read(src, fake)
+    assert _clients(r) == {"7102": 97.0} and r[COMPLETE] == 1.0
+    assert _clients(r2) == {"7101": 97.0}
+
+
+def test_mps_client_activity_that_cannot_be_told_leaves_the_count_partial(tmp_path):
+    proc = _procfs(tmp_path)
+    with _source(pf.h100_mps(0), proc) as (src, fake):
+        _read(src, fake)
+        write_stat(proc, 7101, utime=50)
+        write_stat(proc, 7102, utime=50, starttime=9000)  # pid 7102 reused by another process
+        reused = _read(src, fake)
+        (proc / "7101" / "stat").unlink()  # exited, or hidden (hidepid)
+        write_stat(proc, 7102, utime=60, starttime=9000)
+        gone = _read(src, fake)
+    assert _clients(reused) == {"7101": 97.0} and reused[NO_ACTIVITY] == 0.0
+    assert _clients(gone) == {"7102": 97.0} and gone[NO_ACTIVITY] == 0.0
+
+
+def test_mps_clients_outside_the_host_pid_namespace_are_unknown_but_a_lone_one_counts(tmp_path):
+    proc = _procfs(tmp_path, host=False)  # a container without hostPID: its pid 7101 is not NVML's
+    with _source(pf.h100_mps(0), proc) as (src, fake):
+        _read(src, fake)
+        for pid in (7101, 7102):
+            write_stat(proc, pid, utime=45)
+        two = _read(src, fake)
+    with _source(pf.h100_mps_one(0), proc) as (src, fake):
+        one = _read(src, fake)  # the server's work is its one client's: no CPU time needed
+    assert _clients(two) == {} and two[NO_ACTIVITY] == 0.0
+    assert _clients(one) == {"7101": 97.0} and one[COMPLETE] == 1.0
+
+
+def test_mps_series_mode_exports_the_active_clients_and_no_utilization_for_the_server(tmp_path):
+    proc = _procfs(tmp_path)
+    with _source(pf.h100_mps(0), proc, processes="series") as (src, fake):
+        _read(src, fake)
+        write_stat(proc, 7102, utime=45)
+        r = _read(src, fake)
+    assert _clients(r, "process.sm_util", "pid") == {"7102": 97.0}
+    assert set(_clients(r, "process.memory_used", "pid")) == {"7101", "7102", str(pf.MPS_SERVER_PID)}
 
 
 def test_mps_clients_that_cannot_be_listed_leave_the_count_partial(tmp_path):
@@ -67,14 +175,60 @@ def _state(s, **labels):
             and dict(lab).items() >= labels.items() and "gpu_instance" not in dict(lab)]
 
 
+@contextmanager
+def _running(proc, *pids: int):
+    """``pids`` run on a CPU while the block lasts: their CPU time advances every 0.1 s."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        utime = 40
+        while not stop.wait(0.1):
+            utime += 3
+            for pid in pids:  # whole files only: a reader never sees half a line
+                (proc / str(pid) / "stat.new").write_text(stat_text(pid, utime=utime))
+                os.replace(proc / str(pid) / "stat.new", proc / str(pid) / "stat")
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_two_saturating_mps_clients_read_contended(tmp_path):
     """Before: the MPS server was the one busy pid: memory_bound / single_client, no seconds."""
     def until(s):
         return bool(_state(s, state="contended")) and sum(_value(s, "gpu_memory_contention_seconds_total")) > 0
 
-    s = _serve(tmp_path, "h100_mps", until)
+    proc = _procfs(tmp_path)
+    with _running(proc, 7101, 7102):
+        s = _serve(tmp_path, "h100_mps", until, flags=("--path.procfs", str(proc)))
     assert _value(s, "gpu_active_clients") == [2.0]
     assert _state(s)[0]["reason"] == "clients"
+
+
+def test_a_busy_and_an_idle_mps_client_read_memory_bound(tmp_path):
+    """What the H200 showed: a paused MPS client (holding its context) beside a busy one read
+    contended / clients_sharing_bandwidth 100 % before; its CPU time says it submits nothing."""
+    proc = _procfs(tmp_path)
+    with _running(proc, 7101):
+        s = _serve(tmp_path, "h100_mps", lambda s: bool(_state(s, state="memory_bound")),
+                   flags=("--path.procfs", str(proc)))
+    assert _value(s, "gpu_active_clients") == [1.0]
+    assert _state(s)[0]["reason"] == "single_client"
+    assert not _value(s, "gpu_memory_contention_seconds_total") or \
+        sum(_value(s, "gpu_memory_contention_seconds_total")) == 0
+
+
+def test_mps_clients_whose_activity_cannot_be_read_read_unknown(tmp_path):
+    """A container without the host's pid namespace: two listed clients, activity unknown."""
+    proc = _procfs(tmp_path, host=False)
+    s = _serve(tmp_path, "h100_mps", lambda s: bool(_state(s, state="unknown", reason="mps_client_activity_unknown")),
+               flags=("--path.procfs", str(proc)))
+    assert not _value(s, "gpu_active_clients")
+    assert _value(s, "gpu_contention_evidence_info", evidence="none", reason="mps_client_activity_unknown") == [1.0]
 
 
 def test_one_mps_client_reads_memory_bound(tmp_path):

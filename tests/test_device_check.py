@@ -17,6 +17,7 @@ import pytest
 from exporter.indicators.config import RootCauseConfig, StateConfig
 from exporter.indicators.rootcause import throttle_explains
 from exporter.indicators.state import STATES, decide
+from exporter.sources.evidence import host_pid_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "deploy" / "device-check" / "nvml_load_check.py"
@@ -100,9 +101,31 @@ def test_mps_check_dry_run_records_the_three_nvml_views_and_the_exporters_states
                          env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = (tmp_path / "mps_summary.txt").read_text()
-    for view, named in (("compute", "server"), ("mps", "clients"), ("utilization_samples", "server")):
+    for view, named in (("compute", "server and clients"), ("mps", "clients"), ("utilization_samples", "server")):
         assert f"two_clients  {view:<20} {named} " in summary, summary
     raw = json.loads((tmp_path / "mps_raw.json").read_text())
     assert {r["phase"] for r in raw} == {"one_client", "two_clients"}
-    table = (tmp_path / "mps_state_table.txt").read_text()
-    assert "clients:nvml" in table and "contended" in table, table
+    assert all(len(r["cpu_ticks"]) == 2 for r in raw)
+    rows = {line.split()[0]: line for line in (tmp_path / "mps_state_table.txt").read_text().splitlines()[1:]}
+    if host_pid_namespace(Path("/proc")):  # the spin workers' CPU time tells which client runs
+        assert " memory_bound " in rows["one_client"] and " contended " not in rows["one_client"], rows
+        assert " contended " in rows["two_clients"] and "clients:nvml" in rows["two_clients"], rows
+    else:  # NVML's (the fake's) pids are not this /proc's: activity unknown
+        assert "mps_client_activity_unknown" in rows["two_clients"], rows
+
+
+def test_nvml_probe_runs_the_source_as_the_exporter_builds_it(tmp_path):
+    """deploy/device-check/nvml_probe.py on the NVML fake: it broke once when NvmlSource's
+    constructor changed (found only on the H200 run); every step writes its file, none fails."""
+    code = ("import runpy, sys\nfrom tests.fakes import nvml_exporter\nnvml_exporter.install('h100')\n"
+            f"sys.argv = ['nvml_probe.py']\nrunpy.run_path({str(REPO / 'deploy' / 'device-check' / 'nvml_probe.py')!r}, "
+            "run_name='__main__')\n")
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert res.returncode == 0 and "failed" not in summary, res.stdout + res.stderr + summary
+    polls = json.loads((tmp_path / "raw_readings.json").read_text())["polls"]
+    assert len(polls) == 3 and polls[-1]["readings"]
+    for name in ("gpm_support.json", "memory_identity.json"):
+        assert (tmp_path / name).is_file(), name

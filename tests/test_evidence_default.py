@@ -117,14 +117,15 @@ def test_a_mig_instance_without_its_count_is_not_evaluable_rather_than_memory_bo
     assert _out(out, "gpu_contention_evidence_info", evidence="none", reason="no_permission") == [1.0]
 
 
-def _serve(tmp_path, gpus: str, until, config: str | None = None) -> dict[tuple[str, tuple], float]:
-    """Run the real exporter on the NVML fake with no config (or ``config``) and return the
-    samples of the first /metrics for which ``until(samples)`` holds."""
+def _serve(tmp_path, gpus: str, until, config: str | None = None,
+           flags: tuple[str, ...] = ()) -> dict[tuple[str, tuple], float]:
+    """Run the real exporter on the NVML fake with no config (or ``config``; more ``flags``) and
+    return the samples of the first /metrics for which ``until(samples)`` holds."""
     empty_sys = tmp_path / "sys"
     empty_sys.mkdir()
     port = free_port()
     args = [sys.executable, "-m", "tests.fakes.nvml_exporter", "--web.listen-address", f"127.0.0.1:{port}",
-            "--path.sysfs", str(empty_sys), "--poll.interval", "500ms"]
+            "--path.sysfs", str(empty_sys), "--poll.interval", "500ms", *flags]
     if config is not None:
         (tmp_path / "config.yml").write_text(config)
         args += ["--config.file", str(tmp_path / "config.yml")]

@@ -152,6 +152,25 @@ while not stop.is_set():
         print(f"rate {time.time():.3f} {work * k / (time.perf_counter() - t0) / unit:.1f}", flush=True)
 """
 
+# the dry run's stand-in for a tenant (no GPU): the same protocol, CPU time instead of kernels
+# (about a third of a core while running), for the MPS check's client activity
+SPIN_WORKER = r"""
+import sys, threading, time
+print("ready", flush=True)
+go, stop = threading.Event(), threading.Event()
+def control():
+    for line in sys.stdin:
+        (go.set if line.strip() == "go" else go.clear)()
+    stop.set(); go.set()
+threading.Thread(target=control, daemon=True).start()
+while not stop.is_set():
+    go.wait()
+    end = time.perf_counter() + 0.01
+    while time.perf_counter() < end:
+        pass
+    time.sleep(0.02)
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -192,7 +211,8 @@ class Worker:
 
     def __init__(self, name: str, kind: str, log_dir: Path):
         self.name, self.rates = name, []  # (unix time, rate)
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, kind], stdin=subprocess.PIPE,
+        code = SPIN_WORKER if kind == "spin" else WORKER
+        self.proc = subprocess.Popen([sys.executable, "-c", code, kind], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=open(log_dir / f"{name}.log", "w"),
                                      text=True, bufsize=1)
         self.ready = threading.Event()

@@ -5,21 +5,25 @@ How to run (from the repo root, on a machine with one NVIDIA GPU, torch with CUD
 the packages of nvml_load_check.py's doc in ``.device-pylib``):
 
     python3 deploy/device-check/nvml_mps_check.py             # about 2 minutes
-    python3 deploy/device-check/nvml_mps_check.py --dry-run   # no GPU: the NVML fake (h100_mps)
+    python3 deploy/device-check/nvml_mps_check.py --dry-run   # no GPU: the NVML fake (h100_mps),
+                                                              # its clients two CPU-spinning workers
 
 It starts a private MPS control daemon (``nvidia-cuda-mps-control -d`` with its pipe and log
 directories in a temporary folder: nothing on the GPU is changed, no compute mode, and the
 daemon is told ``quit`` at the end), two copy-loop tenants as MPS clients (nvml_load_check.py's
 workers), and the exporter as a default install.  Phases:
 
-  one_client   ONE copy loop through MPS   expected: memory_bound or healthy, never contended,
-                                           gpu_active_clients 1
-  two_clients  TWO copy loops through MPS  expected: contended (two clients from NVML's MPS list)
+  one_client   ONE copy loop through MPS,  expected: memory_bound or healthy, never contended,
+               the other client paused     gpu_active_clients 1
+  two_clients  TWO copy loops through MPS  expected: contended (two active MPS clients)
 
-What it settles (the fake, tests/fakes/pynvml_fake.py, assumes it; nvml.h does not say): which
+What it settles (the fake, tests/fakes/pynvml_fake.py, follows it; nvml.h does not say): which
 pids nvmlDeviceGetProcessUtilization's samples name under MPS (the server only, or the clients),
 what nvmlDeviceGetComputeRunningProcesses lists (the server, the clients, both), and what
-nvmlDeviceGetMPSComputeRunningProcesses lists.  Every second of each phase the three answers are
+nvmlDeviceGetMPSComputeRunningProcesses lists.  An H200 (driver 580.159.04, 2026-12-04) answered:
+the server alone, the server and the clients, every client (the paused one too), so the exporter
+reads a client's activity from its CPU time; each client's ``utime + stime`` is recorded beside
+the three answers.  Every second of each phase they are
 recorded with each pid's name (``mps_raw.json``) and summarised in ``mps_summary.txt``; the
 exporter's states per phase go to ``mps_state_table.txt`` (as nvml_load_check's table).  Exit
 code 0 when both phases were recorded and the exporter stopped cleanly; 3 when MPS cannot be
@@ -69,8 +73,19 @@ def nvml_answers(nv, handle, last: dict) -> dict:
         samples = [(int(s.pid), name(int(s.pid)), int(s.smUtil)) for s in answer]
     except Exception as exc:  # noqa: BLE001
         samples = f"{type(exc).__name__}: {exc}"
-    return {"compute": listing("nvmlDeviceGetComputeRunningProcesses"),
-            "mps": listing("nvmlDeviceGetMPSComputeRunningProcesses"), "utilization_samples": samples}
+    mps = listing("nvmlDeviceGetMPSComputeRunningProcesses")
+    return {"compute": listing("nvmlDeviceGetComputeRunningProcesses"), "mps": mps,
+            "utilization_samples": samples, "cpu_ticks": {pid: cpu_ticks(pid) for pid, _ in mps}
+            if isinstance(mps, list) else {}}
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of ``/proc/<pid>/stat`` (what the exporter reads of an MPS client's activity)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def kinds(entries) -> str:
@@ -106,12 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(os.environ.get("OUT") or "nvml-check-out")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="uge-mps-"))
-    if dry_run:
+    workers: dict[str, base.Worker] = {}
+    if dry_run:  # the fake's MPS clients are spin workers: their CPU time is what is read
+        workers = {n: base.Worker(n, "spin", out_dir) for n in ("copy1", "copy2")}
         sys.path.insert(0, str(base.REPO))
-        from tests.fakes import pynvml_fake
+        from tests.fakes import nvml_exporter, pynvml_fake
 
-        nv, mps_env = pynvml_fake.make_module([pynvml_fake.h100_mps(0)]), dict(os.environ)
-        mps_env["FAKE_NVML_GPUS"] = "h100_mps"
+        pids = ",".join(str(w.proc.pid) for w in workers.values())
+        nv, mps_env = pynvml_fake.make_module([nvml_exporter.mps_pids(pynvml_fake.h100_mps(0), pids)]), \
+            dict(os.environ, FAKE_NVML_GPUS="h100_mps", FAKE_NVML_MPS_PIDS=pids)
     else:
         import pynvml as nv
 
@@ -130,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                             stdout=subprocess.DEVNULL, stderr=open(out_dir / "mps_exporter.log", "w"))
     url = f"http://127.0.0.1:{port}/metrics"
     os.environ.update({k: v for k, v in mps_env.items() if k.startswith("CUDA_MPS_")})  # the workers' env
-    workers = {} if dry_run else {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
+    if not dry_run:
+        workers = {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
     samples: list[dict] = []
     raw: list[dict] = []
     rc = None

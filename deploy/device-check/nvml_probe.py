@@ -39,10 +39,11 @@ def dump(name: str, data: object) -> None:
 
 def probe_source() -> None:
     from exporter.sources.base import SourceUnavailable
+    from exporter.sources.context import SourceContext
     from exporter.sources.nvml import NvmlSource
 
-    src = NvmlSource(options={"processes": True, "processes_top_n": 5, "xid_timeout_ms": 200,
-                              "nvlink_per_link": False})
+    src = NvmlSource(SourceContext(options={"processes": "series", "processes_top_n": 5, "xid_timeout_ms": 200,
+                                            "nvlink_per_link": False}))
     try:
         t0 = time.perf_counter()
         src.open()

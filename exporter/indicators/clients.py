@@ -23,7 +23,7 @@ from .series import LabelledSignals
 log = logging.getLogger("exporter.indicators.engine")
 _MAX_CLIENTS = 256  # clients held over per device
 # partial-evidence reasons that say tenants may hide behind the count (the state names them)
-UNCOUNTED = frozenset({"mps_clients_uncountable"})
+UNCOUNTED = frozenset({"mps_clients_uncountable", "mps_client_activity_unknown"})
 
 
 def held_clients(st: _DeviceState, labelled: LabelledSignals, now: float, scfg: StateConfig,

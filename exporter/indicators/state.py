@@ -93,7 +93,8 @@ def decide(bandwidth_util: float | None, utilization: float | None, basis: str |
 
     ``uncounted``: why a source that sees this GPU could not count its clients where that is
     known to hide tenants (``mps_clients_uncountable``: the MPS server is the busy process and
-    NVML does not list its clients); the signature without a count reads ``unknown`` with it."""
+    NVML does not list its clients; ``mps_client_activity_unknown``: it lists clients whose
+    activity cannot be read); the signature without a count reads ``unknown`` with it."""
     is_busy = _busy(utilization, bandwidth_util, basis, compute, cfg)
     if is_busy is None:
         return _verdict("unknown", "no_instance_load_signal" if contexts else "no_load_signal", False)
@@ -184,8 +185,10 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
      "activity (contexts alone prove no co-tenancy: an idle context looks like a busy job)", "unknown",
      "`contexts_without_activity`"),
     ("12b", "signature, an MPS server the only busy process and its clients not countable (NVML's MPS "
-     "process list refused or not supported: one server stands for any number of clients)", "unknown",
-     "`mps_clients_uncountable`"),
+     "process list refused or not supported: one server stands for any number of clients), or two or "
+     "more MPS clients listed and fewer than two of them known to be active (a client's CPU time "
+     "unreadable, or first seen this poll: a listed client may be idle)", "unknown",
+     "`mps_clients_uncountable` / `mps_client_activity_unknown`"),
     ("13", "signature, no process data, no starvation signal", "unknown",
      "`no_starvation_signal_no_process_data`"),
     ("14", "signature, no process data, reference warm (it may have learned a contended level)",

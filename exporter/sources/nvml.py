@@ -136,7 +136,8 @@ class NvmlSource(SourceBase):
         if opts.xid:
             self.xid = XidWatcher(nv, timeout_ms=opts.xid_timeout_ms)
         if opts.processes != "off":
-            self.procs = ProcessReader(nv, self.guard, self.procfs, opts.processes_top_n, opts.processes)
+            self.procs = ProcessReader(nv, self.guard, self.procfs, opts.processes_top_n, opts.processes,
+                                       opts.mps_client_cpu_percent, self._clock)
         try:
             self.driver = _text(nv.nvmlSystemGetDriverVersion())
         except Exception:  # noqa: BLE001 - identity only

@@ -7,9 +7,9 @@ utilization) ``client.contexts`` per GPU instance from the compute process list 
 device, asked with the MIG device's own handle (NVML documents that the parent handle returns
 the aggregate in MIG mode only to a caller with the privilege for it); each GPU is marked with
 ``client.evidence`` (1 when every call answered; else 0 and the reason: ``no_permission``,
-``not_supported``, ``read_error``, ``mps_clients_uncountable``).  No name is exported; one is
+``not_supported``, ``read_error``, ``mps_clients_uncountable``, ``mps_client_activity_unknown``).  No name is exported; one is
 read only to recognise the CUDA MPS server among the sampled pids (``_mps``: its clients are
-counted from NVML's MPS process list instead).  ``series`` exports the per-process series below
+counted from NVML's MPS process list instead, the active ones).  ``series`` exports the per-process series below
 as well.
 
 Raw fields of ``series``: ``process.sm_util`` (percent, from nvmlDeviceGetProcessUtilization samples since the
@@ -21,14 +21,17 @@ process name) plus ``gpu_instance``/``compute_instance`` on MIG (memory only the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import safefile
 from .base import PollResult
-from .evidence import COMM_MAX_BYTES, mark
+from .evidence import COMM_MAX_BYTES, host_pid_namespace, mark
+from .fdinfo_activity import fingerprint
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 from .nvml_readers import MigInstance
 
@@ -36,6 +39,8 @@ INVALID_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process entry 
 # the MPS server's command name ("nvidia-cuda-mps-server"; /proc/<pid>/comm keeps 15 characters)
 MPS_SERVER_COMM = "nvidia-cuda-mps"
 MPS_UNCOUNTABLE = "mps_clients_uncountable"  # evidence reason (indicators/clients.UNCOUNTED)
+MPS_NO_ACTIVITY = "mps_client_activity_unknown"  # the same, for clients whose CPU time is unreadable
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of utime and stime (proc(5))
 
 
 @dataclass
@@ -49,7 +54,8 @@ class _Proc:
 
 class ProcessReader:
     def __init__(self, nvml: Any, guard: CallGuard, procfs: Path, top_n: int = 10,
-                 mode: str = "series") -> None:
+                 mode: str = "series", mps_cpu_percent: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.nvml = nvml
         self.guard = guard
         self.procfs = procfs
@@ -57,6 +63,11 @@ class ProcessReader:
         self.mode = mode
         self.last_ts: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        # GPU -> MPS client -> (start time, CPU ticks, when read)
+        self._cpu: dict[str, dict[int, tuple[bytes, int, float]]] = {}
+        self._cpu_share = mps_cpu_percent / 100.0 * CLOCK_TICKS  # ticks per second of an active client
+        self._clock = clock
+        self._host_pids: bool | None = None
 
     def name(self, pid: int) -> str:
         if pid in self._names:
@@ -157,19 +168,21 @@ class ProcessReader:
     def _mps(self, sample: PollResult, key: str, handle: Any,
              util: dict[int, float]) -> tuple[dict[int, float], str, list[Any]]:
         """CUDA MPS: the utilization samples name the MPS server for the work of all its clients
-        (the clients have no samples of their own), so the server is no tenant and each client
-        listed by nvmlDeviceGetMPSComputeRunningProcesses is one, at the server's utilization
-        (NVML reports no per-client share).  Returns (pid -> percent, why the count is partial,
-        the MPS clients).  The server is recognised by its name (``nvidia-cuda-mps-server``),
-        read only where the list names clients or cannot be read (never exported in count
-        mode); where it cannot be read (no permission, not supported, vGPU) and a sample names
-        the server, the server stays as one client and the count is partial
-        (``mps_clients_uncountable``): one busy server may stand for any number of tenants."""
+        (the clients have no samples of their own; seen on an H200, deploy/device-check's MPS
+        case), so the server is no tenant and each client listed by
+        nvmlDeviceGetMPSComputeRunningProcesses that is active (``_active``) is one, at the
+        server's utilization (NVML reports no per-client share).  Returns (pid -> percent, why
+        the count is partial, the MPS clients).  The server is recognised by its name
+        (``nvidia-cuda-mps-server``), read only where the list names clients or cannot be read
+        (never exported in count mode); where it cannot be read (no permission, not supported,
+        vGPU) and a sample names the server, the server stays as one client and the count is
+        partial (``mps_clients_uncountable``): one busy server may stand for any number of tenants."""
         if not util:
             return util, "", []
         clients = self.guard.call(sample.errors, key, "client.mps", "nvmlDeviceGetMPSComputeRunningProcesses",
                                   handle)
         if clients == []:  # no MPS client: nothing to look for (the common case reads no name)
+            self._cpu.pop(key, None)
             return util, "", []
         servers = [pid for pid in util if self._is_mps_server(pid)]
         if not servers:
@@ -178,9 +191,52 @@ class ProcessReader:
             return util, MPS_UNCOUNTABLE, []
         busy = max(util[pid] for pid in servers)
         out = {pid: v for pid, v in util.items() if pid not in servers}
-        for p in clients:
-            out[int(p.pid)] = max(out.get(int(p.pid), 0.0), busy)
-        return out, "", list(clients)
+        active, why = self._active(key, sorted({int(p.pid) for p in clients}), sample.errors)
+        for pid in active:
+            out[pid] = max(out.get(pid, 0.0), busy)
+        if not active and not why:  # the server is busy for somebody: one tenant at least
+            out[min(servers)] = busy
+        return out, why, list(clients)
+
+    def _active(self, key: str, pids: list[int], errors: Any) -> tuple[list[int], str]:
+        """The MPS clients that submitted work since the previous poll, and why that is not
+        known of all of them.  MPS has no per-client activity, and a client holds its listing
+        while idle (an H200 listed a paused process beside a busy one), so a listed client is
+        no proof of a tenant at work.  What is read instead is the client's CPU time
+        (``utime`` + ``stime`` of ``<procfs>/<pid>/stat``, world-readable, the whole thread
+        group): submitting work takes CPU time, so a client that ran less than
+        ``mps_client_cpu_percent`` of a core since the previous poll (and at least one tick) is
+        idle: an H200's paused client, its CUDA threads alive, ran about 0.1 % of a core, a busy
+        copy loop 100 %.  A lone client is the server's work, whatever its time.
+        Unknown, which leaves the count partial (``mps_client_activity_unknown``): a client
+        seen for the first time (no previous time; the same pid with another start time is
+        another process), a stat that cannot be read (exited, hidepid), and every client where
+        ``procfs`` is not the host's pid namespace (NVML's pids are the host's)."""
+        if len(pids) <= 1:
+            self._cpu.pop(key, None)
+            return pids, ""
+        if self._host_pids is None:
+            self._host_pids = host_pid_namespace(self.procfs)
+        if not self._host_pids:
+            return [], MPS_NO_ACTIVITY
+        last = self._cpu.get(key, {})
+        now: dict[int, tuple[bytes, int, float]] = {}
+        active: list[int] = []
+        unknown = False
+        t = self._clock()
+        for pid in pids:
+            fields = (fingerprint(str(self.procfs), str(pid), errors) or b"").split()
+            if not fields:
+                unknown = True
+                continue
+            now[pid] = (fields[0], int(fields[4]) + int(fields[5]), t)
+            before = last.get(pid)
+            if before is None or before[0] != fields[0]:
+                unknown = True
+            elif now[pid][1] - before[1] >= max(1.0, self._cpu_share * (t - before[2])):
+                active.append(pid)
+        self._cpu[key] = now
+        return active, MPS_NO_ACTIVITY if unknown else ""
 
     def _is_mps_server(self, pid: int) -> bool:
         return self.name(pid).startswith(MPS_SERVER_COMM)

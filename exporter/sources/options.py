@@ -59,6 +59,9 @@ class NvmlOptions(Options):
     processes: ProcessMode = Field("count", description=(
         "co-tenancy evidence: count (clients counted, no per-process series), series (per-process series "
         "too, +2 per process), off"))
+    mps_client_cpu_percent: float = Field(2.0, ge=0, le=100, description=(
+        "CUDA MPS: a client listed by NVML counts as active while its CPU time since the previous poll "
+        "is at least this share of one core (an H200's paused client ran 0.1 %, a busy copy loop 100 %)"))
     processes_top_n: int = Field(10, ge=1, description=(
         "per-process series per GPU at most (the busiest), with processes: series"))
     xid: bool = Field(True, description="watch XID events (gpu_xid_errors_total)")

@@ -3,7 +3,8 @@
     python -m tests.fakes.nvml_exporter [exporter flags...]
 
 ``FAKE_NVML_GPUS`` names the fake's scenarios, comma separated (default ``h100``; also ``t4``,
-``a100_mig``, ``h100_mig``).  Everything else is the real exporter, with its default flags unless
+``a100_mig``, ``h100_mig``); ``FAKE_NVML_MPS_PIDS`` (comma separated) gives the MPS clients of
+those scenarios the pids of real processes, whose CPU time tells their activity.  Everything else is the real exporter, with its default flags unless
 given: the other backends (DCGM, amdgpu, amdsmi, Intel, Level Zero) are looked for as usual and,
 on a machine without them, reported absent.
 """
@@ -20,7 +21,8 @@ from tests.fakes import pynvml_fake
 
 def install(names: str | None = None) -> None:
     names = names or os.environ.get("FAKE_NVML_GPUS", "h100")
-    gpus = [getattr(pynvml_fake, n.strip())(i) for i, n in enumerate(names.split(",")) if n.strip()]
+    gpus = [mps_pids(getattr(pynvml_fake, n.strip())(i), os.environ.get("FAKE_NVML_MPS_PIDS", ""))
+            for i, n in enumerate(names.split(",")) if n.strip()]
     module = pynvml_fake.make_module(gpus)
     sys.modules["pynvml"] = module
     # the fake's clock moves only when told; in a live process it follows the wall clock, as the
@@ -38,6 +40,15 @@ def install(names: str | None = None) -> None:
         return init(*args, **kwargs)
 
     module.nvmlInit = nvml_init
+
+
+def mps_pids(gpu: dict, pids: str) -> dict:
+    """``gpu`` with its MPS clients' pids replaced, in order, by those of ``pids``."""
+    given = [int(p) for p in pids.split(",") if p.strip()]
+    clients = [p for p in gpu.get("processes", []) if p.get("mps")]
+    for proc, pid in zip(clients, given, strict=False):
+        proc["pid"] = pid
+    return gpu
 
 
 def _follow_wall_clock(module, step: float = 0.1) -> None:

@@ -9,9 +9,11 @@ the installed real binding.
 ``make_module(gpus)`` builds a fresh module object per test; scenario helpers (``h100()``,
 ``a100_mig()``, ``a100_mig_busy()``, ``t4()``, ``h100_mig()``, ``h100_mig_shared()``,
 ``h100_mps()``, ``h100_mps_one()``, ``h100_mps_uncountable()``) return plain dicts that a test may
-edit.  CUDA MPS: a process entry with ``mps: True`` is an MPS client, listed by
-nvmlDeviceGetMPSComputeRunningProcesses only; the server is an ordinary entry (compute list,
-utilization samples), and clients get no utilization samples (``mps_error`` fails the MPS list).  In MIG mode the parent handle's compute process list answers
+edit.  CUDA MPS, as an H200 showed it (deploy/device-check/nvml_mps_check.py, driver 580.159.04):
+a process entry with ``mps: True`` is an MPS client, listed by the compute process list and by
+nvmlDeviceGetMPSComputeRunningProcesses (an idle client too); the server is an ordinary entry
+(compute list, utilization samples), and clients get no utilization samples (``mps_error``
+fails the MPS list).  In MIG mode the parent handle's compute process list answers
 NO_PERMISSION unless the GPU's ``mig_privileged`` is set (NVML returns that aggregate only to a
 privileged caller); MIG device handles answer for their own instance (``processes_error`` on a
 MIG entry makes one fail).  Test controls
@@ -368,8 +370,9 @@ MPS_SERVER_PID = 4194301  # beyond any pid a test machine is likely to run (its 
 
 def h100_mps(i: int = 0) -> dict[str, Any]:
     """The H100 (memory-bound signature: 88.5 % DRAM bandwidth, 38.25 % occupancy) shared through
-    CUDA MPS by two clients: the compute process list and the utilization samples name the MPS
-    server (nvidia-cuda-mps-server); nvmlDeviceGetMPSComputeRunningProcesses lists the clients."""
+    CUDA MPS by two clients: the utilization samples name the MPS server (nvidia-cuda-mps-server),
+    the compute process list the server and the clients, nvmlDeviceGetMPSComputeRunningProcesses
+    the clients."""
     g = h100(i)
     mib = 1 << 20
     g["processes"] = [{"pid": MPS_SERVER_PID, "name": "nvidia-cuda-mps-server", "mem": 64 * mib, "sm": 97},
@@ -919,8 +922,8 @@ def make_module(gpus: list[dict[str, Any]], driver: str = "590.48.01",
     def _process_list(spec: dict[str, Any], m: dict[str, Any] | None, mps: bool) -> list[Any]:
         out = []
         for p in spec["processes"]:
-            if bool(p.get("mps")) != mps:
-                continue  # an MPS client is in the MPS list only; its server in the compute list
+            if mps and not p.get("mps"):
+                continue  # the MPS list: its clients only; the compute list: server and clients
             if m is not None and (p.get("gi"), p.get("ci", 0)) != (m["gi"], m["ci"]):
                 continue  # a MIG device handle answers for its own instance only
             out.append(types.SimpleNamespace(pid=p["pid"], usedGpuMemory=p.get("mem"),
