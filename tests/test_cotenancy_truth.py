@@ -79,8 +79,8 @@ NO_ACTIVITY = ("client.evidence", (("evidence", "nvml"), ("reason", "mps_client_
 def test_active_mps_clients_are_counted_in_place_of_their_server(tmp_path):
     proc = _procfs(tmp_path)
     with _source(pf.h100_mps(0), proc) as (src, fake):
-        first = _read(src, fake)  # no CPU time of theirs to compare with yet
-        assert _clients(first) == {} and first[NO_ACTIVITY] == 0.0
+        first = _read(src, fake)  # no CPU time of theirs to compare with yet: counted from the next poll
+        assert _clients(first) == {str(pf.MPS_SERVER_PID): 97.0} and first[COMPLETE] == 1.0
         for pid in (7101, 7102):
             write_stat(proc, pid, utime=45)
         r = _read(src, fake)
@@ -126,11 +126,11 @@ def test_mps_client_activity_that_cannot_be_told_leaves_the_count_partial(tmp_pa
         _read(src, fake)
         write_stat(proc, 7101, utime=50)
         write_stat(proc, 7102, utime=50, starttime=9000)  # pid 7102 reused by another process
-        reused = _read(src, fake)
+        reused = _read(src, fake)  # its CPU time is another process's: counted from the next poll
         (proc / "7101" / "stat").unlink()  # exited, or hidden (hidepid)
         write_stat(proc, 7102, utime=60, starttime=9000)
         gone = _read(src, fake)
-    assert _clients(reused) == {"7101": 97.0} and reused[NO_ACTIVITY] == 0.0
+    assert _clients(reused) == {"7101": 97.0} and reused[COMPLETE] == 1.0
     assert _clients(gone) == {"7102": 97.0} and gone[NO_ACTIVITY] == 0.0
 
 

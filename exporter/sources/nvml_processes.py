@@ -207,11 +207,12 @@ class ProcessReader:
         group): submitting work takes CPU time, so a client that ran less than
         ``mps_client_cpu_percent`` of a core since the previous poll (and at least one tick) is
         idle: an H200's paused client, its CUDA threads alive, ran about 0.1 % of a core, a busy
-        copy loop 100 %.  A lone client is the server's work, whatever its time.
-        Unknown, which leaves the count partial (``mps_client_activity_unknown``): a client
-        seen for the first time (no previous time; the same pid with another start time is
-        another process), a stat that cannot be read (exited, hidepid), and every client where
-        ``procfs`` is not the host's pid namespace (NVML's pids are the host's)."""
+        copy loop 100 %.  A lone client is the server's work, whatever its time.  A client seen
+        for the first time (no previous time; the same pid with another start time is another
+        process) is counted from the next poll on, as a new process's utilization samples are.
+        Unknown, which leaves the count partial (``mps_client_activity_unknown``): a stat that
+        cannot be read (exited, hidepid), and every client where ``procfs`` is not the host's
+        pid namespace (NVML's pids are the host's)."""
         if len(pids) <= 1:
             self._cpu.pop(key, None)
             return pids, ""
@@ -230,10 +231,9 @@ class ProcessReader:
                 unknown = True
                 continue
             now[pid] = (fields[0], int(fields[4]) + int(fields[5]), t)
-            before = last.get(pid)
-            if before is None or before[0] != fields[0]:
-                unknown = True
-            elif now[pid][1] - before[1] >= max(1.0, self._cpu_share * (t - before[2])):
+            before = last.get(pid)  # none, or another process's (reused pid): counted from the next poll
+            if before is not None and before[0] == fields[0] and \
+                    now[pid][1] - before[1] >= max(1.0, self._cpu_share * (t - before[2])):
                 active.append(pid)
         self._cpu[key] = now
         return active, MPS_NO_ACTIVITY if unknown else ""
