@@ -77,10 +77,11 @@ NO_ACTIVITY = ("client.evidence", (("evidence", "nvml"), ("reason", "mps_client_
 
 
 def test_active_mps_clients_are_counted_in_place_of_their_server(tmp_path):
-    proc = _procfs(tmp_path)
-    with _source(pf.h100_mps(0), proc) as (src, fake):
-        first = _read(src, fake)  # no CPU time of theirs to compare with yet: counted from the next poll
-        assert _clients(first) == {str(pf.MPS_SERVER_PID): 97.0} and first[COMPLETE] == 1.0
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        first = _read(src, fake)  # no CPU time of theirs to compare with yet
+        assert _clients(first) == {} and first[NO_ACTIVITY] == 0.0
+        now[0] = 1.0
         for pid in (7101, 7102):
             write_stat(proc, pid, utime=45)
         r = _read(src, fake)
@@ -92,19 +93,21 @@ def test_active_mps_clients_are_counted_in_place_of_their_server(tmp_path):
 def test_an_idle_mps_client_is_no_tenant(tmp_path):
     """An H200 listed a paused MPS client (a process holding its context, no CPU time) beside a
     busy one: before, two clients and contended; now the idle one is not counted."""
-    proc = _procfs(tmp_path)
-    with _source(pf.h100_mps(0), proc) as (src, fake):
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
         _read(src, fake)
+        now[0] = 1.0
         write_stat(proc, 7101, utime=41, stime=10)  # one tick of each
         one = _read(src, fake)
-        none = _read(src, fake)  # neither ran: the busy server still stands for one tenant
+        now[0] = 2.0
+        none = _read(src, fake)  # neither ran, the server is busy: for whom cannot be told
     assert _clients(one) == {"7101": 97.0} and one[COMPLETE] == 1.0
-    assert _clients(none) == {str(pf.MPS_SERVER_PID): 97.0} and none[COMPLETE] == 1.0
+    assert _clients(none) == {} and none[NO_ACTIVITY] == 0.0
 
 
 def test_an_mps_client_below_the_cpu_share_is_idle(tmp_path):
     """The H200's paused client gained a clock tick every 10-30 s (its CUDA runtime threads):
-    counted on delta > 0 it read contended 11 scrapes of 49.  A client is active from
+    counted on any tick it read contended 11 scrapes of 49.  A client is active from
     ``mps_client_cpu_percent`` (2 %) of a core since the previous poll."""
     proc, now = _procfs(tmp_path), [0.0]
     with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
@@ -120,24 +123,46 @@ def test_an_mps_client_below_the_cpu_share_is_idle(tmp_path):
     assert _clients(r2) == {"7101": 97.0}
 
 
+def test_the_cpu_baseline_follows_polls_without_utilization_samples(tmp_path):
+    """Polls with no new utilization sample (an idle GPU) still take the clients' CPU times: a
+    client's burst while the GPU idled is no activity 30 s later (a baseline kept from before
+    the idle spell averaged it in and counted a paused client)."""
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        server = fake.fake_state["gpus"][0]["processes"][0]
+        for second in range(32):
+            now[0] = float(second)
+            if 2 <= second < 31:
+                server.pop("sm", None)  # no utilization samples while the GPU idles
+            else:
+                server["sm"] = 97
+            write_stat(proc, 7101, utime=40 + 100 * second)  # busy throughout
+            write_stat(proc, 7102, utime=40 + (300 if second >= 5 else 0))  # one burst at 5 s
+            r = _read(src, fake)
+    assert _clients(r) == {"7101": 97.0} and r[COMPLETE] == 1.0
+
+
 def test_mps_client_activity_that_cannot_be_told_leaves_the_count_partial(tmp_path):
-    proc = _procfs(tmp_path)
-    with _source(pf.h100_mps(0), proc) as (src, fake):
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
         _read(src, fake)
+        now[0] = 1.0
         write_stat(proc, 7101, utime=50)
         write_stat(proc, 7102, utime=50, starttime=9000)  # pid 7102 reused by another process
-        reused = _read(src, fake)  # its CPU time is another process's: counted from the next poll
+        reused = _read(src, fake)
+        now[0] = 2.0
         (proc / "7101" / "stat").unlink()  # exited, or hidden (hidepid)
         write_stat(proc, 7102, utime=60, starttime=9000)
         gone = _read(src, fake)
-    assert _clients(reused) == {"7101": 97.0} and reused[COMPLETE] == 1.0
+    assert _clients(reused) == {"7101": 97.0} and reused[NO_ACTIVITY] == 0.0
     assert _clients(gone) == {"7102": 97.0} and gone[NO_ACTIVITY] == 0.0
 
 
 def test_mps_clients_outside_the_host_pid_namespace_are_unknown_but_a_lone_one_counts(tmp_path):
-    proc = _procfs(tmp_path, host=False)  # a container without hostPID: its pid 7101 is not NVML's
-    with _source(pf.h100_mps(0), proc) as (src, fake):
+    proc, now = _procfs(tmp_path, host=False), [0.0]  # a container without hostPID: its 7101 is not NVML's
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
         _read(src, fake)
+        now[0] = 1.0
         for pid in (7101, 7102):
             write_stat(proc, pid, utime=45)
         two = _read(src, fake)
@@ -147,14 +172,32 @@ def test_mps_clients_outside_the_host_pid_namespace_are_unknown_but_a_lone_one_c
     assert _clients(one) == {"7101": 97.0} and one[COMPLETE] == 1.0
 
 
+def test_a_second_mps_client_is_judged_against_the_first_ones_kept_time(tmp_path):
+    """A lone client's CPU time is taken too: when a second one comes, the first is already
+    known (only the newcomer waits a poll)."""
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        processes = fake.fake_state["gpus"][0]["processes"]
+        second = processes.pop()
+        alone = _read(src, fake)
+        processes.append(second)
+        now[0] = 1.0
+        write_stat(proc, 7101, utime=45)
+        pair = _read(src, fake)
+    assert _clients(alone) == {"7101": 97.0}
+    assert _clients(pair) == {"7101": 97.0} and pair[NO_ACTIVITY] == 0.0  # 7102 first seen
+
+
 def test_mps_series_mode_exports_the_active_clients_and_no_utilization_for_the_server(tmp_path):
-    proc = _procfs(tmp_path)
-    with _source(pf.h100_mps(0), proc, processes="series") as (src, fake):
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0], processes="series") as (src, fake):
         _read(src, fake)
+        now[0] = 1.0
         write_stat(proc, 7102, utime=45)
         r = _read(src, fake)
     assert _clients(r, "process.sm_util", "pid") == {"7102": 97.0}
-    assert set(_clients(r, "process.memory_used", "pid")) == {"7101", "7102", str(pf.MPS_SERVER_PID)}
+    mem = _clients(r, "process.memory_used", "pid")
+    assert mem == {"7101": 9 * 1024 * 2**20, "7102": 9 * 1024 * 2**20, str(pf.MPS_SERVER_PID): 64 * 2**20}
 
 
 def test_mps_clients_that_cannot_be_listed_leave_the_count_partial(tmp_path):

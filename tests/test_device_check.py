@@ -97,7 +97,7 @@ def test_mps_check_dry_run_records_the_three_nvml_views_and_the_exporters_states
     leaves open and the fake assumes: server, clients, server) and the exporter's states."""
     script = REPO / "deploy" / "device-check" / "nvml_mps_check.py"
     env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, str(script), "--dry-run", "--phase-seconds", "4"], cwd=tmp_path,
+    res = subprocess.run([sys.executable, str(script), "--dry-run", "--phase-seconds", "7"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = (tmp_path / "mps_summary.txt").read_text()

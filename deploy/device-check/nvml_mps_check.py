@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,24 +138,27 @@ def main(argv: list[str] | None = None) -> int:
         if mps_env is None:
             (out_dir / "mps_summary.txt").write_text("MPS could not be started here (no nvidia-cuda-mps-control)\n")
             return 3
-    nv.nvmlInit()
-    handle = nv.nvmlDeviceGetHandleByIndex(0)
-    env = dict(mps_env, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(base.PYLIB) if base.PYLIB.is_dir() else "", str(base.REPO),
-                                                    env.get("PYTHONPATH", "")) if p)
-    port = base.free_port()
-    (tmp / "state").mkdir()
-    proc = subprocess.Popen(base.exporter_command(port, tmp / "state", dry_run), cwd=base.REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(out_dir / "mps_exporter.log", "w"))
-    url = f"http://127.0.0.1:{port}/metrics"
-    os.environ.update({k: v for k, v in mps_env.items() if k.startswith("CUDA_MPS_")})  # the workers' env
-    if not dry_run:
-        workers = {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
+    # a timeout's SIGTERM unwinds through the finally below: the MPS daemon is told to quit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     samples: list[dict] = []
     raw: list[dict] = []
     rc = None
     last: dict = {}
+    proc: subprocess.Popen | None = None
     try:
+        nv.nvmlInit()
+        handle = nv.nvmlDeviceGetHandleByIndex(0)
+        env = dict(mps_env, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(base.PYLIB) if base.PYLIB.is_dir() else "",
+                                                        str(base.REPO), env.get("PYTHONPATH", "")) if p)
+        port = base.free_port()
+        (tmp / "state").mkdir()
+        proc = subprocess.Popen(base.exporter_command(port, tmp / "state", dry_run), cwd=base.REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=open(out_dir / "mps_exporter.log", "w"))
+        url = f"http://127.0.0.1:{port}/metrics"
+        os.environ.update({k: v for k, v in mps_env.items() if k.startswith("CUDA_MPS_")})  # the workers' env
+        if not dry_run:
+            workers = {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
         for w in workers.values():
             if not w.ready.wait(90):
                 raise RuntimeError(f"{w.name} did not start (see {w.name}.log)")
@@ -176,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers.values():
             w.stop()
-        proc.terminate()
-        try:
-            rc = proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if proc is not None:
+            proc.terminate()
+            try:
+                rc = proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         if not dry_run:
             stop_mps(mps_env)
     (out_dir / "mps_raw.json").write_text(json.dumps(raw, indent=1))

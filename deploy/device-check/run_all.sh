@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole device check in one run, for a machine lent with one NVIDIA GPU (about 7 minutes):
+# The whole device check in one run, for a machine lent with one NVIDIA GPU (about 5 minutes):
 #
 #   bash deploy/device-check/run_all.sh             # results in $OUT (or ./device-check-out)
 #   bash deploy/device-check/run_all.sh nvml mps    # only the steps named
@@ -27,6 +27,10 @@ fi
 export PYTHONPATH="$PWD/.device-pylib${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 STEPS=" ${*:-nvml load mps} "
+bundle() {  # after every step: a run stopped by the device tool's limit still brings back the earlier ones
+  tar czf "$OUT/device-check.tar.gz" -C "$WORK" .
+  cp "$WORK/run_all.log" "$OUT/" 2>/dev/null
+}
 step() {  # name seconds command...: one step, its output in $WORK/<name>/, its rc in the log
   local name=$1 secs=$2; shift 2
   [[ $STEPS == *" $name "* ]] || return 0
@@ -34,15 +38,14 @@ step() {  # name seconds command...: one step, its output in $WORK/<name>/, its 
   local t0=$SECONDS
   OUT="$WORK/$name" timeout -k 10 "$secs" "$@" >"$WORK/$name/stdout.log" 2>&1
   echo "[run_all] $name rc=$? in $((SECONDS - t0)) s" | tee -a "$WORK/run_all.log"
+  bundle
 }
 
 { date -u; uname -a; timeout 20 nvidia-smi; python3 --version; } >"$WORK/host.txt" 2>&1
-step nvml 90 bash deploy/device-check/nvml_check.sh
-step load 360 python3 deploy/device-check/nvml_load_check.py
-step mps 200 python3 deploy/device-check/nvml_mps_check.py
-
-tar czf "$OUT/device-check.tar.gz" -C "$WORK" .
-cp "$WORK/run_all.log" "$OUT/" 2>/dev/null
+# limits: 60 + 340 + 150 s stay inside the device tool's 600 s a command (seen: 8, 210, 73 s)
+step nvml 60 bash deploy/device-check/nvml_check.sh
+step load 340 python3 deploy/device-check/nvml_load_check.py
+step mps 150 python3 deploy/device-check/nvml_mps_check.py
 cp "$WORK/nvml/summary.txt" "$OUT/nvml_summary.txt" 2>/dev/null
 cp "$WORK/load/state_table.txt" "$OUT/load_state_table.txt" 2>/dev/null
 cp "$WORK/mps/mps_summary.txt" "$OUT/mps_summary.txt" 2>/dev/null

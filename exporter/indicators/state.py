@@ -186,8 +186,8 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
      "`contexts_without_activity`"),
     ("12b", "signature, an MPS server the only busy process and its clients not countable (NVML's MPS "
      "process list refused or not supported: one server stands for any number of clients), or two or "
-     "more MPS clients listed and fewer than two of them known to be active (a client's CPU time "
-     "unreadable: a listed client may be idle)", "unknown",
+     "more MPS clients listed and fewer than two of them known to be active (a client first seen or "
+     "its CPU time unreadable, or a busy server none of whose clients ran: a listed client may be idle)", "unknown",
      "`mps_clients_uncountable` / `mps_client_activity_unknown`"),
     ("13", "signature, no process data, no starvation signal", "unknown",
      "`no_starvation_signal_no_process_data`"),

@@ -70,6 +70,16 @@ def fingerprint(procfs: str, pid: str, errors: dict) -> bytes | None:
     return got
 
 
+def cpu_time(procfs: str, pid: str, errors: dict) -> tuple[bytes, int] | None:
+    """(``starttime``, ``utime + stime`` in clock ticks) of ``pid`` from its ``stat``
+    (``fingerprint``: None when missing, unreadable or malformed)."""
+    got = fingerprint(procfs, pid, errors)
+    if got is None:
+        return None
+    fields = got.split()  # in the order of _FIELDS
+    return fields[0], int(fields[4]) + int(fields[5])
+
+
 def idle(procfs: str, pid: str, st, errors: dict, may_vouch: bool) -> bool:
     """Before a fresh examination of every fd of ``pid`` (the first one, or a re-verification):
     whether ``may_vouch`` (a re-verification due, not one asked for by amdkfd or the client list)

@@ -31,7 +31,7 @@ from typing import Any
 from .. import safefile
 from .base import PollResult
 from .evidence import COMM_MAX_BYTES, host_pid_namespace, mark
-from .fdinfo_activity import fingerprint
+from .fdinfo_activity import cpu_time
 from .nvml_calls import NOT_FOUND, SUCCESS, CallGuard
 from .nvml_readers import MigInstance
 
@@ -109,9 +109,10 @@ class ProcessReader:
         why = "not_supported"
         if answered is not None:
             answered, why, clients = self._mps(sample, key, handle, answered)
-            for p in clients:
-                procs.setdefault(int(p.pid), _Proc(int(p.pid))).mem = \
-                    float(p.usedGpuMemory) if p.usedGpuMemory is not None else None
+            for p in clients:  # the compute list names them too (an H200 did): no second count
+                pr = procs.setdefault(int(p.pid), _Proc(int(p.pid)))
+                if p.usedGpuMemory is not None:
+                    pr.mem = float(p.usedGpuMemory)
         mark(sample, key, "nvml", answered is not None and not why, why)
         for pid, sm in (answered or {}).items():
             procs.setdefault(pid, _Proc(pid)).sm = sm
@@ -178,6 +179,7 @@ class ProcessReader:
         vGPU) and a sample names the server, the server stays as one client and the count is
         partial (``mps_clients_uncountable``): one busy server may stand for any number of tenants."""
         if not util:
+            self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)  # no stale baseline
             return util, "", []
         clients = self.guard.call(sample.errors, key, "client.mps", "nvmlDeviceGetMPSComputeRunningProcesses",
                                   handle)
@@ -186,16 +188,15 @@ class ProcessReader:
             return util, "", []
         servers = [pid for pid in util if self._is_mps_server(pid)]
         if not servers:
+            self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)
             return util, "", list(clients or [])
         if clients is None:
             return util, MPS_UNCOUNTABLE, []
         busy = max(util[pid] for pid in servers)
         out = {pid: v for pid, v in util.items() if pid not in servers}
-        active, why = self._active(key, sorted({int(p.pid) for p in clients}), sample.errors)
+        active, why = self._active(key, sorted({int(p.pid) for p in clients} - set(servers)), sample.errors)
         for pid in active:
             out[pid] = max(out.get(pid, 0.0), busy)
-        if not active and not why:  # the server is busy for somebody: one tenant at least
-            out[min(servers)] = busy
         return out, why, list(clients)
 
     def _active(self, key: str, pids: list[int], errors: Any) -> tuple[list[int], str]:
@@ -207,36 +208,36 @@ class ProcessReader:
         group): submitting work takes CPU time, so a client that ran less than
         ``mps_client_cpu_percent`` of a core since the previous poll (and at least one tick) is
         idle: an H200's paused client, its CUDA threads alive, ran about 0.1 % of a core, a busy
-        copy loop 100 %.  A lone client is the server's work, whatever its time.  A client seen
-        for the first time (no previous time; the same pid with another start time is another
-        process) is counted from the next poll on, as a new process's utilization samples are.
-        Unknown, which leaves the count partial (``mps_client_activity_unknown``): a stat that
-        cannot be read (exited, hidepid), and every client where ``procfs`` is not the host's
-        pid namespace (NVML's pids are the host's)."""
-        if len(pids) <= 1:
-            self._cpu.pop(key, None)
-            return pids, ""
+        copy loop 100 %.  A lone client is the server's work, whatever its time (its time is
+        still taken: it is the baseline when a second client comes).  Unknown, which leaves the
+        count partial (``mps_client_activity_unknown``; two clients known active still prove
+        co-tenancy): a client seen for the first time (no previous time; the same pid with
+        another start time is another process), a stat that cannot be read (exited, hidepid),
+        every client where ``procfs`` is not the host's pid namespace (NVML's pids are the
+        host's), and a busy server none of whose clients ran (blocking waits on long kernels:
+        which of them submitted cannot be told)."""
         if self._host_pids is None:
             self._host_pids = host_pid_namespace(self.procfs)
         if not self._host_pids:
-            return [], MPS_NO_ACTIVITY
+            return (pids, "") if len(pids) <= 1 else ([], MPS_NO_ACTIVITY)
         last = self._cpu.get(key, {})
-        now: dict[int, tuple[bytes, int, float]] = {}
-        active: list[int] = []
-        unknown = False
+        now = self._cpu_times(key, pids, errors)
+        if len(pids) <= 1:
+            return pids, ""
+        active = [pid for pid in pids if pid in now and pid in last and last[pid][0] == now[pid][0]
+                  and now[pid][1] - last[pid][1] >= max(1.0, self._cpu_share * (now[pid][2] - last[pid][2]))]
+        unknown = any(pid not in now or pid not in last or last[pid][0] != now[pid][0] for pid in pids)
+        return active, MPS_NO_ACTIVITY if unknown or not active else ""
+
+    def _cpu_times(self, key: str, pids: list[int], errors: Any) -> dict[int, tuple[bytes, int, float]]:
+        """The CPU times of ``pids`` now, kept as the next poll's baseline (``_active``)."""
         t = self._clock()
-        for pid in pids:
-            fields = (fingerprint(str(self.procfs), str(pid), errors) or b"").split()
-            if not fields:
-                unknown = True
-                continue
-            now[pid] = (fields[0], int(fields[4]) + int(fields[5]), t)
-            before = last.get(pid)  # none, or another process's (reused pid): counted from the next poll
-            if before is not None and before[0] == fields[0] and \
-                    now[pid][1] - before[1] >= max(1.0, self._cpu_share * (t - before[2])):
-                active.append(pid)
-        self._cpu[key] = now
-        return active, MPS_NO_ACTIVITY if unknown else ""
+        now = {pid: (*got, t) for pid in pids if (got := cpu_time(str(self.procfs), str(pid), errors))}
+        if now:
+            self._cpu[key] = now
+        else:
+            self._cpu.pop(key, None)
+        return now
 
     def _is_mps_server(self, pid: int) -> bool:
         return self.name(pid).startswith(MPS_SERVER_COMM)
