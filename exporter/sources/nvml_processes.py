@@ -7,10 +7,10 @@ utilization) ``client.contexts`` per GPU instance from the compute process list 
 device, asked with the MIG device's own handle (NVML documents that the parent handle returns
 the aggregate in MIG mode only to a caller with the privilege for it); each GPU is marked with
 ``client.evidence`` (1 when every call answered; else 0 and the reason: ``no_permission``,
-``not_supported``, ``read_error``, ``mps_clients_uncountable``, ``mps_client_activity_unknown``).  No name is exported; one is
-read only to recognise the CUDA MPS server among the sampled pids (``_mps``: its clients are
-counted from NVML's MPS process list instead, the active ones).  ``series`` exports the per-process series below
-as well.
+``not_supported``, ``read_error``, ``mps_clients_uncountable``, ``mps_client_activity_unknown``).
+No name is exported; one is read only to recognise the CUDA MPS server among the sampled pids
+(``_mps``: its active clients in NVML's MPS process list are counted instead).  ``series``
+exports the per-process series below as well.
 
 Raw fields of ``series``: ``process.sm_util`` (percent, from nvmlDeviceGetProcessUtilization samples since the
 last poll) and ``process.memory_used`` (bytes, from nvmlDeviceGetComputeRunningProcesses), with
@@ -191,6 +191,7 @@ class ProcessReader:
             self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)
             return util, "", list(clients or [])
         if clients is None:
+            self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)
             return util, MPS_UNCOUNTABLE, []
         busy = max(util[pid] for pid in servers)
         out = {pid: v for pid, v in util.items() if pid not in servers}
