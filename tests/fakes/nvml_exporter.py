@@ -4,9 +4,10 @@
 
 ``FAKE_NVML_GPUS`` names the fake's scenarios, comma separated (default ``h100``; also ``t4``,
 ``a100_mig``, ``h100_mig``); ``FAKE_NVML_MPS_PIDS`` (comma separated) gives the MPS clients of
-those scenarios the pids of real processes, whose CPU time tells their activity.  Everything else is the real exporter, with its default flags unless
-given: the other backends (DCGM, amdgpu, amdsmi, Intel, Level Zero) are looked for as usual and,
-on a machine without them, reported absent.
+those scenarios the pids of real processes, whose CPU time tells their activity.  Everything
+else is the real exporter, with its default flags unless given: the other backends (DCGM,
+amdgpu, amdsmi, Intel, Level Zero) are looked for as usual and, on a machine without them,
+reported absent.
 """
 
 from __future__ import annotations
