@@ -20,6 +20,8 @@ import os
 import threading
 from contextlib import contextmanager
 
+import pytest
+
 from exporter.sources.context import SourceContext
 from exporter.sources.nvml import NvmlSource
 from tests.fakes import pynvml_fake as pf
@@ -140,6 +142,71 @@ def test_the_cpu_baseline_follows_polls_without_utilization_samples(tmp_path):
             write_stat(proc, 7102, utime=40 + (300 if second >= 5 else 0))  # one burst at 5 s
             r = _read(src, fake)
     assert _clients(r) == {"7101": 97.0} and r[COMPLETE] == 1.0
+
+
+@pytest.mark.parametrize("disruption", ["no_server_sample", "mps_list_refused", "utilization_failed"])
+def test_the_cpu_baseline_is_kept_through_polls_that_do_not_judge_the_clients(tmp_path, disruption):
+    """Polls that never reach the judgement (the server missing from the samples, the MPS list
+    refused, the utilization call failed) still take the clients' CPU times."""
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        spec = fake.fake_state["gpus"][0]
+        server, real_util = spec["processes"][0], fake.nvmlDeviceGetProcessUtilization
+
+        def failed(*args):
+            raise fake.NVMLError(pf.ERRORS["NVML_ERROR_TIMEOUT"])
+
+        for second in range(32):
+            now[0] = float(second)
+            on = 2 <= second < 31
+            if disruption == "no_server_sample":
+                if on:
+                    server.pop("sm", None)
+                    spec["processes"].append({"pid": 7200, "name": "other", "mem": 1 << 30, "sm": 50})
+                else:
+                    server["sm"] = 97
+                    spec["processes"][:] = [q for q in spec["processes"] if q["pid"] != 7200]
+            elif disruption == "mps_list_refused":
+                spec["mps_error"] = pf.ERRORS["NVML_ERROR_TIMEOUT"] if on else None  # a passing error
+            else:
+                fake.nvmlDeviceGetProcessUtilization = failed if on else real_util
+            write_stat(proc, 7101, utime=40 + 100 * second)
+            write_stat(proc, 7102, utime=40 + (300 if second >= 5 else 0))
+            r = _read(src, fake)
+        key = next(iter(src.procs._cpu))
+        spec["processes"].pop()  # 7102 leaves: its time is not kept
+        now[0] = 32.0
+        _read(src, fake)
+    assert _clients(r) == {"7101": 97.0} and r[COMPLETE] == 1.0
+    assert set(src.procs._cpu[key]) == {7101}
+
+
+def test_an_mps_list_that_names_the_server_counts_it_once_and_never_as_its_own_client(tmp_path):
+    proc, now = _procfs(tmp_path), [0.0]
+    (proc / str(pf.MPS_SERVER_PID)).mkdir()
+    write_stat(proc, pf.MPS_SERVER_PID, utime=40)
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        processes = fake.fake_state["gpus"][0]["processes"]
+        processes.append({"pid": pf.MPS_SERVER_PID, "name": "nvidia-cuda-mps-server", "mps": True})
+        _read(src, fake)
+        now[0] = 1.0
+        write_stat(proc, pf.MPS_SERVER_PID, utime=500)  # the server runs: not a client for that
+        write_stat(proc, 7101, utime=45)
+        with_clients = _read(src, fake)
+        del processes[1:3]  # the list names the server only
+        alone = _read(src, fake)
+    assert _clients(with_clients) == {"7101": 97.0} and with_clients[COMPLETE] == 1.0
+    assert _clients(alone) == {str(pf.MPS_SERVER_PID): 97.0} and alone[COMPLETE] == 1.0
+
+
+def test_idle_mps_clients_beside_an_idle_server_are_a_complete_count_of_none(tmp_path):
+    proc, now = _procfs(tmp_path), [0.0]
+    with _source(pf.h100_mps(0), proc, clock=lambda: now[0]) as (src, fake):
+        _read(src, fake)
+        fake.fake_state["gpus"][0]["processes"][0]["sm"] = 0  # the server's sample says 0 %
+        now[0] = 1.0
+        r = _read(src, fake)
+    assert _clients(r) == {} and r[COMPLETE] == 1.0
 
 
 def test_mps_client_activity_that_cannot_be_told_leaves_the_count_partial(tmp_path):

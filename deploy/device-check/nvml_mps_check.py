@@ -98,6 +98,14 @@ def kinds(entries) -> str:
         frozenset(names), "server and clients")
 
 
+class Terminated(Exception):
+    """SIGTERM (run_all.sh's time limit)."""
+
+
+def _terminated(*_: object) -> None:
+    raise Terminated("SIGTERM")
+
+
 def start_mps(tmp: Path) -> dict[str, str] | None:
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
@@ -138,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         if mps_env is None:
             (out_dir / "mps_summary.txt").write_text("MPS could not be started here (no nvidia-cuda-mps-control)\n")
             return 3
-    # a timeout's SIGTERM unwinds through the finally below: the MPS daemon is told to quit
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # a timeout's SIGTERM ends the phases like a failure: the MPS daemon is told to quit and what
+    # was recorded is still written
+    signal.signal(signal.SIGTERM, _terminated)
+    started = time.monotonic()
     samples: list[dict] = []
     raw: list[dict] = []
     rc = None
@@ -159,8 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update({k: v for k, v in mps_env.items() if k.startswith("CUDA_MPS_")})  # the workers' env
         if not dry_run:
             workers = {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
+        for _ in range(120):  # the exporter serving first (up to 30 s): every phase is scraped whole
+            try:
+                base.scrape(url)
+                break
+            except OSError:
+                time.sleep(0.25)
         for w in workers.values():
-            if not w.ready.wait(90):
+            if not w.ready.wait(max(1.0, 90 - (time.monotonic() - started))):
                 raise RuntimeError(f"{w.name} did not start (see {w.name}.log)")
         for p in PHASES:
             for name, w in workers.items():

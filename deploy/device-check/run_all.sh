@@ -42,7 +42,8 @@ step() {  # name seconds command...: one step, its output in $WORK/<name>/, its 
 }
 
 { date -u; uname -a; timeout 20 nvidia-smi; python3 --version; } >"$WORK/host.txt" 2>&1
-# limits: 60 + 340 + 150 s stay inside the device tool's 600 s a command (seen: 8, 210, 73 s)
+# limits: 60 + 340 + 150 s, with the 10 s kill graces and the setup about 590 s at worst, inside
+# the device tool's 600 s a command (seen: 8, 210, 73 s); each step bundles what it recorded
 step nvml 60 bash deploy/device-check/nvml_check.sh
 step load 340 python3 deploy/device-check/nvml_load_check.py
 step mps 150 python3 deploy/device-check/nvml_mps_check.py

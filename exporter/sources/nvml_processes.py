@@ -146,6 +146,7 @@ class ProcessReader:
                                   handle, self.last_ts.get(key, 0),
                                   empty_codes=(SUCCESS, NOT_FOUND), empty=[])
         if samples is None:
+            self._keep(key, sample.errors)
             return None
         latest: dict[int, Any] = {}
         for s in samples:
@@ -179,7 +180,7 @@ class ProcessReader:
         vGPU) and a sample names the server, the server stays as one client and the count is
         partial (``mps_clients_uncountable``): one busy server may stand for any number of tenants."""
         if not util:
-            self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)  # no stale baseline
+            self._keep(key, sample.errors)
             return util, "", []
         clients = self.guard.call(sample.errors, key, "client.mps", "nvmlDeviceGetMPSComputeRunningProcesses",
                                   handle)
@@ -188,19 +189,23 @@ class ProcessReader:
             return util, "", []
         servers = [pid for pid in util if self._is_mps_server(pid)]
         if not servers:
-            self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)
+            self._keep(key, sample.errors)
             return util, "", list(clients or [])
         if clients is None:
-            self._cpu_times(key, list(self._cpu.get(key, ())), sample.errors)
+            self._keep(key, sample.errors)
             return util, MPS_UNCOUNTABLE, []
         busy = max(util[pid] for pid in servers)
         out = {pid: v for pid, v in util.items() if pid not in servers}
-        active, why = self._active(key, sorted({int(p.pid) for p in clients} - set(servers)), sample.errors)
+        pids = sorted({int(p.pid) for p in clients} - set(servers))
+        if not pids:  # a list that names the server only: the server's work is one tenant's
+            out[min(servers)] = busy
+            return out, "", list(clients)
+        active, why = self._active(key, pids, sample.errors, busy > 0)
         for pid in active:
             out[pid] = max(out.get(pid, 0.0), busy)
         return out, why, list(clients)
 
-    def _active(self, key: str, pids: list[int], errors: Any) -> tuple[list[int], str]:
+    def _active(self, key: str, pids: list[int], errors: Any, busy: bool) -> tuple[list[int], str]:
         """The MPS clients that submitted work since the previous poll, and why that is not
         known of all of them.  MPS has no per-client activity, and a client holds its listing
         while idle (an H200 listed a paused process beside a busy one), so a listed client is
@@ -228,7 +233,13 @@ class ProcessReader:
         active = [pid for pid in pids if pid in now and pid in last and last[pid][0] == now[pid][0]
                   and now[pid][1] - last[pid][1] >= max(1.0, self._cpu_share * (now[pid][2] - last[pid][2]))]
         unknown = any(pid not in now or pid not in last or last[pid][0] != now[pid][0] for pid in pids)
-        return active, MPS_NO_ACTIVITY if unknown or not active else ""
+        return active, MPS_NO_ACTIVITY if unknown or (busy and not active) else ""
+
+    def _keep(self, key: str, errors: Any) -> None:
+        """A poll that does not judge the MPS clients still takes their CPU times: no baseline
+        goes stale over polls without samples, without the server, or without an answer."""
+        if key in self._cpu:
+            self._cpu_times(key, list(self._cpu[key]), errors)
 
     def _cpu_times(self, key: str, pids: list[int], errors: Any) -> dict[int, tuple[bytes, int, float]]:
         """The CPU times of ``pids`` now, kept as the next poll's baseline (``_active``)."""
