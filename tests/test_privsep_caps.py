@@ -83,3 +83,22 @@ def test_the_import_worker_refuses_to_run_when_it_cannot_read_its_capabilities(t
     got = json.loads(r.stdout)
     assert got["ok"] is False and got["kind"] == "environment", got
     assert "cannot drop its capabilities" in got["reason"], got
+
+
+def test_held_skips_a_thread_that_ended_while_being_read_and_nothing_else(monkeypatch):
+    """counter.held lists /proc/<pid>/task and reads each thread's status: a thread that ends in
+    between (a CI run met one: FileNotFoundError on its status) held nothing any more and is
+    skipped; a status that cannot be read while its thread is still there stays an error."""
+    from exporter.privsep import counter
+
+    real = os.listdir
+    monkeypatch.setattr(counter.os, "listdir", lambda path: [*real(path), "999999999"])
+    assert set(counter.held()) == {"CapPrm", "CapEff", "CapAmb", "CapInh"}
+
+    def unreadable(pid):
+        raise FileNotFoundError(pid)
+
+    monkeypatch.setattr(counter, "capabilities", unreadable)
+    monkeypatch.setattr(counter.os, "listdir", real)
+    with pytest.raises(FileNotFoundError):
+        counter.held()

@@ -256,10 +256,18 @@ def drop_all(keep: int = 0) -> None:
 
 
 def held(pid: str = "self") -> dict[str, int]:
-    """CapPrm | CapEff | CapAmb | CapInh of every thread of ``pid``, or-ed per set."""
+    """CapPrm | CapEff | CapAmb | CapInh of every thread of ``pid``, or-ed per set.  A thread
+    that ended between the listing and its read held nothing any more: skipped only when its
+    task directory is gone (any other failure to read stays an OSError: fail closed)."""
     out = {"CapPrm": 0, "CapEff": 0, "CapAmb": 0, "CapInh": 0}
     for task in os.listdir(f"/proc/{pid}/task"):
-        for k, v in capabilities(f"{pid}/task/{task}").items():
+        try:
+            caps = capabilities(f"{pid}/task/{task}")
+        except FileNotFoundError:
+            if os.path.exists(f"/proc/{pid}/task/{task}"):
+                raise
+            continue
+        for k, v in caps.items():
             if k in out:
                 out[k] |= v
     return out
