@@ -122,8 +122,18 @@ LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 LABEL = re.compile(r'([a-zA-Z_]+)="((?:[^"\\]|\\.)*)"')
 EXPORTER_DEPS = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection",
                  "bcrypt", "aiohttp", "yaml", "prometheus_client", "pynvml")
-# one tenant: CUDA initialised, then "go" / "pause" lines on stdin; prints its achieved rate
-# (copy: GB/s read + written; matmul: TFLOP/s) about every 0.5 s while running; exits at EOF
+# a tenant's protocol: "ready" once set up, then "go" / "pause" lines on stdin; exits at EOF
+_CONTROL = r"""
+print("ready", flush=True)
+go, stop = threading.Event(), threading.Event()
+def control():
+    for line in sys.stdin:
+        (go.set if line.strip() == "go" else go.clear)()
+    stop.set(); go.set()
+threading.Thread(target=control, daemon=True).start()
+"""
+# one tenant: CUDA initialised, then the protocol; prints its achieved rate (copy: GB/s read +
+# written; matmul: TFLOP/s) about every 0.5 s while running
 WORKER = r"""
 import sys, threading, time, torch
 kind = sys.argv[1]
@@ -133,15 +143,7 @@ if kind == "copy":
 else:
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); b = torch.randn_like(a)
     step, work, unit = (lambda: torch.mm(a, b)), 2 * 8192 ** 3, 1e12
-step(); torch.cuda.synchronize()
-print("ready", flush=True)
-go, stop = threading.Event(), threading.Event()
-def control():
-    for line in sys.stdin:
-        (go.set if line.strip() == "go" else go.clear)()
-    stop.set(); go.set()
-threading.Thread(target=control, daemon=True).start()
-while not stop.is_set():
+step(); torch.cuda.synchronize()""" + _CONTROL + r"""while not stop.is_set():
     go.wait()
     t0, k = time.perf_counter(), 0
     while go.is_set() and not stop.is_set() and time.perf_counter() - t0 < 0.5:
@@ -155,15 +157,7 @@ while not stop.is_set():
 # the dry run's stand-in for a tenant (no GPU): the same protocol, CPU time instead of kernels
 # (about a third of a core while running), for the MPS check's client activity
 SPIN_WORKER = r"""
-import sys, threading, time
-print("ready", flush=True)
-go, stop = threading.Event(), threading.Event()
-def control():
-    for line in sys.stdin:
-        (go.set if line.strip() == "go" else go.clear)()
-    stop.set(); go.set()
-threading.Thread(target=control, daemon=True).start()
-while not stop.is_set():
+import sys, threading, time""" + _CONTROL + r"""while not stop.is_set():
     go.wait()
     end = time.perf_counter() + 0.01
     while time.perf_counter() < end:
@@ -193,6 +187,16 @@ def scrape(url: str) -> dict[str, float]:
 
     with urllib.request.urlopen(url, timeout=2) as resp:
         return parse(resp.read().decode())
+
+
+def wait_serving(url: str) -> None:
+    """Until the exporter answers a scrape (up to 30 s)."""
+    for _ in range(120):
+        try:
+            scrape(url)
+            return
+        except OSError:
+            time.sleep(0.25)
 
 
 def labels(key: str) -> dict[str, str]:
@@ -392,12 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     workers: dict[str, Worker] = {}
     if not dry_run:  # the tenants initialise CUDA while the exporter starts
         workers = {name: Worker(name, kind, out_dir) for name, kind in WORKERS.items()}
-    for _ in range(120):  # wait for the server (up to 30 s)
-        try:
-            scrape(url)
-            break
-        except OSError:
-            time.sleep(0.25)
+    wait_serving(url)
     thread = threading.Thread(target=scraper, daemon=True)
     thread.start()
     try:

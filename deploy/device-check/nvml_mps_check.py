@@ -169,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update({k: v for k, v in mps_env.items() if k.startswith("CUDA_MPS_")})  # the workers' env
         if not dry_run:
             workers = {n: base.Worker(n, "copy", out_dir) for n in ("copy1", "copy2")}
-        for _ in range(120):  # the exporter serving first (up to 30 s): every phase is scraped whole
-            try:
-                base.scrape(url)
-                break
-            except OSError:
-                time.sleep(0.25)
+        base.wait_serving(url)  # the exporter serving first: every phase is scraped whole
         for w in workers.values():
             if not w.ready.wait(max(1.0, 90 - (time.monotonic() - started))):
                 raise RuntimeError(f"{w.name} did not start (see {w.name}.log)")
