@@ -10,6 +10,9 @@ Two more rows make the stages add up to the process's CPU:
 - ``other``: the process total (``process_cpu_seconds_total``) minus every row above: the
   worker threads outside their stages (queue hand-offs), the amdgpu ``pcie_bw`` threads, the
   state file writer, reloads, the OTLP push, the enrichers' threads.
+
+Both are remainders of clocks read at different instants and granularities (the process total
+moves in clock ticks): served as counters, each is held at the most it has shown, never less.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ clock = time.thread_time
 _seconds: Counter[tuple[str, str]] = Counter()
 _on_loop = [0.0]  # CPU seconds of the stages counted on the main (event loop) thread
 _MAIN = threading.main_thread().ident
+_served: dict[str, float] = {}  # event_loop / other as last served (a counter never goes back)
+_served_lock = threading.Lock()
 
 
 def add(stage: str, source: str, seconds: float) -> None:
@@ -46,7 +51,14 @@ def snapshot(process_cpu: float | None = None) -> list[tuple[str, str, float]]:
     if process_cpu is None:
         return rows
     main = _main_thread_cpu()
-    if main is not None:
-        rows.append(("event_loop", "", max(0.0, main - _on_loop[0])))
-    rows.append(("other", "", max(0.0, process_cpu - sum(s for _, _, s in rows))))
+    with _served_lock:
+        if main is not None:
+            rows.append(("event_loop", "", _held("event_loop", main - _on_loop[0])))
+        rows.append(("other", "", _held("other", process_cpu - sum(s for _, _, s in rows))))
     return sorted(rows)
+
+
+def _held(stage: str, seconds: float) -> float:
+    """``seconds``, or the most ``stage`` has shown when the remainder came out lower."""
+    value = _served[stage] = max(seconds, _served.get(stage, 0.0))
+    return value
