@@ -54,6 +54,18 @@ class Response:
         return json.loads(self.body)
 
 
+def children(pid: int | str = "self") -> list[int]:
+    """The child processes of every thread of ``pid``; a thread that ended between the listing and
+    its read had none left to name."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
 def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 3.0) -> Response:
     """GET without following redirects or decompressing; HTTP errors are returned, not raised."""
     req = urllib.request.Request(url, headers=headers or {})

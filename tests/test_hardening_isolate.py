@@ -26,6 +26,7 @@ from exporter.map.mapping import MappingSet
 from exporter.map.schema import default_mappings_dir, load_schema
 from exporter.sources.context import SourceContext
 from tests.bounded import run_bounded
+from tests.e2e_util import children
 
 MiB = 1 << 20
 
@@ -155,24 +156,14 @@ def test_cpu_limit_kills_the_child(tmp_path):
         src.close()
 
 
-def _children() -> set[int]:
-    out: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            out.update(int(p) for p in Path(f"/proc/self/task/{task}/children").read_text().split())
-        except OSError:
-            pass
-    return out
-
-
 def test_a_running_import_is_killed_at_shutdown(tmp_path):
-    before = _children()
+    before = set(children())
     src = _source(tmp_path, max_events_per_import=100_000_000, scan_interval="10ms")  # its own import thread
     os.rename(zeros_bomb(tmp_path / "z.json.gz", 64), tmp_path / "drop" / "z.json.gz")  # whole, at once
     deadline = time.monotonic() + 20
-    while not (_children() - before) and time.monotonic() < deadline:
+    while not (set(children()) - before) and time.monotonic() < deadline:
         time.sleep(0.01)
-    child = _children() - before
+    child = set(children()) - before
     assert child, "the import child never started"
     thread = src._thread
     src.close()  # the daemon stops: the child is killed, the import thread ends

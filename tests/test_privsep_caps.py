@@ -88,11 +88,21 @@ def test_the_import_worker_refuses_to_run_when_it_cannot_read_its_capabilities(t
 def test_held_skips_a_thread_that_ended_while_being_read_and_nothing_else(monkeypatch):
     """counter.held lists /proc/<pid>/task and reads each thread's status: a thread that ends in
     between (a CI run met one: FileNotFoundError on its status) held nothing any more and is
-    skipped; a status that cannot be read while its thread is still there stays an error."""
+    skipped (FileNotFoundError at the open, ProcessLookupError at a read after the open); a status
+    that cannot be read while its thread is still there stays an error."""
     from exporter.privsep import counter
 
     real = os.listdir
     monkeypatch.setattr(counter.os, "listdir", lambda path: [*real(path), "999999999"])
+    assert set(counter.held()) == {"CapPrm", "CapEff", "CapAmb", "CapInh"}
+    real_caps = counter.capabilities
+
+    def reaped_at_the_read(pid):  # opened, then reaped: the read answers ESRCH
+        if pid.endswith("/999999999"):
+            raise ProcessLookupError(pid)
+        return real_caps(pid)
+
+    monkeypatch.setattr(counter, "capabilities", reaped_at_the_read)
     assert set(counter.held()) == {"CapPrm", "CapEff", "CapAmb", "CapInh"}
 
     def unreadable(pid):

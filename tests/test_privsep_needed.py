@@ -21,7 +21,7 @@ from exporter.privsep.counter import held
 from exporter.run.collector_policy import counts_fdinfo
 from exporter.run.settings import Settings
 from tests.conftest import require_binary
-from tests.e2e_util import REPO, ProcessSet, http_get, start_exporter, wait_until
+from tests.e2e_util import REPO, ProcessSet, children, http_get, start_exporter, wait_until
 from tests.fdinfo_trees import add_card
 
 PDEV = "0000:08:00.0"
@@ -48,13 +48,6 @@ def test_counts_fdinfo_follows_the_flag_the_config_and_processes(tmp_path, flags
     # the simulated node runs a hardware collector only when asked for explicitly
     assert counts_fdinfo(Settings(config_path=path, collectors=flags, simulate="demo"),
                          load_config(path)) is (counts and flags.get("fdinfo") is True)
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        out += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return out
 
 
 def _node(tmp_path: Path) -> list[str]:
@@ -88,7 +81,7 @@ def test_with_the_fdinfo_count_off_no_counting_process_starts_and_nothing_is_hel
                                   timeout=30)
         samples = _samples(http_get(exporter.url + "/metrics").text)
         server = exporter.proc.pid
-        assert _children(server) == []  # no counting process
+        assert children(server) == []  # no counting process
         assert held(str(server)) == NONE  # dropped all the same (fail closed)
         assert capabilities(str(server))["CapBnd"] == 0  # root: the bounding set too (CAP_SETPCAP)
         assert SEPARATED not in samples  # no fdinfo source scans
@@ -101,7 +94,7 @@ def test_with_the_fdinfo_count_on_the_counting_process_starts(tmp_path):
         exporter = start_exporter(procs, tmp_path, _node(tmp_path), timeout=30)
         wait_until(lambda: _samples(http_get(exporter.url + "/metrics").text).get(SEPARATED) == 1.0, 20)
         server = exporter.proc.pid
-        assert len(_children(server)) == 1  # the counting process's supervisor
+        assert len(children(server)) == 1  # the counting process's supervisor
         assert held(str(server)) == NONE
         assert capabilities(str(server))["CapBnd"] == 0
 
@@ -194,7 +187,7 @@ def test_a_reload_that_turns_the_count_on_warns_that_the_capabilities_are_gone(t
         config.write_text("collectors:\n  fdinfo:\n    enabled: true\n")
         os.kill(exporter.proc.pid, signal.SIGHUP)
         wait_until(lambda: _samples(http_get(exporter.url + "/metrics").text).get(SEPARATED) == 0.0, 20)
-        assert _children(exporter.proc.pid) == []
+        assert children(exporter.proc.pid) == []
         assert held(str(exporter.proc.pid)) == NONE
         log = exporter.log_path.read_text()
         assert log.count("the reloaded configuration turns the DRM fdinfo client count on, but it was off "

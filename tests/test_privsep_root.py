@@ -25,20 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.privsep.caps import capabilities
 from exporter.privsep.counter import COUNT_CAPS, held
 from tests.conftest import require_binary
-from tests.e2e_util import ProcessSet, http_get, start_exporter, wait_until
+from tests.e2e_util import ProcessSet, children, http_get, start_exporter, wait_until
 from tests.fdinfo_trees import add_card
 
 OTHER_UID = 4243
 PDEV = "0000:08:00.0"
 FDINFO = ("pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t" + PDEV + "\n"
           "drm-client-id:\t7\ndrm-memory-vram:\t1024 KiB\ndrm-engine-gfx:\t{ns} ns\n")
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        out += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return out
 
 
 def _status(pid: int, key: str) -> str:
@@ -117,8 +110,8 @@ def test_the_serving_process_holds_no_capability_while_the_count_works(tmp_path,
         # every thread of the serving process: no capability in any set, no new privileges
         assert held(str(server)) == {"CapPrm": 0, "CapEff": 0, "CapAmb": 0, "CapInh": 0}
         assert _status(server, "NoNewPrivs") == "1"
-        (supervisor,) = _children(server)
-        (scanner,) = _children(supervisor)
+        (supervisor,) = children(server)
+        (scanner,) = children(supervisor)
         for child in (supervisor, scanner):
             caps = capabilities(str(child))
             assert (caps["CapPrm"], caps["CapEff"], caps["CapAmb"], caps["CapInh"]) == (COUNT_CAPS, COUNT_CAPS, 0, 0)
@@ -203,7 +196,7 @@ def test_the_daemon_exits_non_zero_when_the_counters_supervisor_dies(tmp_path):
                                                     "--poll.interval", "200ms"], timeout=30)
         wait_until(lambda: _families(http_get(exporter.url + "/metrics").text).get(
             ("unified_gpu_exporter_privilege_separated", (("source", "fdinfo"),))) == 1.0, 20)
-        (supervisor,) = _children(exporter.proc.pid)
+        (supervisor,) = children(exporter.proc.pid)
         os.kill(supervisor, 9)
         wait_until(lambda: exporter.proc.poll() is not None, 20)
         assert exporter.proc.returncode == 1

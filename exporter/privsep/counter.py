@@ -263,7 +263,7 @@ def held(pid: str = "self") -> dict[str, int]:
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             caps = capabilities(f"{pid}/task/{task}")
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # ENOENT at the open, ESRCH at the read
             if os.path.exists(f"/proc/{pid}/task/{task}"):
                 raise
             continue
