@@ -19,9 +19,7 @@ LISTED = [("Xorg", 2), ("app", 100)]  # pid 100 holds the node's one amdgpu clie
 
 
 def _steady(tmp_path, shared_fixtures, rows=LISTED, **kw):
-    # the polls run on a simulated clock; the per-poll wall-time budget (50 ms by default) is
-    # set far off so that a loaded machine cannot defer work these bounds are not about
-    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures, scan_max_seconds=10.0)
+    proc, sysfs, src, clock = _node(tmp_path, shared_fixtures)  # the wall-time budget far off (_node)
     path = write_clients(sysfs, 0, rows, **kw) if rows is not None else None
     src.open()
     node = Node(proc, src, clock, shared_fixtures)

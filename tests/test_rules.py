@@ -52,12 +52,13 @@ OTLP_SELF_METRICS = frozenset("unified_gpu_exporter_" + name for name in OTLP_HE
 CATEGORIES = {"memory_contention", "cloud", "workload", "hardware", "exporter", "inhibitor"}
 
 
-def _rules() -> list[dict]:
-    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+def _rules(paths: list[Path] = RULE_FILES) -> list[dict]:
+    return [rule for path in paths for group in yaml.safe_load(path.read_text())["groups"]
             for rule in group["rules"]]
 
 
 ALERTS = [r for r in _rules() if "alert" in r]
+OPTIONAL_RULE_ALERTS = [r for r in _rules(OPTIONAL_RULE_FILES) if "alert" in r]
 RECORDS = [r for r in _rules() if "record" in r]
 RECORDED_NAMES = {r["record"] for r in RECORDS}
 
@@ -88,9 +89,7 @@ def test_annotations_sort_every_query_result():
     them would change a page's text from one evaluation to the next (promtool's unit test flaked on
     the job list).  Every query in an annotation is sorted by a label (sortByLabel is a stable sort:
     a chain sorts by its last label first, ties by the earlier ones)."""
-    optional = [r for path in OPTIONAL_RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]
-                for r in g["rules"] if "alert" in r]
-    texts = [(rule["alert"], key, text) for rule in ALERTS + optional
+    texts = [(rule["alert"], key, text) for rule in ALERTS + OPTIONAL_RULE_ALERTS
              for key, text in rule.get("annotations", {}).items()]
     tails = [(alert, key, tail) for alert, key, text in texts
              for tail in re.findall(r"\|\s*query\b([^}]*)\}\}", text)]
@@ -121,10 +120,8 @@ def test_promtool_unit_tests_can_fail(tmp_path):
 def test_optional_rule_files_pass_promtool_check_and_are_not_loaded_by_default():
     result = _promtool("check", "rules", "--lint=all", "--lint-fatal", *map(str, OPTIONAL_RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
-    alerts = [r for path in OPTIONAL_RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]
-              for r in g["rules"] if "alert" in r]
-    assert {a["alert"] for a in alerts} == OPTIONAL_ALERTS
-    for alert in alerts:
+    assert {a["alert"] for a in OPTIONAL_RULE_ALERTS} == OPTIONAL_ALERTS
+    for alert in OPTIONAL_RULE_ALERTS:
         test_alert_has_severity_category_and_annotations(alert)
         assert metric_names(alert["expr"]) <= SELF_METRICS | OTLP_SELF_METRICS
     for conf in PROM.glob("prometheus*.yml"):

@@ -60,5 +60,5 @@ def snapshot(process_cpu: float | None = None) -> list[tuple[str, str, float]]:
 
 def _held(stage: str, seconds: float) -> float:
     """``seconds``, or the most ``stage`` has shown when the remainder came out lower."""
-    value = _served[stage] = max(seconds, _served.get(stage, 0.0))
-    return value
+    _served[stage] = max(seconds, _served.get(stage, 0.0))
+    return _served[stage]
